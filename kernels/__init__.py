@@ -1,0 +1,1 @@
+"""Optimized kernels, one folder per op (imported as workbench.kernels)."""

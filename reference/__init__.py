@@ -1,0 +1,1 @@
+"""Plain PyTorch references: fp32 math, readable (imported as workbench.reference)."""

@@ -1,0 +1,53 @@
+"""Routed experts of one MoE layer, INT4 W4A16, as a readable loop over experts.
+
+For each token t and slot j < K:  y[t] += w[t, j] * E_{ids[t, j]}(x[t]),
+E(x) = down(silu(gate x) * up x), weights dequantised exactly (bf16-rounded W, see int4.py),
+all math in fp32, the combine summed over j = 0..K-1 in slot order (deterministic).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .int4 import dequant_int4_g32
+
+
+class Int4Experts(NamedTuple):
+    """Stacked checkpoint tensors of one layer's routed experts (E experts, I = FFN width)."""
+
+    gate_packed: torch.Tensor  # int32 [E, I, D/8]
+    gate_scale: torch.Tensor  # bf16  [E, I, D/32]
+    up_packed: torch.Tensor  # int32 [E, I, D/8]
+    up_scale: torch.Tensor  # bf16  [E, I, D/32]
+    down_packed: torch.Tensor  # int32 [E, D, I/8]
+    down_scale: torch.Tensor  # bf16  [E, D, I/32]
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate_packed.shape[0]
+
+
+def expert_ffn(x: torch.Tensor, experts: Int4Experts, e: int) -> torch.Tensor:
+    """x [n, D] -> [n, D] fp32 through expert e."""
+    wg = dequant_int4_g32(experts.gate_packed[e], experts.gate_scale[e]).float()
+    wu = dequant_int4_g32(experts.up_packed[e], experts.up_scale[e]).float()
+    wd = dequant_int4_g32(experts.down_packed[e], experts.down_scale[e]).float()
+    xf = x.float()
+    return F.linear(F.silu(F.linear(xf, wg)) * F.linear(xf, wu), wd)
+
+
+def int4_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+             experts: Int4Experts) -> torch.Tensor:
+    """x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] fp32 -> [T, D] in x.dtype."""
+    T, K = topk_ids.shape
+    y = torch.zeros(T, K, x.shape[-1], dtype=torch.float32, device=x.device)  # [T, K, D]
+    for e in torch.unique(topk_ids).tolist():
+        t, j = (topk_ids == e).nonzero(as_tuple=True)
+        y[t, j] = expert_ffn(x[t], experts, e)
+    out = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
+    for j in range(K):  # fixed combine order
+        out += topk_weights[:, j : j + 1].float() * y[:, j]
+    return out.to(x.dtype)

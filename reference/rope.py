@@ -1,0 +1,69 @@
+"""YaRN rotary embeddings (DeepSeek-V3 / Kimi K2 frequencies), both pair layouts.
+
+Target MLA: pairs (2i, 2i+1) interleaved (GPT-J style; `view_as_complex` in DeepSeek's code).
+DFlash drafter (Qwen3): rotate-half pairs (i, i + d/2) over the full head dim.
+The YaRN cos/sin attention factor is mscale(f, mscale) / mscale(f, mscale_all_dim), 1 for K2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_inv_freq(dim: int, base: float, factor: float, original_max_position: int,
+                  beta_fast: float, beta_slow: float) -> torch.Tensor:
+    """[dim/2] float64 inverse frequencies with YaRN's linear ramp between the correction dims."""
+    # explicit CPU: models are built under torch.device("meta")
+    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)
+    if factor <= 1.0:
+        return inv
+
+    def correction_dim(n_rot: float) -> float:
+        return dim * math.log(original_max_position / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
+    return inv / factor * ramp + inv * (1 - ramp)
+
+
+class Rope:
+    """cos/sin at integer positions for one head width; `apply` rotates the last dim."""
+
+    def __init__(self, dim: int, base: float, factor: float, original_max_position: int,
+                 beta_fast: float, beta_slow: float, mscale: float = 1.0,
+                 mscale_all_dim: float = 1.0, interleaved: bool = True):
+        self.dim = dim
+        self.interleaved = interleaved
+        self.inv_freq = yarn_inv_freq(dim, base, factor, original_max_position, beta_fast,
+                                      beta_slow)
+        self.attn_factor = _yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor,
+                                                                              mscale_all_dim)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [...] int -> cos, sin [..., dim/2] float32 (angles in float64)."""
+        ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(positions.device)
+        return ((ang.cos() * self.attn_factor).float(), (ang.sin() * self.attn_factor).float())
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [..., S, (heads,) dim] at positions [..., S]; heads broadcast. fp32 math, x.dtype out."""
+        cos, sin = self.cos_sin(positions)
+        if x.dim() == positions.dim() + 2:  # a heads axis between S and dim
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        xf = x.float()
+        if self.interleaved:
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        else:
+            half = self.dim // 2
+            x1, x2 = xf[..., :half], xf[..., half:]
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return out.to(x.dtype)

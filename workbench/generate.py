@@ -1,0 +1,291 @@
+"""The decode loop: prefill, then autoregressive or DDTree steps, for a batch of requests.
+
+One loop for both modes (gpt-fast style: plain step functions, host-side control):
+    prefill   chunks of <= 128 prompt rows per forward (causal chain masks; padding rows see
+              only themselves), first token from each prompt's last row
+    ar_step   one row per request
+    ddtree    draft -> build -> verify -> walk -> commit (DESIGN.md §5)
+Legend: B requests, N rows per request (budget + 1 in DDTree), L draft depth, K top-k.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench import ops
+from workbench.reference.tree_mla import pack_anc_bits
+
+PREFILL_CHUNK = 128  # rows per prefill forward: the tree_mla kernels' N limit
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[list[int]]  # new tokens per request (stop token included when hit)
+    steps: list[dict] = field(default_factory=list)  # one dict per decode step
+    prompt_lens: list[int] = field(default_factory=list)
+    mode: str = "ar"
+    budget: int | None = None
+    first_tree: object = None  # the DDTree of step 0 (for drawing), None in AR mode
+
+    @property
+    def accepted(self) -> list[int]:
+        """Tokens emitted per active request per step (bonus included): the τ samples."""
+        return [a for s in self.steps for a, live in zip(s["accepted"], s["active"]) if live]
+
+    @property
+    def tokens_per_step(self) -> float:
+        acc = self.accepted
+        return sum(acc) / max(len(acc), 1)
+
+    def stats(self):
+        """Per-step, per-request rows as a pandas DataFrame."""
+        import pandas as pd
+
+        rows = []
+        for s in self.steps:
+            for b, (a, live) in enumerate(zip(s["accepted"], s["active"])):
+                if live:
+                    rows.append({"step": s["step"], "request": b, "accepted": a,
+                                 "tree_size": s["tree_size"][b],
+                                 "distinct_experts_mean": s["distinct_experts_mean"],
+                                 "time_s": s["time_s"]})
+        return pd.DataFrame(rows)
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode, "budget": self.budget, "tokens": self.tokens,
+            "accepted_per_step": [[a for a, live in zip(s["accepted"], s["active"]) if live]
+                                  for s in self.steps],
+            "tokens_per_step": self.tokens_per_step,
+            "distinct_experts_per_layer": [s["distinct_experts"] for s in self.steps],
+        }
+
+
+def _check_prompts(prompts, vocab: int) -> list[list[int]]:
+    if not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError(f"prompts: expected a non-empty list of token-id lists, got {prompts!r}")
+    out = []
+    for b, p in enumerate(prompts):
+        p = [int(t) for t in p]
+        if not p:
+            raise ValueError(f"prompts[{b}]: expected at least one token, got []")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompts[{b}]: expected token ids in [0, {vocab}), got {bad[:5]}")
+        out.append(p)
+    return out
+
+
+def _per_request(value, n: int, name: str) -> list[int]:
+    vals = [value] * n if isinstance(value, int) else list(value)
+    if len(vals) != n or any(int(v) < 1 for v in vals):
+        raise ValueError(f"{name}: expected a positive int or {n} positive ints, got {value!r}")
+    return [int(v) for v in vals]
+
+
+class _Sampler:
+    """argmax at temperature 0, else one independent sample per row from softmax(logits / T)."""
+
+    def __init__(self, temperature: float, seed: int | None, device):
+        if temperature < 0:
+            raise ValueError(f"temperature: expected >= 0, got {temperature}")
+        self.t = temperature
+        self.g = None
+        if temperature > 0:
+            self.g = torch.Generator(device=device)
+            self.g.manual_seed(0 if seed is None else seed)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> [...]
+        if self.t == 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float() / self.t, -1)
+        flat = probs.reshape(-1, probs.shape[-1])
+        return torch.multinomial(flat, 1, generator=self.g).view(probs.shape[:-1])
+
+
+class _Requests:
+    """Host-side bookkeeping: emitted tokens, stop conditions, which requests are still live."""
+
+    def __init__(self, n: int, max_new: list[int], stop: set[int]):
+        self.out: list[list[int]] = [[] for _ in range(n)]
+        self.max_new, self.stop = max_new, stop
+        self.live = [True] * n
+
+    def emit(self, b: int, toks: Iterable[int]) -> int:
+        """Append tokens until a stop token or the length limit; returns how many were taken."""
+        taken = 0
+        for t in toks:
+            if not self.live[b]:
+                break
+            self.out[b].append(int(t))
+            taken += 1
+            if int(t) in self.stop or len(self.out[b]) >= self.max_new[b]:
+                self.live[b] = False
+        return taken
+
+    @property
+    def any_live(self) -> bool:
+        return any(self.live)
+
+
+def _prefill(target, drafter, dcache, cache, prompts, capture):
+    """Run all prompts through the target in chunks; returns the last-row logits [B, V]."""
+    B, dev = len(prompts), target.device
+    lens = torch.tensor([len(p) for p in prompts], device=dev)
+    last = [None] * B
+    for c0 in range(0, int(lens.max()), PREFILL_CHUNK):
+        w = min(PREFILL_CHUNK, int(lens.max()) - c0)
+        valid = (lens - c0).clamp(0, w)  # [B] real rows in this chunk
+        ids = torch.zeros(B, w, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, : int(valid[b])] = torch.tensor(p[c0 : c0 + w], device=dev)
+        prefix = torch.minimum(lens, torch.full_like(lens, c0))  # [B]
+        i = torch.arange(w, device=dev)
+        real = i.view(1, -1) < valid.view(-1, 1)  # [B, w]
+        # real rows: causal chain; padding rows: only themselves
+        mask = (i.view(1, 1, -1) <= i.view(1, -1, 1)) & real.unsqueeze(-1)
+        mask |= torch.eye(w, dtype=torch.bool, device=dev).unsqueeze(0)
+        pos = prefix.view(-1, 1) + i.view(1, -1)
+        out = target(ids, pos, cache, prefix, pack_anc_bits(mask), capture=capture)
+        for b in range(B):
+            if valid[b] > 0 and c0 + int(valid[b]) == len(prompts[b]):
+                last[b] = out.logits[b, int(valid[b]) - 1]
+        if drafter is not None:
+            drafter.materialize(dcache, out.captured, pos, valid)
+    return torch.stack(last)
+
+
+def _distinct_experts(routing: list[torch.Tensor], rows_valid: torch.Tensor) -> list[int]:
+    """Distinct routed experts per MoE layer over the valid rows ([B, N] bool) of this forward."""
+    return [int(torch.unique(r[rows_valid]).numel()) for r in routing]
+
+
+def commit_tree_kv(cache: torch.Tensor, prefix: torch.Tensor, acc_idx: torch.Tensor,
+                   acc_len: torch.Tensor) -> None:
+    """Move the accepted path's rows to slots P..P+k-1 in every layer (gather, then scatter).
+
+    cache [layers, B, T, C+R]; acc_idx [B, N] tree-node indices of the path (root first, -1 pad).
+    The moved K needs no re-rotation: node i_d was computed at position P + d already.
+    """
+    B, N = acc_idx.shape
+    d = torch.arange(N, device=cache.device)
+    keep = d.view(1, -1) < acc_len.view(-1, 1)  # [B, N]
+    src = prefix.view(-1, 1) + acc_idx.clamp_min(0)  # [B, N]
+    dst = prefix.view(-1, 1) + d.view(1, -1)
+    bi = torch.arange(B, device=cache.device).view(-1, 1).expand(B, N)
+    rows = cache[:, bi[keep], src[keep]]  # gather first: a source may be a later destination
+    cache[:, bi[keep], dst[keep]] = rows
+
+
+@torch.no_grad()
+def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[int] = 32,
+             budget: int | None = None, temperature: float = 0.0, seed: int | None = None,
+             stop_tokens: Iterable[int] | None = None, kernels=None,
+             progress: bool = False) -> GenerateResult:
+    """Greedy or sampled decoding of a batch of prompts; DDTree when `budget` is given.
+
+    target: a KimiModel; drafter: a DFlashDrafter (needed for DDTree); prompts: token-id lists
+    of any lengths; budget: DDTree node budget B (None = autoregressive); temperature 0 = greedy;
+    kernels: op selection for `workbench.ops.use` (e.g. {"tree_build": "triton_v1"}).
+    DDTree emits exactly the tokens of autoregressive decoding under the same kernels.
+    """
+    cfg = target.cfg
+    prompts = _check_prompts(prompts, cfg.vocab_size)
+    B = len(prompts)
+    max_new = _per_request(max_new_tokens, B, "max_new_tokens")
+    if budget is not None:
+        if not isinstance(budget, int) or not 1 <= budget <= 1024:
+            raise ValueError(f"budget: expected an int in [1, 1024] or None, got {budget!r}")
+        if drafter is None:
+            raise ValueError("drafter: expected a DFlashDrafter when budget is set, got None")
+    with ops.use(kernels):
+        return _generate(target, drafter if budget else None, prompts, max_new, budget,
+                         temperature, seed, set(stop_tokens or ()), progress)
+
+
+def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop, progress):
+    from tqdm.auto import tqdm
+
+    B, dev = len(prompts), target.device
+    n_rows = 1 if budget is None else budget + 1
+    max_len = max(len(p) for p in prompts) + max(max_new) + n_rows + 1
+    cache = target.new_cache(B, max_len)
+    sample = _Sampler(temperature, seed, dev)
+    req = _Requests(B, max_new, stop)
+    capture = tuple(drafter.cfg.target_layer_ids) if drafter is not None else ()
+    dcache = drafter.new_cache(B, max_len) if drafter is not None else None
+
+    first = sample(_prefill(target, drafter, dcache, cache, prompts, capture))  # [B]
+    prefix = torch.tensor([len(p) for p in prompts], device=dev)  # committed lengths P
+    bonus = first.clone()  # emitted, not yet run through the target
+    for b in range(B):
+        req.emit(b, [int(first[b])])
+
+    result = GenerateResult([], [], [len(p) for p in prompts], "ddtree" if budget else "ar",
+                            budget)
+    bar = tqdm(total=sum(max_new), disable=not progress, desc=result.mode)
+    bar.update(sum(len(o) for o in req.out))
+    step = 0
+    while req.any_live:
+        t0 = time.perf_counter()
+        active = list(req.live)
+        if budget is None:
+            acc_idx = torch.zeros(B, 1, dtype=torch.long, device=dev)
+            anc = torch.ones(B, 1, 1, dtype=torch.long, device=dev)
+            out = target(bonus.view(B, 1), prefix.view(B, 1), cache, prefix, anc,
+                         record_routing=True)
+            nxt = sample(out.logits[:, 0])
+            acc_len = torch.ones(B, dtype=torch.long, device=dev)
+            emitted = [[int(nxt[b])] for b in range(B)]
+            rows_valid = torch.ones(B, 1, dtype=torch.bool, device=dev)
+            tree_size = [1] * B
+        else:
+            k = min(budget, target.cfg.vocab_size)
+            lp, ids = ops.get("drafter")(drafter, target, dcache, bonus, prefix, k)
+            tree = ops.get("tree_build")(lp, ids, budget, root_tokens=bonus, prefix_lens=prefix)
+            if result.first_tree is None:
+                result.first_tree = tree
+            out = target(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
+                         capture=capture, record_routing=True)
+            choice = sample(out.logits)  # [B, N]: the target's token after each node
+            acc_idx, acc_len, nxt = walk_tree(tree, choice)
+            path_tokens = torch.gather(tree.tokens, 1, acc_idx.clamp_min(0))
+            emitted = [path_tokens[b, 1 : int(acc_len[b])].tolist() + [int(nxt[b])]
+                       for b in range(B)]
+            rows_valid = torch.arange(n_rows, device=dev).view(1, -1) < tree.node_count.view(-1, 1)
+            tree_size = tree.node_count.tolist()
+            commit_tree_kv(cache, prefix, acc_idx, acc_len)
+            hid = torch.gather(out.captured, 1, acc_idx.clamp_min(0).unsqueeze(-1).expand(
+                -1, -1, out.captured.shape[-1]))
+            pos = prefix.view(-1, 1) + torch.arange(n_rows, device=dev).view(1, -1)
+            drafter.materialize(dcache, hid, pos, acc_len)
+        live_t = torch.tensor(active, device=dev)
+        rows_valid &= live_t.view(-1, 1)
+        taken = [req.emit(b, emitted[b]) if active[b] else 0 for b in range(B)]
+        bar.update(sum(taken))
+        # finished requests stop advancing; their rows are computed and ignored
+        prefix = torch.where(live_t, prefix + acc_len, prefix)
+        bonus = torch.where(live_t, nxt, bonus)
+        experts = _distinct_experts(out.stats.get("routing", []), rows_valid)
+        result.steps.append({
+            "step": step, "active": active,
+            "accepted": [len(e) if a else 0 for e, a in zip(emitted, active)],
+            "tree_size": tree_size, "distinct_experts": experts,
+            "distinct_experts_mean": sum(experts) / max(len(experts), 1),
+            "time_s": time.perf_counter() - t0,
+        })
+        step += 1
+    bar.close()
+    result.tokens = req.out
+    return result
+
+
+def walk_tree(tree, choice):
+    """The registry-free greedy/sample walk (the tree_build op owns its kernel twin)."""
+    from workbench.reference.tree_build import walk_tree as _walk
+
+    return _walk(tree, choice)
