@@ -287,6 +287,9 @@ class ModelConfig:
             "architectures": ["KimiK25ForConditionalGeneration"],
             "model_type": "kimi_k25",
             "workbench_name": self.name,
+            # the drafter this target pairs with (a real DFlash drafter ships as its own
+            # checkpoint; keeping its shape here makes config.json round-trip exactly)
+            "workbench_drafter": self.drafter.to_hf_dict(),
             "text_config": text,
         }
 
@@ -338,7 +341,10 @@ class ModelConfig:
             bos_token_id=t.get("bos_token_id", 0),
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
         )
-        kw["drafter"] = _default_drafter(kw["hidden_size"], layers, kw["vocab_size"])
+        if "workbench_drafter" in d:
+            kw["drafter"] = DrafterConfig.from_hf_dict(d["workbench_drafter"])
+        else:  # the Kimi K2.6 drafter shape at this width
+            kw["drafter"] = _default_drafter(kw["hidden_size"], layers, kw["vocab_size"])
         return cls(**kw)
 
     @classmethod
