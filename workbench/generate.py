@@ -154,7 +154,7 @@ def _prefill(target, drafter, dcache, cache, prompts, capture):
         for b in range(B):
             if valid[b] > 0 and c0 + int(valid[b]) == len(prompts[b]):
                 last[b] = out.logits[b, int(valid[b]) - 1]
-        if drafter is not None:
+        if drafter is not None and out.captured is not None:
             drafter.materialize(dcache, out.captured, pos, valid)
     return torch.stack(last)
 
@@ -185,12 +185,13 @@ def commit_tree_kv(cache: torch.Tensor, prefix: torch.Tensor, acc_idx: torch.Ten
 def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[int] = 32,
              budget: int | None = None, temperature: float = 0.0, seed: int | None = None,
              stop_tokens: Iterable[int] | None = None, kernels=None,
-             progress: bool = False) -> GenerateResult:
+             progress: bool = False, on_step=None) -> GenerateResult:
     """Greedy or sampled decoding of a batch of prompts; DDTree when `budget` is given.
 
     target: a KimiModel; drafter: a DFlashDrafter (needed for DDTree); prompts: token-id lists
     of any lengths; budget: DDTree node budget B (None = autoregressive); temperature 0 = greedy;
     kernels: op selection for `workbench.ops.use` (e.g. {"tree_build": "triton_v1"}).
+    on_step: optional callback(step_stats, kv_cache, prefix_lens) after every decode step.
     DDTree emits exactly the tokens of autoregressive decoding under the same kernels.
     """
     cfg = target.cfg
@@ -204,10 +205,11 @@ def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[in
             raise ValueError("drafter: expected a DFlashDrafter when budget is set, got None")
     with ops.use(kernels):
         return _generate(target, drafter if budget else None, prompts, max_new, budget,
-                         temperature, seed, set(stop_tokens or ()), progress)
+                         temperature, seed, set(stop_tokens or ()), progress, on_step)
 
 
-def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop, progress):
+def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop, progress,
+              on_step):
     from tqdm.auto import tqdm
 
     B, dev = len(prompts), target.device
@@ -216,7 +218,8 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
     cache = target.new_cache(B, max_len)
     sample = _Sampler(temperature, seed, dev)
     req = _Requests(B, max_new, stop)
-    capture = tuple(drafter.cfg.target_layer_ids) if drafter is not None else ()
+    capture = () if drafter is None else tuple(
+        getattr(drafter, "capture_layers", drafter.cfg.target_layer_ids))
     dcache = drafter.new_cache(B, max_len) if drafter is not None else None
 
     first = sample(_prefill(target, drafter, dcache, cache, prompts, capture))  # [B]
@@ -245,7 +248,9 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
             tree_size = [1] * B
         else:
             k = min(budget, target.cfg.vocab_size)
-            lp, ids = ops.get("drafter")(drafter, target, dcache, bonus, prefix, k)
+            # a ReplayDrafter (workbench/replay.py) drafts from a recorded continuation
+            draft = getattr(drafter, "draft_override", None) or ops.get("drafter")
+            lp, ids = draft(drafter, target, dcache, bonus, prefix, k)
             tree = ops.get("tree_build")(lp, ids, budget, root_tokens=bonus, prefix_lens=prefix)
             if result.first_tree is None:
                 result.first_tree = tree
@@ -259,10 +264,11 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
             rows_valid = torch.arange(n_rows, device=dev).view(1, -1) < tree.node_count.view(-1, 1)
             tree_size = tree.node_count.tolist()
             commit_tree_kv(cache, prefix, acc_idx, acc_len)
-            hid = torch.gather(out.captured, 1, acc_idx.clamp_min(0).unsqueeze(-1).expand(
-                -1, -1, out.captured.shape[-1]))
-            pos = prefix.view(-1, 1) + torch.arange(n_rows, device=dev).view(1, -1)
-            drafter.materialize(dcache, hid, pos, acc_len)
+            if out.captured is not None:  # drafter context for the accepted tokens
+                hid = torch.gather(out.captured, 1, acc_idx.clamp_min(0).unsqueeze(-1).expand(
+                    -1, -1, out.captured.shape[-1]))
+                pos = prefix.view(-1, 1) + torch.arange(n_rows, device=dev).view(1, -1)
+                drafter.materialize(dcache, hid, pos, acc_len)
         live_t = torch.tensor(active, device=dev)
         rows_valid &= live_t.view(-1, 1)
         taken = [req.emit(b, emitted[b]) if active[b] else 0 for b in range(B)]
@@ -278,6 +284,8 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
             "distinct_experts_mean": sum(experts) / max(len(experts), 1),
             "time_s": time.perf_counter() - t0,
         })
+        if on_step is not None:
+            on_step(result.steps[-1], cache, prefix)
         step += 1
     bar.close()
     result.tokens = req.out
