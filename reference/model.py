@@ -111,7 +111,7 @@ class MLA(nn.Module):
     def forward(self, x, positions, kv_cache, prefix_lens, anc_bits, rope: Rope):
         """x [B, N, D]; writes this layer's latent rows to kv_cache[b, P_b + i] ([B, T, C+R])."""
         cfg, B, N = self.cfg, x.shape[0], x.shape[1]
-        H, C, R, dn = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_rope_dim, cfg.qk_nope_dim
+        H, C, dn = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_dim
         eps, linear, rmsnorm = cfg.rms_norm_eps, ops.get("linear"), ops.get("rmsnorm")
 
         cq = rmsnorm(linear(x, self.q_a_proj.weight), self.q_a_layernorm.weight, eps)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from workbench import ModelConfig
 from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32, unpack_int4
 from workbench.reference.int4_moe import Int4Experts, int4_moe
-from workbench.reference.layers import lm_head, linear, rmsnorm, swiglu_mlp
+from workbench.reference.layers import linear, lm_head, rmsnorm, swiglu_mlp
 from workbench.reference.moe_route import moe_route
 from workbench.reference.rope import Rope, yarn_inv_freq
 from workbench.reference.tree_mla import (

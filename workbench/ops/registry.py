@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -85,7 +86,7 @@ class OpSpec:
 
 _OPS: dict[str, OpSpec] = {}
 _SELECTION: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
-    "workbench_op_selection", default={}
+    "workbench_op_selection", default=types.MappingProxyType({})  # read-only default
 )
 
 
