@@ -7,6 +7,7 @@ Ops the model calls (the four mission ops first): int4_moe, tree_mla, tree_build
 then the supporting ops rmsnorm, linear, swiglu_mlp, moe_route, lm_head.
 """
 
+from . import cases as _cases
 from .registry import (
     PRESETS,
     REFERENCE,
@@ -23,20 +24,25 @@ from .registry import (
 )
 
 _R = "workbench.reference"
+# Harness hooks (seeded EDGE/REAL inputs, the checker's compare, roofline) live in cases.py;
+# it imports the references lazily, so registering here imports no op code.
+_H = _cases.hooks
 
 register_op("int4_moe", "Routed experts of one MoE layer, INT4 W4A16 (gate/up, SiLU*mul, down, "
-            "weighted top-k combine)", f"{_R}.int4_moe:int4_moe")
+            "weighted top-k combine)", f"{_R}.int4_moe:int4_moe", **_H("int4_moe"))
 register_op("tree_mla", "Absorbed-MLA attention over the latent cache with an ancestor bitmask",
-            f"{_R}.tree_mla:tree_mla")
+            f"{_R}.tree_mla:tree_mla", **_H("tree_mla"))
 register_op("tree_build", "Best-first DDTree from per-depth top-K log-probs",
-            f"{_R}.tree_build:build_ddtree")
+            f"{_R}.tree_build:build_ddtree", **_H("tree_build"))
 register_op("drafter", "DFlash block drafter forward: block + context -> per-depth top-K",
-            f"{_R}.drafter:draft_topk")
-register_op("rmsnorm", "RMSNorm", f"{_R}.layers:rmsnorm")
-register_op("linear", "bf16 linear (fp32 accumulate)", f"{_R}.layers:linear")
-register_op("swiglu_mlp", "Dense SwiGLU MLP (layer 0, shared expert)", f"{_R}.layers:swiglu_mlp")
-register_op("moe_route", "Sigmoid + bias top-k router", f"{_R}.moe_route:moe_route")
-register_op("lm_head", "Final LM head to fp32 logits", f"{_R}.layers:lm_head")
+            f"{_R}.drafter:draft_topk", **_H("drafter"))
+register_op("rmsnorm", "RMSNorm", f"{_R}.layers:rmsnorm", **_H("rmsnorm"))
+register_op("linear", "bf16 linear (fp32 accumulate)", f"{_R}.layers:linear", **_H("linear"))
+register_op("swiglu_mlp", "Dense SwiGLU MLP (layer 0, shared expert)", f"{_R}.layers:swiglu_mlp",
+            **_H("swiglu_mlp"))
+register_op("moe_route", "Sigmoid + bias top-k router", f"{_R}.moe_route:moe_route",
+            **_H("moe_route"))
+register_op("lm_head", "Final LM head to fp32 logits", f"{_R}.layers:lm_head", **_H("lm_head"))
 
 __all__ = [
     "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant", "VariantUnavailable", "get",
