@@ -143,3 +143,39 @@ def test_sampled_ddtree_matches_target_distribution():
         # 99.9% quantile of chi2(dof) via the Wilson-Hilferty approximation
         crit = dof * (1 - 2 / (9 * dof) + 3.09 * (2 / (9 * dof)) ** 0.5) ** 3
         assert chi2 < crit, f"token {pos + 1}: chi2 {chi2:.1f} >= {crit:.1f} (dof {dof})"
+
+
+def test_tree_verify_rows_equal_causal_recompute_of_their_paths():
+    """Node i's verify logits equal a plain causal forward over prefix + root-to-i path."""
+    from workbench.reference.tree_build import build_ddtree
+
+    target = _target(0)
+    V = target.cfg.vocab_size
+    g = torch.Generator().manual_seed(7)
+    prompts = _prompts(0, (6, 11))
+    P = torch.tensor([len(p) for p in prompts])
+    L, K, budget = 3, 3, 9
+    lp = torch.rand(2, L, K, generator=g).sort(-1, descending=True).values.log()
+    ids = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(2 * L)]).view(2, L, K)
+    root = torch.tensor([41, 42])
+    tree = build_ddtree(lp, ids, budget, root_tokens=root, prefix_lens=P)
+    cache = target.new_cache(2, 32)
+    for b, p in enumerate(prompts):  # commit each prompt
+        n = len(p)
+        c1 = target.new_cache(1, 32)
+        target(torch.tensor([p]), torch.arange(n).view(1, -1), c1,
+               torch.zeros(1, dtype=torch.long), causal_anc_bits(n))
+        cache[:, b] = c1[:, 0]
+    out = target(tree.tokens, tree.positions, cache, P, tree.anc_bits)
+    for b, p in enumerate(prompts):
+        for i in range(int(tree.node_count[b])):
+            path, j = [], i
+            while j >= 0:
+                path.append(int(tree.tokens[b, j]))
+                j = int(tree.parents[b, j])
+            seq = p + path[::-1]
+            c1 = target.new_cache(1, 32)
+            ref = target(torch.tensor([seq]), torch.arange(len(seq)).view(1, -1), c1,
+                         torch.zeros(1, dtype=torch.long), causal_anc_bits(len(seq)))
+            torch.testing.assert_close(out.logits[b, i], ref.logits[0, -1], atol=0.1, rtol=0.02)
+            assert out.logits[b, i].argmax() == ref.logits[0, -1].argmax()
