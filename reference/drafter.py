@@ -217,31 +217,29 @@ def draft_topk(drafter: DFlashDrafter, target, cache: DrafterCache, bonus: torch
 _SEED_BASE = 1 << 20  # drafter streams never coincide with a target layer's (seed, layer) stream
 
 
-def _gen(seed: int, layer: int, device) -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.manual_seed((seed * 1_000_003 + _SEED_BASE + layer + 7) % (2**63))
-    return g
-
-
 def drafter_state(cfg: DrafterConfig, seed: int = 0, device="cpu") -> dict:
     """Synthetic tensors keyed by checkpoint name: linears ~ N(0, 1/fan_in), norms ~ 1 ± 0.05.
 
     One generator per (seed, layer); fc and the two outer norms use pseudo layer -1.
     """
+    from workbench.weights import norm_weight, normal_weight, seeded_generator
 
     def normal(g, o, i):
-        return (torch.randn(o, i, generator=g, device=device) * i**-0.5).to(torch.bfloat16)
+        return normal_weight(g, (o, i), i**-0.5, device)
 
     def norm(g, n):
-        return (1.0 + 0.05 * torch.randn(n, generator=g, device=device)).to(torch.bfloat16)
+        return norm_weight(g, n, device)
+
+    def gen(layer):
+        return seeded_generator(seed, _SEED_BASE + layer, device)
 
     D, d, Hq, Hkv, F = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
                         cfg.intermediate_size)
-    g = _gen(seed, -1, device)
+    g = gen(-1)
     st = {"fc.weight": normal(g, D, len(cfg.target_layer_ids) * D),
           "hidden_norm.weight": norm(g, D), "norm.weight": norm(g, D)}
     for i in range(cfg.num_layers):
-        g, p = _gen(seed, i, device), f"layers.{i}."
+        g, p = gen(i), f"layers.{i}."
         st |= {
             p + "input_layernorm.weight": norm(g, D),
             p + "post_attention_layernorm.weight": norm(g, D),

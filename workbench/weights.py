@@ -21,18 +21,23 @@ EMBED_LAYER, HEAD_LAYER = -1, -2  # pseudo layer ids for the non-layer tensors
 DEFAULT_LOGIT_SCALE = 10.0
 
 
-def _gen(seed: int, layer: int, device) -> torch.Generator:
+def seeded_generator(seed: int, stream: int, device) -> torch.Generator:
+    """One independent stream per (seed, layer-like id): any piece can be made alone."""
     g = torch.Generator(device=device)
-    g.manual_seed((seed * 1_000_003 + layer + 7) % (2**63))
+    g.manual_seed((seed * 1_000_003 + stream + 7) % (2**63))
     return g
 
 
-def _normal(g, shape, std, device, dtype=torch.bfloat16):
+def normal_weight(g, shape, std, device, dtype=torch.bfloat16):
     return (torch.randn(*shape, generator=g, device=device) * std).to(dtype)
 
 
-def _norm_weight(g, dim, device):
+def norm_weight(g, dim, device):
+    """RMSNorm weights near 1 (1 + 0.05 N(0, 1)), as trained norms look."""
     return (1.0 + 0.05 * torch.randn(dim, generator=g, device=device)).to(torch.bfloat16)
+
+
+_gen, _normal, _norm_weight = seeded_generator, normal_weight, norm_weight  # local short names
 
 
 def quantized_expert(g, d_in: int, d_out: int, device) -> tuple[torch.Tensor, torch.Tensor]:
