@@ -3,6 +3,11 @@
     demo       AR vs DDTree on the tiny preset (CPU, seconds)
     generate   decode prompts (AR, or DDTree with --budget) and print tokens / stats
     weights    write a synthetic checkpoint in the Kimi K2.6 format
+    check      an op's variants against its reference (EDGE or REAL shapes)
+    bench      time variants, peers and the roofline (traces/ rows)
+    trace      torch.profiler trace of an op or a decode, plus the ncu/nsys commands
+    suite      the H200 run: gpu tests, benchmarks, sanitizer; results to traces/
+    train      train the small target + DFlash drafter pair
     info       presets and registered ops
 """
 
@@ -163,12 +168,30 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--device", default="cpu")
     w.set_defaults(fn=cmd_weights)
 
+    for name in _DELEGATED:  # listed in --help; parsed by their own modules
+        sub.add_parser(name, help=f"see python -m workbench {name} -h", add_help=False)
     i = sub.add_parser("info", help="presets and registered ops")
     i.set_defaults(fn=cmd_info)
     return p
 
 
+# sub-commands with their own argument parsers: `python -m workbench check -h` etc.
+_DELEGATED = {
+    "check": "workbench.check:check_main",
+    "bench": "workbench.bench:bench_main",
+    "trace": "workbench.trace:trace_main",
+    "suite": "workbench.suite:suite_main",
+    "train": "workbench.train:main",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        mod, _, fn = _DELEGATED[argv[0]].partition(":")
+        return getattr(importlib.import_module(mod), fn)(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,129 @@
+"""The op registry: `use` scoping, clear errors, GPU-only variants on CPU, presets, `kernels=`.
+
+Temporary variants are added with monkeypatch on an OpSpec's `variants` dict, so every test
+leaves the registry exactly as it found it.
+"""
+
+import pytest
+import torch
+
+from workbench import ops
+from workbench.check import check, check_main
+from workbench.ops import registry
+from workbench.reference.layers import rmsnorm
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture
+def twins(monkeypatch):
+    """Variant 'twin' of rmsnorm and linear: the reference under another name, counting calls."""
+    calls = {"rmsnorm": 0, "linear": 0}
+
+    def add(op):
+        ref = ops.op_spec(op).variant(ops.REFERENCE).load()
+
+        def twin(*a, **kw):
+            calls[op] += 1
+            return ref(*a, **kw)
+
+        monkeypatch.setitem(ops.op_spec(op).variants, "twin", ops.Variant("twin", twin))
+
+    add("rmsnorm")
+    add("linear")
+    return calls
+
+
+def test_every_op_has_its_harness_hooks():
+    for op in ["int4_moe", "tree_mla", "tree_build", "drafter", "rmsnorm", "linear",
+               "swiglu_mlp", "moe_route", "lm_head"]:
+        spec = ops.op_spec(op)
+        assert spec.make_inputs and spec.compare and spec.roofline, op
+        assert ops.REFERENCE in spec.variants
+
+
+def test_use_nests_and_restores(twins):
+    assert ops.selected("rmsnorm") == ops.REFERENCE
+    with ops.use(rmsnorm="twin") as sel:
+        assert sel["rmsnorm"] == "twin" and ops.selected("linear") == ops.REFERENCE
+        with ops.use(linear="twin"):  # inner adds to the outer selection
+            assert (ops.selected("rmsnorm"), ops.selected("linear")) == ("twin", "twin")
+            with ops.use(rmsnorm=ops.REFERENCE):  # and can override it
+                assert ops.selected("rmsnorm") == ops.REFERENCE
+            assert ops.selected("rmsnorm") == "twin"
+        assert ops.selected("linear") == ops.REFERENCE
+        x, w = torch.randn(2, 8).to(torch.bfloat16), torch.ones(8, dtype=torch.bfloat16)
+        assert torch.equal(ops.get("rmsnorm")(x, w, 1e-5), rmsnorm(x, w, 1e-5))
+        assert twins["rmsnorm"] == 1
+    assert ops.selected("rmsnorm") == ops.REFERENCE
+
+
+def test_use_restores_on_exception(twins):
+    with pytest.raises(RuntimeError, match="boom"):
+        with ops.use(rmsnorm="twin"):
+            with ops.use(linear="twin"):
+                raise RuntimeError("boom")
+    assert ops.selected("rmsnorm") == ops.selected("linear") == ops.REFERENCE
+
+
+def test_unknown_names_list_the_known_ones(twins):
+    with pytest.raises(ops.UnknownOpError, match=r"known ops: \[.*'int4_moe'.*'tree_mla'"):
+        with ops.use(int4moe="reference"):
+            pass
+    with pytest.raises(ops.UnknownOpError, match=r"no variant 'triton_v9'.*'reference'.*'twin'"):
+        with ops.use(rmsnorm="triton_v9"):
+            pass
+    with pytest.raises(ops.UnknownOpError, match="known ops"):
+        ops.get("rms_norm")
+    with pytest.raises(ops.UnknownOpError, match="known ops"):
+        check("rms_norm")
+    with pytest.raises(ops.UnknownOpError, match=r"known: \[.*'reference'.*'twin'"):
+        check("rmsnorm", "triton_v9")
+    assert ops.selected("rmsnorm") == ops.REFERENCE  # a failed `use` selected nothing
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of a GPU-only variant")
+def test_gpu_only_variant_is_listed_with_its_reason(monkeypatch, capsys):
+    # the target module does not exist: listing and refusing must never import it
+    v = ops.Variant("cuda_v0", "workbench.kernels.no_such_module:fn", needs=("cuda",))
+    monkeypatch.setitem(ops.op_spec("rmsnorm").variants, "cuda_v0", v)
+    reason = v.unavailable_reason()
+    assert reason and "CUDA" in reason
+    with pytest.raises(ops.VariantUnavailable, match="rmsnorm=cuda_v0 cannot run here.*CUDA"):
+        with ops.use(rmsnorm="cuda_v0"):
+            pass
+    with pytest.raises(ops.VariantUnavailable, match="CUDA"):
+        check("rmsnorm", "cuda_v0")
+    # every variant: the GPU one is listed with its reason, not failed
+    assert check_main(["rmsnorm", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"rmsnorm cuda_v0: not run here: {reason}" in out and "rmsnorm / reference" in out
+    # asked for by name: nothing could be checked, which is neither a pass nor a failure
+    assert check_main(["rmsnorm", "--variant", "cuda_v0"]) == 2
+    assert v._fn is None  # never loaded
+
+
+def test_presets_are_named_selections(twins, monkeypatch):
+    monkeypatch.setitem(registry.PRESETS, "twins", {"rmsnorm": "twin", "linear": "twin"})
+    with ops.use("twins"):
+        assert ops.selected("rmsnorm") == ops.selected("linear") == "twin"
+        with ops.use(ops.REFERENCE):  # "reference" resets every op
+            assert all(ops.selected(op) == ops.REFERENCE for op in ops.list_ops())
+        with ops.use("twins", linear=ops.REFERENCE):  # keywords win over the preset
+            assert ops.selected("linear") == ops.REFERENCE
+    with pytest.raises(ops.UnknownOpError, match=r"'reference'.*'twins'"):
+        with ops.use("fastest"):
+            pass
+
+
+def test_generate_kernels_selects_the_op(twins, tiny_target):
+    from workbench.generate import generate
+
+    prompts = [[1, 2, 3], [4, 5]]
+    want = generate(tiny_target, None, prompts, max_new_tokens=3, progress=False).tokens
+    assert twins["rmsnorm"] == 0
+    got = generate(tiny_target, None, prompts, max_new_tokens=3, kernels={"rmsnorm": "twin"},
+                   progress=False).tokens
+    assert twins["rmsnorm"] > 0 and twins["linear"] == 0
+    assert got == want
+    assert ops.selected("rmsnorm") == ops.REFERENCE  # the selection ended with the call

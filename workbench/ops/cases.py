@@ -1,0 +1,515 @@
+"""Seeded inputs, tolerances and rooflines of every registered op (DESIGN.md §6-§7, STYLE.md 6-7).
+
+EDGE cases are tiny, odd, prime and hostile, each with a `why` (every dim <= 256, so the Triton
+interpreter runs them); REAL cases take every size from a ModelConfig (kimi-k2.6 by default).
+Hostile by default: NaN in cache slots past each request's valid length, one non-contiguous input
+per op whose gaps hold NaN (or out-of-range ids), permuted, duplicate and one-expert routing.
+Draws use a generator on `device`: the same seed gives different values on CPU and GPU.
+
+Tolerance model, per op and output (what `tolerance` returns, what workbench.check applies):
+    noise = sqrt(m) u_bf16 + sqrt(n) u_fp32          u = eps / 2, the unit roundoff
+      m  bf16 roundings a correct kernel may add inside the op (int4_moe rounds SiLU*up to bf16
+         for the down GEMM and each slot's result before the combine, as vLLM's fused MoE does:
+         m = 2); independent roundings add in quadrature.
+      n  the longest fp32 reduction (its order is free: ~sqrt(n) u relative to the terms).
+    elementwise  |out - ref| <= rtol |ref| + atol rms(ref), rtol = eps_out (two correct roundings
+                 of nearly equal values land at most one ulp apart), atol = 6 noise (6 sigma: the
+                 tail over ~1e7 elements; rms(ref) scales the floor where outputs cancel to ~0)
+    global       ||out - ref|| / ||ref|| <= eps_out / 2 + 2 noise
+Integer and bool outputs, and every DDTree field (float64 scores included), are bitwise.
+Legend: B batch, N tree rows, T cache slots, P committed length, H heads, C latent, R rope,
+D hidden, I expert FFN, F dense FFN, E experts, K top-k, L draft depth, V vocab, W mask words.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.config import ModelConfig
+
+from .case import Case
+
+bf16, f32 = torch.bfloat16, torch.float32
+NAN = float("nan")
+INT4_GROUP_BYTES = 0.5 + 2 / 32  # per weight: 4 bits packed + one bf16 scale per group of 32
+
+
+@dataclass(frozen=True)
+class Tol:
+    atol_rms: float = 0.0  # absolute floor, in units of the reference output's RMS
+    rtol: float = 0.0
+    rel: float = 0.0  # bound on ||out - ref|| / ||ref||
+    exact: bool = False  # bitwise, whatever the dtype
+
+
+def tolerance(op: str, output: str, dtype: torch.dtype, case: Case | None = None) -> Tol:
+    """The tolerance of one output of `op` (module docstring: the model behind it)."""
+    if op == "tree_build" or not dtype.is_floating_point:
+        return Tol(exact=True)
+    d = case.dims if case is not None else {}
+    m, n = {
+        "rmsnorm": (0, d.get("D", 1)), "linear": (0, d.get("D", 1)), "lm_head": (0, d.get("D", 1)),
+        "moe_route": (0, d.get("D", 1)), "swiglu_mlp": (1, max(d.get("D", 1), d.get("F", 1))),
+        "int4_moe": (2, max(d.get("D", 1), d.get("I", 1))),
+        # P is rounded to bf16 for the P.V GEMM (FlashAttention); lse stays fp32 throughout
+        "tree_mla": (int(output == "o_lat"), d.get("T", 1) + d.get("C", 0) + d.get("R", 0)),
+        # ~6 bf16 op boundaries per layer (norm, qkv, attention, o, residual, MLP) + embed/norm
+        "drafter": (6 * d.get("layers", 1) + 2, max(d.get("F", 1), d.get("V", 1))),
+    }.get(op, (0, 1))
+    eps = torch.finfo(dtype).eps
+    noise = math.sqrt(m) * torch.finfo(bf16).eps / 2 + math.sqrt(n) * torch.finfo(f32).eps / 2
+    return Tol(atol_rms=6 * noise, rtol=eps, rel=eps / 2 + 2 * noise)
+
+
+class _Rand:
+    """Seeded draws on one device."""
+
+    def __init__(self, seed: int, device):
+        self.device = torch.device(device)
+        self.g = torch.Generator(device=self.device)
+        self.g.manual_seed(int(seed))
+
+    def normal(self, *shape, std=1.0, dtype=bf16):
+        return (torch.randn(*shape, generator=self.g, device=self.device) * std).to(dtype)
+
+    def uniform(self, *shape):
+        return torch.rand(*shape, generator=self.g, device=self.device)
+
+    def ints(self, lo, hi, *shape, dtype=torch.int64):
+        return torch.randint(lo, hi, shape, generator=self.g, device=self.device, dtype=dtype)
+
+    def distinct(self, n: int, k: int, rows: int) -> torch.Tensor:
+        """[rows, k] int64, distinct within a row, random order (uniform subsets for n <= 4096;
+        above that, increasing random offsets then shuffled: no [rows, V] buffer)."""
+        if n <= 4096:
+            return self.uniform(rows, n).argsort(-1)[:, :k].contiguous()
+        ids = self.ints(1, n // k + 1, rows, k).cumsum(-1) - 1
+        return ids.gather(1, self.uniform(rows, k).argsort(-1))
+
+
+def _gappy(t: torch.Tensor, fill=NAN) -> torch.Tensor:
+    """The same values with element stride 2 along the last dim. The gaps hold `fill` (NaN, or
+    an out-of-range id), so a kernel that ignores strides fails loudly instead of subtly."""
+    buf = torch.full((*t.shape[:-1], 2 * t.shape[-1]), fill, dtype=t.dtype, device=t.device)
+    buf[..., ::2] = t
+    return buf[..., ::2]
+
+
+def _cfg(shapes: str, cfg) -> ModelConfig:
+    if shapes not in ("edge", "real"):
+        raise ValueError(f"shapes: expected 'edge' or 'real', got {shapes!r}")
+    if isinstance(cfg, str):
+        return ModelConfig.preset(cfg)
+    return cfg or ModelConfig.preset("tiny" if shapes == "edge" else "kimi-k2.6")
+
+
+def _nb(*tensor_shapes_and_sizes) -> int:
+    """Bytes of (numel, itemsize) pairs."""
+    return int(sum(n * s for n, s in tensor_shapes_and_sizes))
+
+
+# -- int4_moe ------------------------------------------------------------------------------------
+def _experts(r: _Rand, E: int, D: int, I: int, nan_experts=()):
+    """Stacked INT4 experts: uniform random nibbles (what a kernel sees; the quantizer is tested
+    elsewhere), scales so that W has RMS fan_in^-0.5 (uniform q in [-8, 7] has RMS 4.64)."""
+    from workbench.reference.int4_moe import Int4Experts
+
+    def proj(o, i):
+        packed = r.ints(-(2**31), 2**31, E, o, i // 8, dtype=torch.int32)
+        scale = (i**-0.5 / 4.64) * (1 + 0.1 * r.uniform(E, o, i // 32))
+        scale[list(nan_experts)] = NAN
+        return packed, scale.to(bf16)
+
+    return Int4Experts(*proj(I, D), *proj(I, D), *proj(D, I))
+
+
+def int4_moe_cases(shapes, seed, cfg=None, device="cpu", max_experts=None) -> list[Case]:
+    """x [T, D] bf16, topk_ids [T, K] int64, topk_weights [T, K] fp32, Int4Experts.
+    REAL is full size (E = 384: 9.5 GB of experts); `max_experts` trims E only when asked."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(T, D, I, E, K, label, why="", route="uniform", experts=None):
+        ids = r.distinct(E, K, T)  # [T, K]
+        if route == "one":
+            ids[:, 0] = 2
+        elif route == "dup":
+            ids[1, 1] = ids[1, 0]
+        w = r.uniform(T, K) + 0.05
+        w = w / w.sum(-1, keepdim=True) * cfg.routed_scaling_factor
+        if route != "perm":  # router order: descending weight; "perm" keeps slots unsorted
+            w, order = w.sort(-1, descending=True)
+            ids = ids.gather(1, order)
+        unused = sorted(set(range(E)) - set(ids.unique().tolist()))
+        ex = experts or _experts(r, E, D, I, unused if route == "one" else ())
+        x = r.normal(T, D)
+        if route == "gappy":
+            x = _gappy(x)
+        dims = dict(T=T, D=D, I=I, E=E, K=K, E_touched=int(ids.unique().numel()))
+        return Case("int4_moe", label, (x, ids, w, ex), dims=dims, why=why, kind=shapes)
+
+    if shapes == "edge":
+        return [
+            case(1, 64, 32, 1, 1, "T=1 E=1 K=1", "one token, one expert: the smallest launch"),
+            case(13, 96, 160, 5, 1, "T=13 one-expert", "every token to expert 2 (worst imbalance); "
+                 "the other experts hold NaN scales and must not be read into the output; 3 and 5 "
+                 "groups of 32", route="one"),
+            case(7, 64, 96, 6, 3, "T=7 duplicate", "token 1 lists one expert in two slots: "
+                 "per-slot results must not be merged", route="dup"),
+            case(31, 64, 32, 16, 4, "T=31 permuted", "T prime; slots not sorted by weight (a kernel "
+                 "may not assume router order)", route="perm"),
+            case(5, 32, 64, 7, 7, "T=5 K=E=7", "K = E: every expert for every token"),
+            case(11, 64, 64, 9, 2, "T=11 strided-x", "x is a stride-2 view with NaN in the gaps",
+                 route="gappy"),
+        ]
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    E = min(E, max_experts) if max_experts else E
+    if E < K:
+        raise ValueError(f"max_experts: expected >= K = {K}, got {max_experts}")
+    ex = _experts(r, E, cfg.hidden_size, cfg.moe_intermediate)  # shared: one layer's experts
+    return [case(T, cfg.hidden_size, cfg.moe_intermediate, E, K,
+                 f"T={T} D={cfg.hidden_size} E={E} K={K}", experts=ex) for T in (1, 9, 33, 65)]
+
+
+def int4_moe_roofline(c: Case) -> dict:
+    d = c.dims
+    touched = d["E_touched"] * 3 * d["D"] * d["I"] * INT4_GROUP_BYTES  # gate, up, down
+    acts = _nb((d["T"] * d["D"], 2 * 2), (d["T"] * d["K"], 8 + 4))  # x in, y out; ids, weights
+    return {"bytes": int(touched + acts), "flops": 2 * d["T"] * d["K"] * 3 * d["D"] * d["I"]}
+
+
+# -- tree_mla ------------------------------------------------------------------------------------
+def _tree_bits(r: _Rand, B: int, N: int, count=None, chain=False) -> torch.Tensor:
+    """Ancestor bitmasks [B, N, W]: random trees (parent of node i uniform in [0, i)), or a chain;
+    rows >= count[b] are padding that sees only itself."""
+    from workbench.reference.tree_mla import pack_anc_bits
+
+    vis = torch.eye(N, dtype=torch.bool, device=r.device).repeat(B, 1, 1)  # [B, N, N]
+    count = torch.full((B,), N, device=r.device) if count is None else count
+    rows = torch.arange(B, device=r.device)
+    for i in range(1, N):
+        p = torch.full((B,), i - 1, device=r.device) if chain else r.ints(0, i, B)
+        vis[:, i] |= vis[rows, p] & (i < count).view(B, 1)
+    return pack_anc_bits(vis)
+
+
+def tree_mla_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """q [B, N, H, C+R] bf16, kv_cache [B, T, C+R] bf16 (NaN past P_b + N), prefix_lens [B],
+    anc_bits [B, N, W], softmax_scale, kv_lora_rank."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+    C, R = cfg.kv_lora_rank, cfg.qk_rope_dim
+
+    def case(B, N, H, prefix, label, why="", q_std=1.0, chain=False, count=None, gappy=False):
+        P = torch.tensor(prefix, device=r.device)
+        T = max(prefix) + N + 3  # spare slots past every request: NaN like all slots >= P_b + N
+        cache = r.normal(B, T, C + R)
+        cache[torch.arange(T, device=r.device).view(1, T) >= (P + N).view(B, 1)] = NAN
+        # heads-major storage viewed as [B, N, H, C+R]: a realistic non-contiguous q
+        q = r.normal(B, H, N, C + R, std=q_std).transpose(1, 2) if gappy else \
+            r.normal(B, N, H, C + R, std=q_std)
+        cnt = None if count is None else torch.tensor(count, device=r.device)
+        anc = _tree_bits(r, B, N, cnt, chain)
+        dims = dict(B=B, N=N, H=H, C=C, R=R, T=T, P_sum=sum(prefix), W=anc.shape[-1])
+        return Case("tree_mla", label, (q, cache, P, anc, cfg.softmax_scale, C), dims=dims,
+                    why=why, kind=shapes)
+
+    H = cfg.num_heads
+    if shapes == "edge":
+        return [
+            case(1, 1, H, (0,), "P=0 N=1", "empty cache, one node: the row sees only itself"),
+            case(1, 2, H, (5,), "budget 1", "root + one child"),
+            case(3, 13, 3, (0, 7, 29), "B=3 N=13 H=3 ragged", "ragged prefixes incl. an empty "
+                 "one, N and H prime; NaN in every slot past P_b + N"),
+            case(2, 65, H, (3, 40), "N=65", "the ancestor mask spills into a second 64-bit word"),
+            case(1, 17, H, (11,), "N=17 chain", "a chain mask is a causal prefill chunk",
+                 chain=True),
+            case(2, 9, H, (4, 0), "N=9 padded", "node_count 6 and 2 < N: padding rows see only "
+                 "themselves", count=(6, 2)),
+            case(2, 5, H, (6, 2), "N=5 heads-major q", "q is a transposed view (non-contiguous)",
+                 gappy=True),
+            case(1, 7, H, (19,), "N=7 large scores", "q x40: scores overflow exp in fp32 unless "
+                 "the running max is subtracted", q_std=40.0),
+        ]
+    return [case(1, N, h, (ctx,), f"N={N} H={h} P={ctx}")
+            for ctx in (1024, 8192) for h in (max(1, H // 8), H)  # TP8 rank and TP1
+            for N in (1, 9, 17, 33, 65, 129)]
+
+
+def tree_mla_roofline(c: Case) -> dict:
+    d = c.dims
+    keys = d["P_sum"] + d["B"] * d["N"]  # prefix + tree slots, every request
+    rows = d["B"] * d["N"] * d["H"]
+    nbytes = _nb((keys, (d["C"] + d["R"]) * 2), (rows, (d["C"] + d["R"]) * 2 + d["C"] * 2 + 4),
+                 (d["B"] * d["N"] * d["W"], 8), (d["B"], 8))
+    return {"bytes": nbytes, "flops": 2 * d["N"] * d["H"] * keys * (2 * d["C"] + d["R"])}
+
+
+# -- tree_build ----------------------------------------------------------------------------------
+def tree_build_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """top_logprobs [B, L, K] fp32 sorted descending, top_ids [B, L, K] int64, budget,
+    root_tokens [B], prefix_lens [B] (kwargs; absent in some EDGE cases = the defaults)."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+    V, L0 = cfg.vocab_size, cfg.drafter.depth
+
+    def case(B, L, K, budget, label, why="", ties=False, inf_from=None, gappy=False, kw=True):
+        K = min(K, V)
+        ids = r.distinct(V, K, B * L).view(B, L, K)
+        z = r.normal(B, L, K, std=2.0, dtype=f32).sort(-1, descending=True).values
+        lp = z - z.logsumexp(-1, keepdim=True) - 0.5  # 0.5 nats left to the unseen vocab
+        if ties:
+            lp = torch.full_like(lp, -math.log(K))
+        if inf_from is not None:
+            lp[:, 1:, inf_from:] = -math.inf  # depths >= 2 have only `inf_from` candidates
+        if gappy:  # the same values through a transposed [B, K, L] buffer
+            lp = lp.transpose(1, 2).contiguous().transpose(1, 2)
+        kwargs = dict(root_tokens=r.ints(0, V, B), prefix_lens=r.ints(0, 4096, B)) if kw else {}
+        dims = dict(B=B, L=L, K=K, budget=budget, N=budget + 1, W=(budget + 64) // 64)
+        return Case("tree_build", label, (lp, ids, budget), kwargs, dims, why, shapes)
+
+    if shapes == "edge":
+        return [
+            case(1, L0, 1, 1, "budget 1", "root + one node", kw=False),
+            case(2, L0, 1, L0 + 3, "K=1 chain", "one candidate per depth: the chain ends at depth "
+                 "L before the budget is spent, leaving padding rows"),
+            case(3, L0, 4, 16, "ties", "every log-prob equal: the rank-tuple tie-break decides "
+                 "everything", ties=True, kw=False),
+            case(2, 3, 8, 64, "N=65", "the ancestor mask spills into a second 64-bit word"),
+            case(1, L0, 16, 127, "N=128", "bit 63 of both words is set (negative int64 words)"),
+            case(5, 1, 9, 8, "L=1 star", "one depth: every node is a child of the root"),
+            case(3, L0, 6, 12, "-inf tail", "-inf candidates are never pushed", inf_from=3),
+            case(2, L0, 8, 8, "transposed lp", "top_logprobs is a non-contiguous view", gappy=True),
+            case(4, L0, 32, 4, "K > budget", "ranks >= budget are never needed (Lemma 1)"),
+        ]
+    return [case(B, L0, budget, budget, f"B={B} budget={budget} L={L0}")
+            for B in (1, 8, 64) for budget in (8, 16, 32, 64, 128)]
+
+
+def tree_build_roofline(c: Case) -> dict:
+    """Launch-bound; the estimate counts the inputs read once and every output row written,
+    and heap work as ~3 log2(2 budget) compare-and-swaps per node (one pop, <= 2 pushes)."""
+    d = c.dims
+    k_used = min(d["K"], d["budget"])
+    nbytes = _nb((d["B"] * d["L"] * k_used, 4 + 8), (d["B"] * d["N"], 8 * 7 + 8 * d["W"]),
+                 (d["B"], 8 * 3))
+    flops = d["B"] * d["budget"] * (3 * math.ceil(math.log2(2 * d["budget"])) + d["W"])
+    return {"bytes": nbytes, "flops": int(flops)}
+
+
+# -- drafter -------------------------------------------------------------------------------------
+def drafter_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """(drafter, target, cache, bonus [B], start [B], k). The target is built with no layers:
+    draft_topk reads only its embedding and LM head. Cache slots >= start[b] hold NaN."""
+    from workbench.models import build_model
+    from workbench.reference.drafter import build_drafter
+
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+    dc, V = cfg.drafter, cfg.vocab_size
+    target = build_model(cfg, seed=seed, device=device, layers=[])
+    drafter = build_drafter(cfg, seed=seed, device=device)
+
+    def case(starts, k, label, why="", gappy=False):
+        B = len(starts)
+        cache = drafter.new_cache(B, max(starts) + dc.block_size + 2)  # NaN-filled
+        for b, p in enumerate(starts):  # committed context: unit-scale K/V, as materialised
+            cache.k[:, b, :p] = r.normal(dc.num_layers, p, dc.num_kv_heads, dc.head_dim)
+            cache.v[:, b, :p] = r.normal(dc.num_layers, p, dc.num_kv_heads, dc.head_dim)
+        bonus = r.ints(0, V, B)
+        bonus = _gappy(bonus, fill=V + 7) if gappy else bonus
+        start = torch.tensor(starts, device=r.device)
+        dims = dict(B=B, L=dc.depth, k=k, P_sum=sum(starts), D=cfg.hidden_size, V=V,
+                    layers=dc.num_layers, Hq=dc.num_heads, Hkv=dc.num_kv_heads, d=dc.head_dim,
+                    F=dc.intermediate_size)
+        return Case("drafter", label, (drafter, target, cache, bonus, start, k), dims=dims,
+                    why=why, kind=shapes)
+
+    if shapes == "edge":
+        w = dc.sliding_window
+        return [
+            case((0,), 8, "P=0", "empty context: the block attends only to itself"),
+            case((0, 5, 23), 4, "B=3 ragged", "ragged committed lengths; NaN in every cache "
+                 "slot past P_b"),
+            case((w + 21, w + 2), 1, f"P>{w} k=1", "context longer than the sliding window: "
+                 "sliding layers drop the oldest keys; k = 1"),
+            case((9, 3), 16, "strided bonus", "bonus is a stride-2 view; its gaps hold an "
+                 "out-of-vocab id", gappy=True),
+            case((2,), V, "k=V", "k = V: the whole vocabulary, sorted"),
+        ]
+    return [case((1024,) * B, k, f"B={B} k={k} P=1024") for B in (1, 8, 32) for k in (8, 32)]
+
+
+def drafter_roofline(c: Case) -> dict:
+    """Weights read once per call (layers + final norm + LM head; fc and hidden_norm belong to
+    materialise, not to the draft), the block's embedding rows, the cached context K/V, outputs."""
+    d = c.dims
+    D, q, kv, B, S = d["D"], d["Hq"] * d["d"], d["Hkv"] * d["d"], d["B"], d["L"] + 1
+    linear = D * q + 2 * D * kv + q * D + 3 * D * d["F"]  # per layer
+    weights = d["layers"] * (linear + 2 * D + 2 * d["d"]) + D + d["V"] * D
+    nbytes = _nb((weights, 2), (B * S * D, 2), (d["layers"] * d["P_sum"] * 2 * kv, 2),
+                 (B * d["L"] * d["k"], 4 + 8), (B, 16))
+    attn = d["layers"] * 4 * q * S * (d["P_sum"] + B * S)  # QK^T and PV over context + block
+    flops = 2 * B * S * d["layers"] * linear + 2 * B * d["L"] * d["V"] * D + attn
+    return {"bytes": nbytes, "flops": int(flops)}
+
+
+# -- supporting ops ------------------------------------------------------------------------------
+# rmsnorm (x, w, eps), linear (x, W), swiglu_mlp (x, Wg, Wu, Wd), lm_head (h, W): x [..., D] and
+# n = the output (linear, lm_head) or hidden (swiglu F) width; layout marks the hostile input.
+DENSE_EDGE = {  # op: [(x shape, n, label, why, layout)]
+    "rmsnorm": [((1, 64), 64, "rows=1", "one row", ""),
+                ((5, 67), 67, "D=67", "D prime: the vector tail", ""),
+                ((2, 3, 251), 251, "[2,3,251]", "3-d rows, D prime > 128", ""),
+                ((9, 128), 128, "strided x", "x is a stride-2 view", "gappy"),
+                ((4, 96), 96, "zero/huge rows", "a zero row must stay 0 (not NaN); a 1e4 row must "
+                 "not overflow the fp32 sum of squares", "zero/huge")],
+    "linear": [((1, 64), 32, "rows=1", "one row", ""),
+               ((7, 67), 45, "67->45", "odd in and out dims: K and N tails", ""),
+               ((2, 5, 96), 160, "[2,5,96]->160", "3-d x, as the model calls it", ""),
+               ((9, 128), 80, "weight^T", "weight is a transposed (column-major) view", "w^T")],
+    "swiglu_mlp": [((1, 64), 32, "rows=1 F=32", "one row", ""),
+                   ((7, 67), 45, "D=67 F=45", "odd widths", ""),
+                   ((2, 3, 96), 160, "[2,3,96] F=160", "3-d x", ""),
+                   ((9, 64), 128, "strided x", "x is a stride-2 view", "gappy")],
+    "lm_head": [((1, 64), 251, "rows=1 V=251", "one row, V prime", ""),
+                ((2, 7, 64), 128, "[2,7,64]", "3-d h: the drafter's [B, L, D]", ""),
+                ((5, 96), 200, "strided h", "h is a stride-2 view", "gappy")],
+}
+REAL_ROWS = (1, 9, 65)  # AR decode, budget 8, budget 64: the rows of one verify forward
+
+
+def _dense_real(op: str, c: ModelConfig) -> tuple[dict, tuple]:
+    """({use: (in, out)}, rows) of the model's calls of `op`."""
+    H, D, L = c.num_heads, c.hidden_size, c.drafter.depth
+    return {
+        "rmsnorm": {"D": (D, D), "q_lora": (c.q_lora_rank,) * 2, "kv_lora": (c.kv_lora_rank,) * 2},
+        "linear": {"q_a": (D, c.q_lora_rank), "q_b": (c.q_lora_rank, H * c.qk_head_dim),
+                   "kv_a": (D, c.latent_dim), "o": (H * c.v_head_dim, D)},
+        "swiglu_mlp": {"dense": (D, c.dense_intermediate),
+                       "shared": (D, c.moe_intermediate * c.n_shared_experts)},
+        "lm_head": {"V": (D, c.vocab_size)},
+    }[op], ((L, 8 * L, 32 * L, 9, 65) if op == "lm_head" else REAL_ROWS)  # drafter bs 1/8/32
+
+
+def _dense_cases(op: str, shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def w(o, i, layout=""):  # ~ N(0, 1/fan_in): unit-scale outputs
+        return r.normal(i, o, std=i**-0.5).T if layout == "w^T" else r.normal(o, i, std=i**-0.5)
+
+    def case(xs, n, label, why="", layout=""):
+        D, x = xs[-1], r.normal(*xs)
+        if layout == "gappy":
+            x = _gappy(x)
+        elif layout == "zero/huge":
+            x[1], x[2] = 0, x[2] * 1e4
+        if op == "rmsnorm":
+            args = (x, (1 + 0.05 * r.normal(D, dtype=f32)).to(bf16), cfg.rms_norm_eps)
+        else:  # linear, lm_head: (x, W [n, D]); swiglu_mlp: (x, Wg, Wu [n, D], Wd [D, n])
+            args = (x, w(n, D, layout)) if op != "swiglu_mlp" else (x, w(n, D), w(n, D), w(D, n))
+        dims = dict(rows=math.prod(xs[:-1]), D=D, O=n, F=n, V=n)
+        return Case(op, label, args, dims=dims, why=why, kind=shapes)
+
+    if shapes == "edge":
+        return [case(*spec) for spec in DENSE_EDGE[op]]
+    widths, rows = _dense_real(op, cfg)
+    label = {"rmsnorm": "rows={n} {k}={i}", "lm_head": "rows={n} D={i} V={o}",
+             "swiglu_mlp": "rows={n} {k} D={i} F={o}"}.get(op, "rows={n} {k} {i}->{o}")
+    return [case((n, i), o, label.format(n=n, k=k, i=i, o=o)) for k, (i, o) in widths.items()
+            for n in rows]
+
+
+rmsnorm_cases = functools.partial(_dense_cases, "rmsnorm")
+linear_cases = functools.partial(_dense_cases, "linear")
+swiglu_mlp_cases = functools.partial(_dense_cases, "swiglu_mlp")
+lm_head_cases = functools.partial(_dense_cases, "lm_head")
+
+
+def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """h [T, D] bf16, gate_weight [E, D] bf16, bias [E] fp32, top_k, scaling."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(T, D, E, K, label, why="", h=None, bias=None):
+        h = r.normal(T, D) if h is None else h
+        bias = 0.02 * r.normal(E, dtype=f32) if bias is None else bias
+        args = (h, r.normal(E, D, std=D**-0.5), bias, K, cfg.routed_scaling_factor)
+        return Case("moe_route", label, args, dims=dict(T=T, D=D, E=E, K=K), why=why, kind=shapes)
+
+    if shapes == "edge":
+        forced = torch.zeros(16, device=r.device)
+        forced[11] = 10.0
+        return [case(1, 64, 7, 2, "T=1 E=7", "one token, E prime"),
+                case(5, 64, 12, 4, "all ties", "zero h: every score ties, the lower expert index "
+                     "must win", h=torch.zeros(5, 64, dtype=bf16, device=r.device),
+                     bias=torch.zeros(12, device=r.device)),
+                case(9, 64, 16, 1, "one-expert", "K=1 and a bias forcing expert 11: every token "
+                     "to one expert; weights use the unbiased score", bias=forced),
+                case(13, 32, 13, 13, "K=E=13", "K = E: the full sorted order"),
+                case(6, 64, 16, 4, "strided h", "h is a stride-2 view", h=_gappy(r.normal(6, 64)))]
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    return [case(T, cfg.hidden_size, E, K, f"T={T} E={E} K={K}") for T in (1, 9, 33, 65)]
+
+
+def _dense_roofline(in_rows: str, inner: Callable, out_itemsize=2):
+    """bytes = x + weights + y; flops = 2 rows x weight elements (matmul-like ops)."""
+
+    def roofline(c: Case) -> dict:
+        d = c.dims
+        weights, out_cols = inner(d)
+        rows = d[in_rows]
+        return {"bytes": _nb((rows * d["D"], 2), (weights, 2), (rows * out_cols, out_itemsize)),
+                "flops": 2 * rows * weights}
+
+    return roofline
+
+
+ROOFLINES = {
+    "int4_moe": int4_moe_roofline, "tree_mla": tree_mla_roofline,
+    "tree_build": tree_build_roofline, "drafter": drafter_roofline,
+    "rmsnorm": _dense_roofline("rows", lambda d: (d["D"], d["D"])),
+    "linear": _dense_roofline("rows", lambda d: (d["D"] * d["O"], d["O"])),
+    "swiglu_mlp": _dense_roofline("rows", lambda d: (3 * d["D"] * d["F"], d["D"])),
+    "moe_route": _dense_roofline("T", lambda d: (d["E"] * d["D"], d["K"] * 3), out_itemsize=4),
+    "lm_head": _dense_roofline("rows", lambda d: (d["V"] * d["D"], d["V"]), out_itemsize=4),
+}
+
+
+@dataclass(frozen=True)
+class Harness:
+    """What the checker needs beyond the OpSpec hooks."""
+
+    outputs: tuple[str, ...] = ("out",)  # names of the returned values (dataclasses: their fields)
+    # ids output -> values output: ids may swap only where the reference values tie within
+    # the values' tolerance (an optimized drafter's bf16 rounding reorders near-equal logits)
+    ranked: dict = field(default_factory=dict)
+    # (args, kwargs) -> {name: tensor} the op writes in place (out= buffers): poisoned before the
+    # call, compared as outputs afterwards, exempt from the inputs-unmodified check
+    written: Callable | None = None
+
+
+HARNESS = {
+    "int4_moe": Harness(), "rmsnorm": Harness(), "linear": Harness(), "swiglu_mlp": Harness(),
+    "lm_head": Harness(), "tree_build": Harness(),
+    "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
+    "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
+}
+GENERATORS = {
+    "int4_moe": int4_moe_cases, "tree_mla": tree_mla_cases, "tree_build": tree_build_cases,
+    "drafter": drafter_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
+    "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
+}
+
+
+def compare(ref_out, out, case: Case) -> dict:
+    """The OpSpec `compare` hook: workbench.check's three tiers with this op's names and ties."""
+    from workbench.check import compare_outputs
+
+    h = HARNESS.get(case.op, Harness())
+    return compare_outputs(ref_out, out, case, names=h.outputs, ranked=h.ranked)
+
+
+def hooks(op: str) -> dict:
+    """Keyword arguments for `register_op`: make_inputs, compare, roofline."""
+    return dict(make_inputs=GENERATORS[op], compare=compare, roofline=ROOFLINES[op])
