@@ -18,6 +18,10 @@ import torch
 
 from workbench import ops
 from workbench.reference.tree_mla import pack_anc_bits
+from workbench.tracing import nvtx_range, phase_range
+
+_DRAFT, _BUILD, _VERIFY, _WALK, _COMMIT = (nvtx_range(phase_range(p)) for p in (
+    "draft", "build", "verify", "walk", "commit"))  # ddtree/<phase> ranges (no-ops unprofiled)
 
 PREFILL_CHUNK = 128  # rows per prefill forward: the tree_mla kernels' N limit
 
@@ -239,36 +243,42 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
         if budget is None:
             acc_idx = torch.zeros(B, 1, dtype=torch.long, device=dev)
             anc = torch.ones(B, 1, 1, dtype=torch.long, device=dev)
-            out = target(bonus.view(B, 1), prefix.view(B, 1), cache, prefix, anc,
-                         record_routing=True)
-            nxt = sample(out.logits[:, 0])
+            with _VERIFY:
+                out = target(bonus.view(B, 1), prefix.view(B, 1), cache, prefix, anc,
+                             record_routing=True)
+                nxt = sample(out.logits[:, 0])
             acc_len = torch.ones(B, dtype=torch.long, device=dev)
             emitted = [[int(nxt[b])] for b in range(B)]
             rows_valid = torch.ones(B, 1, dtype=torch.bool, device=dev)
             tree_size = [1] * B
         else:
             k = min(budget, target.cfg.vocab_size)
-            # a ReplayDrafter (workbench/replay.py) drafts from a recorded continuation
-            draft = getattr(drafter, "draft_override", None) or ops.get("drafter")
-            lp, ids = draft(drafter, target, dcache, bonus, prefix, k)
-            tree = ops.get("tree_build")(lp, ids, budget, root_tokens=bonus, prefix_lens=prefix)
+            with _DRAFT:  # a ReplayDrafter (workbench/replay.py) replays a recorded path
+                draft = getattr(drafter, "draft_override", None) or ops.get("drafter")
+                lp, ids = draft(drafter, target, dcache, bonus, prefix, k)
+            with _BUILD:
+                tree = ops.get("tree_build")(lp, ids, budget, root_tokens=bonus,
+                                             prefix_lens=prefix)
             if result.first_tree is None:
                 result.first_tree = tree
-            out = target(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
-                         capture=capture, record_routing=True)
-            choice = sample(out.logits)  # [B, N]: the target's token after each node
-            acc_idx, acc_len, nxt = walk_tree(tree, choice)
+            with _VERIFY:
+                out = target(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
+                             capture=capture, record_routing=True)
+                choice = sample(out.logits)  # [B, N]: the target's token after each node
+            with _WALK:
+                acc_idx, acc_len, nxt = walk_tree(tree, choice)
             path_tokens = torch.gather(tree.tokens, 1, acc_idx.clamp_min(0))
             emitted = [path_tokens[b, 1 : int(acc_len[b])].tolist() + [int(nxt[b])]
                        for b in range(B)]
             rows_valid = torch.arange(n_rows, device=dev).view(1, -1) < tree.node_count.view(-1, 1)
             tree_size = tree.node_count.tolist()
-            commit_tree_kv(cache, prefix, acc_idx, acc_len)
-            if out.captured is not None:  # drafter context for the accepted tokens
-                hid = torch.gather(out.captured, 1, acc_idx.clamp_min(0).unsqueeze(-1).expand(
-                    -1, -1, out.captured.shape[-1]))
-                pos = prefix.view(-1, 1) + torch.arange(n_rows, device=dev).view(1, -1)
-                drafter.materialize(dcache, hid, pos, acc_len)
+            with _COMMIT:
+                commit_tree_kv(cache, prefix, acc_idx, acc_len)
+                if out.captured is not None:  # drafter context for the accepted tokens
+                    hid = torch.gather(out.captured, 1, acc_idx.clamp_min(0).unsqueeze(-1)
+                                       .expand(-1, -1, out.captured.shape[-1]))
+                    pos = prefix.view(-1, 1) + torch.arange(n_rows, device=dev).view(1, -1)
+                    drafter.materialize(dcache, hid, pos, acc_len)
         live_t = torch.tensor(active, device=dev)
         rows_valid &= live_t.view(-1, 1)
         taken = [req.emit(b, emitted[b]) if active[b] else 0 for b in range(B)]
