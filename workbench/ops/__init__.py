@@ -48,3 +48,8 @@ __all__ = [
     "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant", "VariantUnavailable", "get",
     "list_ops", "op_spec", "register_op", "selected", "use",
 ]
+
+# optimized variants: each kernel folder registers its numbered versions (lazy imports)
+from workbench.kernels.tree_build import register as _register_tree_build  # noqa: E402
+
+_register_tree_build()

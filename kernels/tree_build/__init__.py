@@ -1,0 +1,50 @@
+"""tree_build kernels: the DDTree best-first build and its greedy walk on the GPU.
+
+Versions (README.md has the design and the version log), each bit-identical to
+`workbench.reference.tree_build.build_ddtree`:
+    triton_v1  slot-array heap, one warp per request, one tuple reduction per pop
+    triton_v2  v1 with a redux.sync cascade pop, L1-prefetched log-probs
+    triton_v3  v1's pop, nothing else in the loop: rows kept in registers, stored at the end
+    triton_v4  v3 with the next pop chosen while the reduction runs (lookahead)
+    triton_v5  v4 with integer score keys and three scalar row stores per pop (not yet timed)
+The walk (`triton_v1.walk_tree_triton`, `walk_commit_triton`) is shared by all of them.
+Importing this package imports no Triton; `register()` adds the variants to the op registry.
+"""
+
+from __future__ import annotations
+
+_MOD = "workbench.kernels.tree_build"
+# the fastest measured at the bar's shape (bs 64 x budget 64, H200: README.md); the decode-loop
+# test and the notebook use it
+BEST = "triton_v2"
+VARIANTS = {
+    "tree_build": {f"triton_v{v}": f"{_MOD}.triton_v{v}:build_ddtree_triton" for v in (1, 2, 3, 4, 5)},
+    "tree_walk": {"triton_v1": f"{_MOD}.triton_v1:walk_tree_triton"},
+}
+DESCRIPTIONS = {
+    ("tree_build", "triton_v1"): "Triton slot-array heap, one warp per request, tuple-reduction pop",
+    ("tree_build", "triton_v2"): "v1 with a redux.sync cascade pop and L1-prefetched log-probs",
+    ("tree_build", "triton_v3"): "v1's pop with the rows kept in registers (no stores in the loop)",
+    ("tree_build", "triton_v4"): "v3 with the next pop chosen while the reduction runs",
+    ("tree_build", "triton_v5"): "v4 with integer score keys and three row stores per pop",
+    ("tree_walk", "triton_v1"): "Triton greedy walk, one warp per request, no host sync",
+}
+
+
+def register() -> list[str]:
+    """Add this folder's variants to the registry (idempotent). Returns the `op=variant` names
+    added; ops not registered (yet) are skipped, so this works before `tree_walk` exists."""
+    from workbench.ops.registry import UnknownOpError, Variant, op_spec
+
+    added = []
+    for op, variants in VARIANTS.items():
+        try:
+            spec = op_spec(op)
+        except UnknownOpError:
+            continue
+        for name, target in variants.items():
+            if name not in spec.variants:
+                spec.add(Variant(name, target, needs=("triton",),
+                                 description=DESCRIPTIONS[op, name]))
+                added.append(f"{op}={name}")
+    return added
