@@ -179,3 +179,25 @@ def test_tree_verify_rows_equal_causal_recompute_of_their_paths():
                          torch.zeros(1, dtype=torch.long), causal_anc_bits(len(seq)))
             torch.testing.assert_close(out.logits[b, i], ref.logits[0, -1], atol=0.1, rtol=0.02)
             assert out.logits[b, i].argmax() == ref.logits[0, -1].argmax()
+
+
+def test_finished_requests_never_write_past_the_cache():
+    """A request that stops mid-path must not advance its cache position by the whole path.
+
+    The other request keeps decoding for many steps; the finished one's rows are still
+    computed each step at its frozen position, which must stay inside the cache.
+    """
+    target = _target(0)
+    prompts = [list(range(5, 45)), [3, 4]]  # the finished request has the longest prompt
+    ar = generate(target, prompts=prompts, max_new_tokens=[12, 60])
+    seqs = [p + t for p, t in zip(prompts, ar.tokens)]
+    drafter = ReplayDrafter(target.cfg, [seqs[0], seqs[1][:4]], hit_prob=1.0)  # B barely hits
+    seen = []  # (request 0 live at the start of the step, its cache position after it)
+    dd = generate(target, drafter, prompts, max_new_tokens=[12, 60], budget=64,
+                  on_step=lambda s, cache, prefix: seen.append((s["active"][0], int(prefix[0]))))
+    assert dd.tokens == ar.tokens
+    after = [p for live, p in seen if not live]  # steps after request 0 finished
+    assert len(after) >= 3  # request 1 really went on without it
+    # frozen, and never past what it emitted: the last emitted token is never committed, so
+    # the cache position is at most prompt + emitted - 1 (a whole-path advance would pass it)
+    assert len(set(after)) == 1 and max(p for _, p in seen) <= 40 + 12 - 1

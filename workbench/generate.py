@@ -283,9 +283,13 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
         rows_valid &= live_t.view(-1, 1)
         taken = [req.emit(b, emitted[b]) if active[b] else 0 for b in range(B)]
         bar.update(sum(taken))
-        # finished requests stop advancing; their rows are computed and ignored
-        prefix = torch.where(live_t, prefix + acc_len, prefix)
-        bonus = torch.where(live_t, nxt, bonus)
+        # Requests still live commit the whole path. A request that finished (this step or
+        # earlier) stops advancing: its rows are still computed each step and ignored, and a
+        # prefix frozen at its last committed length keeps those writes inside the cache even
+        # when it stopped in the middle of an accepted path.
+        still = torch.tensor(req.live, device=dev)
+        prefix = torch.where(still, prefix + acc_len, prefix)
+        bonus = torch.where(still, nxt, bonus)
         experts = _distinct_experts(out.stats.get("routing", []), rows_valid)
         result.steps.append({
             "step": step, "active": active,
