@@ -181,7 +181,7 @@ _DELEGATED = {
     "bench": "workbench.bench:bench_main",
     "trace": "workbench.trace:trace_main",
     "suite": "workbench.suite:suite_main",
-    "train": "workbench.train:main",
+    "train": "workbench.train.__main__:main",
 }
 
 
