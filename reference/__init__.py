@@ -1,1 +1,1 @@
-"""Plain PyTorch references: fp32 math, readable (imported as workbench.reference)."""
+"""Plain PyTorch references: float64-accumulated math, readable (imported as workbench.reference)."""

@@ -23,7 +23,7 @@ Attention mask of block query at position qp over a key at position kp (cache sl
 
 Legend: B batch, L = block_size - 1 draft depths, T cached context length (slots), n rows per
 materialise call, Hq/Hkv heads, G = Hq/Hkv, d head_dim, D hidden, nT target layers, V vocab,
-k top-k. fp32 math inside ops; bf16 params and activations, as in reference/model.py.
+k top-k. float64-accumulated math inside ops (layers.ACC); bf16 params and activations.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from torch import nn
 from workbench import ops
 from workbench.config import DrafterConfig, ModelConfig
 
+from .layers import ACC
 from .model import Linear, Norm, SwiGLU
 from .rope import Rope
 from .tree_build import topk_logprobs
@@ -180,14 +181,14 @@ class DFlashDrafter(nn.Module):
             kb, vb = self._kv(layer, a, qpos)  # [B, S, Hkv, d]
             # Zero the unread context rows: a masked score is dropped, but 0 * NaN in p @ V is not.
             keep = ctx_ok.view(B, Tc, 1, 1)
-            kc = torch.where(keep, cache.k[li, :, :Tc].float(), 0.0)  # [B, Tc, Hkv, d]
-            vc = torch.where(keep, cache.v[li, :, :Tc].float(), 0.0)
-            k = torch.cat([kc, kb.float()], 1)  # [B, Tc+S, Hkv, d]
-            v = torch.cat([vc, vb.float()], 1)
+            kc = torch.where(keep, cache.k[li, :, :Tc].to(ACC), 0.0)  # [B, Tc, Hkv, d]
+            vc = torch.where(keep, cache.v[li, :, :Tc].to(ACC), 0.0)
+            k = torch.cat([kc, kb.to(ACC)], 1)  # [B, Tc+S, Hkv, d]
+            v = torch.cat([vc, vb.to(ACC)], 1)
             mask = torch.cat([self._mask(layer, qpos, kpos, ctx_ok, False),
                               self._mask(layer, qpos, qpos, torch.ones_like(qpos, dtype=torch.bool),
                                          True)], 2)  # [B, S, Tc+S]
-            qg = q.float().view(B, S, Hkv, Hq // Hkv, d)  # GQA: head h reads kv head h // G
+            qg = q.to(ACC).view(B, S, Hkv, Hq // Hkv, d)  # GQA: head h reads kv head h // G
             s = torch.einsum("bshgd,bthd->bhgst", qg, k) / math.sqrt(d)  # [B, Hkv, G, S, Tc+S]
             s = s.masked_fill(~mask.view(B, 1, 1, S, -1), float("-inf"))
             o = torch.einsum("bhgst,bthd->bshgd", s.softmax(-1), v)  # [B, S, Hkv, G, d]

@@ -2,7 +2,8 @@
 
 For each token t and slot j < K:  y[t] += w[t, j] * E_{ids[t, j]}(x[t]),
 E(x) = down(silu(gate x) * up x), weights dequantised exactly (bf16-rounded W, see int4.py),
-all math in fp32, the combine summed over j = 0..K-1 in slot order (deterministic).
+all math float64-accumulated (layers.ACC) and rounded once, the combine summed over
+j = 0..K-1 in slot order (deterministic).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .int4 import dequant_int4_g32
+from .layers import ACC
 
 
 class Int4Experts(NamedTuple):
@@ -31,11 +33,11 @@ class Int4Experts(NamedTuple):
 
 
 def expert_ffn(x: torch.Tensor, experts: Int4Experts, e: int) -> torch.Tensor:
-    """x [n, D] -> [n, D] fp32 through expert e."""
-    wg = dequant_int4_g32(experts.gate_packed[e], experts.gate_scale[e]).float()
-    wu = dequant_int4_g32(experts.up_packed[e], experts.up_scale[e]).float()
-    wd = dequant_int4_g32(experts.down_packed[e], experts.down_scale[e]).float()
-    xf = x.float()
+    """x [n, D] -> [n, D] (float64) through expert e."""
+    wg = dequant_int4_g32(experts.gate_packed[e], experts.gate_scale[e]).to(ACC)
+    wu = dequant_int4_g32(experts.up_packed[e], experts.up_scale[e]).to(ACC)
+    wd = dequant_int4_g32(experts.down_packed[e], experts.down_scale[e]).to(ACC)
+    xf = x.to(ACC)
     return F.linear(F.silu(F.linear(xf, wg)) * F.linear(xf, wu), wd)
 
 
@@ -43,11 +45,11 @@ def int4_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
              experts: Int4Experts) -> torch.Tensor:
     """x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] fp32 -> [T, D] in x.dtype."""
     T, K = topk_ids.shape
-    y = torch.zeros(T, K, x.shape[-1], dtype=torch.float32, device=x.device)  # [T, K, D]
+    y = torch.zeros(T, K, x.shape[-1], dtype=ACC, device=x.device)  # [T, K, D]
     for e in torch.unique(topk_ids).tolist():
         t, j = (topk_ids == e).nonzero(as_tuple=True)
         y[t, j] = expert_ffn(x[t], experts, e)
-    out = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
+    out = torch.zeros(T, x.shape[-1], dtype=ACC, device=x.device)
     for j in range(K):  # fixed combine order
-        out += topk_weights[:, j : j + 1].float() * y[:, j]
+        out += topk_weights[:, j : j + 1].to(ACC) * y[:, j]
     return out.to(x.dtype)

@@ -1,7 +1,16 @@
-"""Small dense ops the model uses: RMSNorm, linear, SwiGLU MLP. fp32 math, bf16 in and out.
+"""Small dense ops the model uses: RMSNorm, linear, SwiGLU MLP. Wide math, bf16 in and out.
 
-Every reference op computes in fp32 and rounds its result to the activation dtype (bf16), the
-same boundary an optimized kernel has, so swapping one op changes only that op's rounding.
+Every reference op computes in high precision and rounds its result once to the activation
+dtype (bf16), the same boundary an optimized kernel has, so swapping one op changes only that
+op's rounding.
+
+Reductions accumulate in float64 (ACC), not fp32: an fp32 GEMM sums in an order that depends on
+the batch shape (gemv for one row, blocked gemm for many, split-K on GPUs), which flips bf16
+roundings between a 1-row AR step and an N-row tree verify, and MoE top-k routing turns such a
+flip into different experts and different tokens. With float64 accumulation the rounded result
+of a row does not depend on which rows share the call (a difference needs the exact value within
+~1e-16 of a rounding boundary), so the reference loop is batch-invariant and AR and DDTree are
+token-exact on it by construction.
 """
 
 from __future__ import annotations
@@ -9,28 +18,30 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+ACC = torch.float64  # accumulation dtype of every reference reduction (see above)
+
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] -> [..., D] in x.dtype; y = x / rms(x) * weight, in fp32."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    xf = x.to(ACC)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(ACC)
     return y.to(x.dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., in] @ weight[out, in]^T -> [..., out] in x.dtype (fp32 accumulate)."""
-    return F.linear(x.float(), weight.float()).to(x.dtype)
+    """x [..., in] @ weight[out, in]^T -> [..., out] in x.dtype (float64 accumulate)."""
+    return F.linear(x.to(ACC), weight.to(ACC)).to(x.dtype)
 
 
 def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
     """down(silu(gate x) * up x): the dense first layer and the shared expert. [..., D] -> [..., D]."""
-    xf = x.float()
-    a = F.silu(F.linear(xf, gate.float())) * F.linear(xf, up.float())
-    return F.linear(a, down.float()).to(x.dtype)
+    xf = x.to(ACC)
+    a = F.silu(F.linear(xf, gate.to(ACC))) * F.linear(xf, up.to(ACC))
+    return F.linear(a, down.to(ACC)).to(x.dtype)
 
 
 def lm_head(h: torch.Tensor, weight: torch.Tensor, chunk: int = 16384) -> torch.Tensor:
-    """h [..., D] -> logits [..., V] fp32. Vocab chunks bound the fp32 copy of the weight."""
-    hf = h.float()
-    return torch.cat([F.linear(hf, weight[i : i + chunk].float())
+    """h [..., D] -> logits [..., V] fp32. Vocab chunks bound the wide copy of the weight."""
+    hf = h.to(ACC)
+    return torch.cat([F.linear(hf, weight[i : i + chunk].to(ACC)).float()
                       for i in range(0, weight.shape[0], chunk)], dim=-1)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .layers import ACC
+
 
 def unpack_anc_bits(anc_bits: torch.Tensor, n: int) -> torch.Tensor:
     """anc_bits int64 [..., W] -> bool [..., n]: bit j of word w is node 64 w + j."""
@@ -53,7 +55,7 @@ def visible_mask(prefix_lens: torch.Tensor, anc_bits: torch.Tensor, n: int, t_ma
 
 
 def _valid_rows(kv_cache: torch.Tensor, prefix_lens: torch.Tensor, n: int) -> torch.Tensor:
-    """fp32 cache cut to max(P_b + N) slots, rows past each request's P_b + N zeroed.
+    """Wide (ACC) cache cut to max(P_b + N) slots, rows past each request's P_b + N zeroed.
 
     Rows past a request's length may hold anything (NaN in tests): a zero-probability row still
     poisons p @ V through 0 * NaN, so they are dropped here. Rows inside stay as they are, so a
@@ -63,7 +65,7 @@ def _valid_rows(kv_cache: torch.Tensor, prefix_lens: torch.Tensor, n: int) -> to
     if t_used > kv_cache.shape[1]:
         raise ValueError(f"kv_cache: expected at least {t_used} slots for prefix_lens + N, "
                          f"got {kv_cache.shape[1]}")
-    kc = kv_cache[:, :t_used].float()
+    kc = kv_cache[:, :t_used].to(ACC)
     live = torch.arange(t_used, device=kc.device).view(1, -1) < (prefix_lens.view(-1, 1) + n)
     return kc.masked_fill(~live.unsqueeze(-1), 0.0)
 
@@ -73,32 +75,32 @@ def tree_mla(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
     """q [B, N, H, C+R], kv_cache [B, T, C+R], prefix_lens [B], anc_bits [B, N, W]
     -> (o_lat [B, N, H, C] in q.dtype, lse [B, N, H] fp32, natural log)."""
     B, N, H, _ = q.shape
-    kc = _valid_rows(kv_cache, prefix_lens, N)  # [B, T, C+R] fp32
+    kc = _valid_rows(kv_cache, prefix_lens, N)  # [B, T, C+R] float64
     T = kc.shape[1]
-    s = torch.einsum("bnhc,btc->bnht", q.float(), kc) * softmax_scale  # [B, N, H, T]
+    s = torch.einsum("bnhc,btc->bnht", q.to(ACC), kc) * softmax_scale  # [B, N, H, T]
     allowed = visible_mask(prefix_lens, anc_bits, N, T)  # [B, N, T]
     s = s.masked_fill(~allowed.unsqueeze(2), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # [B, N, H]
     p = torch.exp(s - lse.unsqueeze(-1))
     o = torch.einsum("bnht,btc->bnhc", p, kc[..., :kv_lora_rank])
-    return o.to(q.dtype), lse
+    return o.to(q.dtype), lse.float()
 
 
 def mla_naive(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
               kv_b_proj: torch.Tensor, prefix_lens: torch.Tensor, anc_bits: torch.Tensor,
               softmax_scale: float, v_head_dim: int) -> torch.Tensor:
     """Non-absorbed MLA: q_nope [B,N,H,dn], q_pe [B,N,H,R] (roped), kv_b_proj [H*(dn+dv), C]
-    -> o [B, N, H, dv] fp32 (per-head values, before o_proj)."""
+    -> o [B, N, H, dv] float64 (per-head values, before o_proj)."""
     B, N, H, dn = q_nope.shape
     C = kv_b_proj.shape[1]
-    w = kv_b_proj.float().view(H, dn + v_head_dim, C)
+    w = kv_b_proj.to(ACC).view(H, dn + v_head_dim, C)
     kc = _valid_rows(kv_cache, prefix_lens, N)
     T = kc.shape[1]
     c, k_pe = kc[..., :C], kc[..., C:]
     k_nope = torch.einsum("btc,hdc->bthd", c, w[:, :dn])  # [B, T, H, dn]
     v = torch.einsum("btc,hdc->bthd", c, w[:, dn:])  # [B, T, H, dv]
-    s = torch.einsum("bnhd,bthd->bnht", q_nope.float(), k_nope)
-    s = s + torch.einsum("bnhr,btr->bnht", q_pe.float(), k_pe)
+    s = torch.einsum("bnhd,bthd->bnht", q_nope.to(ACC), k_nope)
+    s = s + torch.einsum("bnhr,btr->bnht", q_pe.to(ACC), k_pe)
     s = s * softmax_scale
     allowed = visible_mask(prefix_lens, anc_bits, N, T)
     s = s.masked_fill(~allowed.unsqueeze(2), float("-inf"))

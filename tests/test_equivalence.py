@@ -160,7 +160,7 @@ def _moe_vllm_style(x, ids, w, ex):
 def _mla_flash_style(q, cache, P, anc, scale, C):
     """max-subtracted exp, P rounded to bf16 for the P.V product, normalised afterwards."""
     N = q.shape[1]
-    kc = _valid_rows(cache, P, N)
+    kc = _valid_rows(cache, P, N).float()  # an fp32 kernel's view of the cache
     s = torch.einsum("bnhc,btc->bnht", q.float(), kc) * scale
     s = s.masked_fill(~visible_mask(P, anc, N, kc.shape[1]).unsqueeze(2), -math.inf)
     m = s.amax(-1, keepdim=True)

@@ -26,18 +26,29 @@ bf16 = torch.bfloat16
 def test_rmsnorm_matches_torch():
     x = torch.randn(3, 5, 64).to(bf16)
     w = torch.rand(64).to(bf16) + 0.5
-    want = F.rms_norm(x.float(), (64,), w.float(), eps=1e-5).to(bf16)
+    want = F.rms_norm(x.double(), (64,), w.double(), eps=1e-5).to(bf16)
     assert torch.equal(rmsnorm(x, w, 1e-5), want)
 
 
-def test_linear_swiglu_lm_head_fp32_math():
+def test_linear_swiglu_lm_head_float64_math():
     x, g, u, d = (torch.randn(4, 32).to(bf16), torch.randn(48, 32).to(bf16),
                   torch.randn(48, 32).to(bf16), torch.randn(32, 48).to(bf16))
-    assert torch.equal(linear(x, g), (x.float() @ g.float().T).to(bf16))
-    a = F.silu(x.float() @ g.float().T) * (x.float() @ u.float().T)
-    assert torch.equal(swiglu_mlp(x, g, u, d), (a @ d.float().T).to(bf16))
+    assert torch.equal(linear(x, g), (x.double() @ g.double().T).to(bf16))
+    a = F.silu(x.double() @ g.double().T) * (x.double() @ u.double().T)
+    assert torch.equal(swiglu_mlp(x, g, u, d), (a @ d.double().T).to(bf16))
     w = torch.randn(1000, 32).to(bf16)  # vocab not a multiple of the chunk
-    torch.testing.assert_close(lm_head(x, w, chunk=300), x.float() @ w.float().T)
+    torch.testing.assert_close(lm_head(x, w, chunk=300), (x.double() @ w.double().T).float())
+
+
+def test_reference_rows_do_not_depend_on_the_batch():
+    """Batch invariance: one row alone and among 64 others rounds to the same bf16 bits."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 640, generator=g).to(bf16)
+    xs = torch.randn(65, 640, generator=g).to(bf16)
+    many = linear(xs, w)
+    for i in (0, 17, 64):
+        assert torch.equal(linear(xs[i : i + 1], w), many[i : i + 1])
+    assert torch.equal(lm_head(xs[:1], w), lm_head(xs, w)[:1])
 
 
 def test_yarn_frequencies_k26_ramp_and_k2_thinking_step():
@@ -185,7 +196,7 @@ def test_tree_mla_absorbed_equals_naive_mla():
     o_abs = torch.einsum("bnhc,hdc->bnhd", o_lat, w[:, dn:])
     o_naive = mla_naive(q_nope, q_pe, cache, w_kvb, prefix, bits, scale, dv)
     assert torch.isfinite(o_abs).all()  # the NaN rows past each request's length never leak
-    torch.testing.assert_close(o_abs, o_naive, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o_abs, o_naive.float(), atol=1e-4, rtol=1e-4)
 
 
 def test_tree_mla_equals_per_row_dense_softmax():

@@ -94,7 +94,7 @@ def register_op(name: str, doc: str, reference: str | Callable, **hooks) -> OpSp
     if name in _OPS:
         raise ValueError(f"op {name!r} is already registered")
     spec = OpSpec(name=name, doc=doc, **hooks)
-    spec.add(Variant(REFERENCE, reference, description="plain PyTorch, fp32 math"))
+    spec.add(Variant(REFERENCE, reference, description="plain PyTorch, float64-accumulated"))
     _OPS[name] = spec
     return spec
 
