@@ -7,7 +7,9 @@ Versions (README.md has the design and the version log), each bit-identical to
     triton_v3  v1's pop, nothing else in the loop: rows kept in registers, stored at the end
     triton_v4  v3 with the next pop chosen while the reduction runs (lookahead)
     triton_v5  v4 with integer score keys and three scalar row stores per pop (not yet timed)
-The walk (`triton_v1.walk_tree_triton`, `walk_commit_triton`) is shared by all of them.
+The walk (`triton_v1.walk_tree_triton`, `walk_commit_triton`) is shared by all of them; so is
+`_common.py` (host checks, allocation, launch arguments, and the @jit helpers outside the pop
+loops).
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
 

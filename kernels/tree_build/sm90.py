@@ -33,15 +33,15 @@ class _Recorder:
 
 def capture(module, *args, **kwargs) -> tuple[dict, dict, int]:
     """(signature, constexprs, num_warps) the launcher of `module` would pass for these args."""
-    from workbench.kernels.tree_build import triton_v1
+    from workbench.kernels.tree_build import _common
 
     kernel, rec = module._tree_build_kernel, _Recorder()
-    check = triton_v1._check_runnable
-    module._tree_build_kernel, triton_v1._check_runnable = rec, lambda device: None
+    check = _common._check_runnable  # the launchers' CPU-needs-the-interpreter check
+    module._tree_build_kernel, _common._check_runnable = rec, lambda device: None
     try:
         module.build_ddtree_triton(*args, **kwargs)
     finally:
-        module._tree_build_kernel, triton_v1._check_runnable = kernel, check
+        module._tree_build_kernel, _common._check_runnable = kernel, check
     (pos, kw), = rec.calls
     num_warps = kw.pop("num_warps")
     names = kernel.arg_names

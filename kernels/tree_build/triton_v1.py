@@ -17,13 +17,16 @@ has the design and the proofs). In short:
   empty), first-child / next-sibling by scalar stores after an initialising barrier, ancestor
   bits at the end by pointer chasing over the parent vector held in registers.
 
+What every version shares (host checks, allocation and launch arguments, the combine functions,
+the helpers before and after the pop loop) is in _common.py; this file keeps v1's kernel, its
+launcher, and the walk.
+
 Dimension legend: B requests, L draft depth, K candidates per depth, N = budget + 1 rows,
 W = ceil(N / 64) mask words; SP slots, NP node rows and WP words rounded up to powers of two.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -33,36 +36,26 @@ from torch import Tensor
 
 from workbench.reference.tree_build import DDTree
 
-MAX_BUDGET = 128  # 7-bit rank digits: ranks < min(K, budget) <= 128
-MAX_DEPTH = 16  # two 63-bit key words of 9 + 7 digits
-ONE_WORD_DEPTH = 9  # 9 digits x 7 bits = 63 bits: one non-negative int64 key word
-
-# In the kernel, meta = slot | rank << 8 | depth << 16 | previous sibling << 21 (int32; slots,
-# ranks and rows < 256, depths < 32): literal shifts, as the interpreter rejects int << constexpr.
-_NEG_INF = tl.constexpr(float("-inf"))
-_KEY_MAX = tl.constexpr(2**63 - 1)
-_META_MAX = tl.constexpr(2**31 - 1)
-_max_combine = tl.standard._elementwise_max  # what tl.max reduces with
-_min_combine = tl.standard._elementwise_min
-
+from ._common import (
+    _KEY_MAX,
+    _META_MAX,
+    _NEG_INF,
+    _better1,
+    _better2,
+    _check_runnable,
+    _initial_slots,
+    _is_int_dtype,
+    _load_prefix_root,
+    _max_combine,
+    _min_combine,
+    _next_pow2,
+    _require,
+    _store_ancestor_bits,
+    _store_root_row,
+    prepare_build,
+)
 
 # ------------------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _better1(s1, k1, m1, s2, k2, m2):
-    # Python heapq on (-score, ranks): higher score first, equal scores -> smaller rank key.
-    # Live entries never tie on (score, key), so the combine is a total order on them.
-    take1 = (s1 > s2) | ((s1 == s2) & (k1 < k2))
-    return tl.where(take1, s1, s2), tl.where(take1, k1, k2), tl.where(take1, m1, m2)
-
-
-@triton.jit
-def _better2(s1, k1, j1, m1, s2, k2, j2, m2):
-    key_lt = (k1 < k2) | ((k1 == k2) & (j1 < j2))  # (k, j): two-word lexicographic compare
-    take1 = (s1 > s2) | ((s1 == s2) & key_lt)
-    return (tl.where(take1, s1, s2), tl.where(take1, k1, k2), tl.where(take1, j1, j2),
-            tl.where(take1, m1, m2))
 
 
 @triton.jit
@@ -80,32 +73,18 @@ def _tree_build_kernel(
     row0 = b * n_rows  # outputs are contiguous [B, N] (anc: [B, N, W])
     neg_inf = _NEG_INF
 
-    prefix = tl.zeros([], tl.int64)
-    if HAS_PREFIX:
-        prefix = tl.load(prefix_ptr + b * s_prefix).to(tl.int64)
-    root = tl.zeros([], tl.int64)
-    if HAS_ROOT:
-        root = tl.load(root_ptr + b * s_root).to(tl.int64)
+    prefix, root = _load_prefix_root(prefix_ptr, root_ptr, b, s_prefix, s_root, HAS_PREFIX,
+                                     HAS_ROOT)
 
     # row 0 = the root; first_child / next_sibling start at -1 everywhere
-    tl.store(tok_ptr + row0, root)
-    tl.store(dep_ptr + row0, tl.zeros([], tl.int64))
-    tl.store(par_ptr + row0, tl.full([], -1, tl.int64))
-    tl.store(sco_ptr + row0, tl.zeros([], tl.float64))
-    tl.store(pos_ptr + row0, prefix)
+    _store_root_row(tok_ptr, dep_ptr, par_ptr, sco_ptr, pos_ptr, fc_ptr, ns_ptr, row0, root,
+                    prefix, n_rows, NP)
     rows = tl.arange(0, NP)  # [NP] node rows
     in_rows = rows < n_rows
-    tl.store(fc_ptr + row0 + rows, tl.full([NP], -1, tl.int64), mask=in_rows)
-    tl.store(ns_ptr + row0 + rows, tl.full([NP], -1, tl.int64), mask=in_rows)
     tl.debug_barrier()  # the scalar stores below may come from another thread
 
     # slot 0 = the root's first child: rank 0 at depth 1 (-inf = empty, never popped)
-    slot = tl.arange(0, SP)  # [SP]
-    s0 = tl.load(lp_b).to(tl.float64)
-    sc = tl.where(slot == 0, s0, neg_inf)  # [SP] float64 scores
-    key0 = tl.zeros([SP], tl.int64)  # rank digits of depths 1..9
-    key1 = tl.zeros([SP], tl.int64)  # rank digits of depths 10..16 (TWO_WORDS only)
-    meta = tl.where(slot == 0, 1 << 16, slot)  # slot | rank | depth | prev sibling
+    slot, sc, key0, key1, meta = _initial_slots(lp_b, SP)  # [SP] each; key1: TWO_WORDS only
     parents = tl.full([NP], -1, tl.int32)  # [NP] kept for the ancestor pass
     count = tl.zeros([], tl.int32)
 
@@ -184,20 +163,7 @@ def _tree_build_kernel(
 
     tl.store(cnt_ptr + b, (count + 1).to(tl.int64))
 
-    # ancestor-or-self bits: own bit, then one ancestor per step (a path has <= L edges)
-    words = tl.arange(0, WP)  # [WP]
-    one = tl.full([NP, WP], 1, tl.int64)
-    own = tl.where(words[None, :] == (rows // 64)[:, None], one << (rows % 64).to(tl.int64)[:, None],
-                   0)
-    anc = own  # [NP, WP]
-    p = parents
-    for _ in range(depth_count):
-        pc = tl.maximum(p, 0)
-        hit = (p >= 0)[:, None] & (words[None, :] == (pc // 64)[:, None])
-        anc = anc | tl.where(hit, one << (pc % 64).to(tl.int64)[:, None], 0)
-        p = tl.where(p > 0, tl.gather(parents, pc, 0), -1)
-    anc_off = (row0 + rows)[:, None] * n_words + words[None, :]
-    tl.store(anc_ptr + anc_off, anc, mask=in_rows[:, None] & (words[None, :] < n_words))
+    _store_ancestor_bits(anc_ptr, parents, row0, rows, in_rows, depth_count, n_words, NP, WP)
 
 
 @triton.jit
@@ -248,99 +214,6 @@ def _walk_kernel(
 # ------------------------------------------------------------------------------- host launchers
 
 
-def _require(ok: bool, name: str, expected: str, actual) -> None:
-    if not ok:
-        raise ValueError(f"{name}: expected {expected}, got {actual}")
-
-
-def _is_int_dtype(dtype: torch.dtype) -> bool:
-    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def _check_device(t: Tensor, name: str, device: torch.device) -> None:
-    _require(t.device == device, name, f"a tensor on {device} (as top_logprobs)", t.device)
-
-
-def _check_runnable(device: torch.device) -> None:
-    if device.type == "cuda":
-        return
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    _require(device.type == "cpu" and interpreting, "top_logprobs",
-             "a CUDA tensor, or a CPU tensor with TRITON_INTERPRET=1 set before this module "
-             "is imported", f"a tensor on {device} (TRITON_INTERPRET="
-             f"{os.environ.get('TRITON_INTERPRET')!r})")
-
-
-def _validate_contents(top_logprobs, top_ids, budget, root_tokens, prefix_lens) -> None:
-    """The reference's content checks (NaN, +inf, unsorted, negative prefix, repeated ids).
-    These read values back to the host: a device sync, so only behind validate=True."""
-    from workbench.reference.tree_build import _check_build_inputs
-
-    _check_build_inputs(top_logprobs, top_ids, budget, root_tokens, prefix_lens)
-    k_used = min(top_logprobs.shape[2], budget)
-    ids = top_ids[..., :k_used].to(torch.int64)
-    finite = top_logprobs[..., :k_used] > -torch.inf  # [B, L, K]
-    same = (ids[..., :, None] == ids[..., None, :]) & finite[..., :, None] & finite[..., None, :]
-    same &= ~torch.eye(k_used, dtype=torch.bool, device=ids.device)
-    if bool(same.any()):
-        b, d = same.nonzero()[0, :2].tolist()
-        _require(False, "top_ids", "distinct ids among the finite candidates of a depth",
-                 f"repeats in [{b}, {d}, :{k_used}] = {ids[b, d].tolist()}")
-
-
-def check_and_allocate(top_logprobs, top_ids, budget, root_tokens, prefix_lens,
-                       validate: bool, max_budget: int = MAX_BUDGET) -> DDTree:
-    """The launchers' shared front: shape/dtype/device checks (no sync), the optional content
-    validation (syncs), and the output tree, allocated uninitialised (the kernel writes every
-    element)."""
-    if (isinstance(budget, bool) or not isinstance(budget, int)
-            or not 1 <= budget <= max_budget):
-        raise ValueError(f"budget: expected an int in [1, {max_budget}], got {budget!r}")
-    for name, t in (("top_logprobs", top_logprobs), ("top_ids", top_ids)):
-        _require(isinstance(t, Tensor), name, "a Tensor", type(t).__name__)
-        _require(t.dim() == 3, name, "shape [B, L, K] (rank 3)", tuple(t.shape))
-    shape = tuple(top_logprobs.shape)
-    batch, depth_count, k_in = shape
-    _require(1 <= depth_count <= MAX_DEPTH and k_in >= 1, "top_logprobs",
-             f"1 <= L <= {MAX_DEPTH} and K >= 1", shape)
-    _require(tuple(top_ids.shape) == shape, "top_ids", f"shape {shape} (as top_logprobs)",
-             tuple(top_ids.shape))
-    _require(top_logprobs.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16),
-             "top_logprobs", "dtype float32, float64, bfloat16 or float16", top_logprobs.dtype)
-    _require(_is_int_dtype(top_ids.dtype), "top_ids", "an integer dtype", top_ids.dtype)
-    device = top_logprobs.device
-    _check_device(top_ids, "top_ids", device)
-    for name, t in (("root_tokens", root_tokens), ("prefix_lens", prefix_lens)):
-        if t is None:
-            continue
-        _require(isinstance(t, Tensor), name, "a Tensor or None", type(t).__name__)
-        _require(tuple(t.shape) == (batch,), name, f"shape ({batch},) = [B]", tuple(t.shape))
-        _require(_is_int_dtype(t.dtype), name, "an integer dtype", t.dtype)
-        _check_device(t, name, device)
-    if validate:
-        _validate_contents(top_logprobs, top_ids, budget, root_tokens, prefix_lens)
-    if batch:
-        _check_runnable(device)
-    n_rows = budget + 1
-    n_words = -(-n_rows // 64)
-    i64 = dict(dtype=torch.int64, device=device)
-    return DDTree(
-        tokens=torch.empty(batch, n_rows, **i64),
-        depths=torch.empty(batch, n_rows, **i64),
-        parents=torch.empty(batch, n_rows, **i64),
-        scores=torch.empty(batch, n_rows, dtype=torch.float64, device=device),
-        anc_bits=torch.empty(batch, n_rows, n_words, **i64),
-        positions=torch.empty(batch, n_rows, **i64),
-        node_count=torch.empty(batch, **i64),
-        first_child=torch.empty(batch, n_rows, **i64),
-        next_sibling=torch.empty(batch, n_rows, **i64),
-    )
-
-
 def build_ddtree_triton(
     top_logprobs: Tensor,
     top_ids: Tensor,
@@ -364,28 +237,13 @@ def build_ddtree_triton(
     unspecified (but memory-safe) tree. tuple_reduce picks the pop's reduction (default: the
     single tuple reduction on CUDA, built-in max/min reductions in the interpreter).
     """
-    tree = check_and_allocate(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
-    batch, n_rows = tree.tokens.shape
-    if batch == 0:
-        return tree
-    lp, ids = top_logprobs, top_ids
-    depth_count, k_in = lp.shape[1:]
-    n_words = tree.anc_bits.shape[2]
-    root = root_tokens if root_tokens is not None else tree.tokens  # dummies, never read
-    prefix = prefix_lens if prefix_lens is not None else tree.tokens
-    _tree_build_kernel[(batch,)](
-        lp, ids, root, prefix,
-        tree.tokens, tree.depths, tree.parents, tree.scores, tree.anc_bits, tree.positions,
-        tree.node_count, tree.first_child, tree.next_sibling,
-        budget, depth_count, min(k_in, budget), n_rows, n_words,
-        lp.stride(0), lp.stride(1), lp.stride(2), ids.stride(0), ids.stride(1), ids.stride(2),
-        root.stride(0), prefix.stride(0),
-        SP=_next_pow2(budget), NP=_next_pow2(n_rows), WP=_next_pow2(n_words),
-        TWO_WORDS=depth_count > ONE_WORD_DEPTH,
-        HAS_ROOT=root_tokens is not None, HAS_PREFIX=prefix_lens is not None,
-        TUPLE_REDUCE=lp.is_cuda if tuple_reduce is None else tuple_reduce,
-        num_warps=num_warps,
-    )
+    tree, job = prepare_build(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
+    if job is not None:
+        _tree_build_kernel[job.grid](
+            *job.args, SP=job.SP, NP=job.NP, WP=job.WP, TWO_WORDS=job.TWO_WORDS,
+            HAS_ROOT=job.HAS_ROOT, HAS_PREFIX=job.HAS_PREFIX,
+            TUPLE_REDUCE=job.on_cuda(tuple_reduce), num_warps=num_warps,
+        )
     return tree
 
 

@@ -22,18 +22,24 @@ from torch import Tensor
 
 from workbench.reference.tree_build import DDTree
 
-from .triton_v1 import MAX_BUDGET, _next_pow2, check_and_allocate
+from ._common import (
+    _I32_MAX,
+    _I32_MIN,
+    _I64_MIN,
+    _NEG_INF,
+    _NEG_ZERO_BIT,
+    _load_prefix_root,
+    _max_combine,
+    _min_combine,
+    _prefetch_table,
+    _store_ancestor_bits,
+    _store_root_row,
+    prepare_build,
+)
 
-_NEG_INF = tl.constexpr(float("-inf"))
-_I32_MIN = tl.constexpr(-(2**31))
-_I32_MAX = tl.constexpr(2**31 - 1)
-_I64_MIN = tl.constexpr(-(2**63))
 _MAG = tl.constexpr(2**63 - 1)  # the non-sign bits of a float64
 _LOW32 = tl.constexpr(2**32 - 1)
-_NEG_ZERO_BIT = tl.constexpr(1 << 29)
-_max_combine = tl.standard._elementwise_max  # what tl.max reduces with (see v1: interpreter)
-_min_combine = tl.standard._elementwise_min
-_sum_combine = tl.standard._sum_combine
+_sum_combine = tl.standard._sum_combine  # (what tl.sum reduces with: see v1's pop)
 
 
 @triton.jit
@@ -69,31 +75,16 @@ def _tree_build_kernel(
     row0 = b * n_rows  # outputs are contiguous [B, N] (anc: [B, N, W])
 
     if PREFETCH:  # touch the whole [L, K] table once: the pops' scalar loads then hit L1
-        dl = tl.arange(0, LP)
-        kr = tl.arange(0, KP)
-        table = tl.load(lp_b + dl[:, None] * s_ll + kr[None, :] * s_lk,
-                        mask=(dl < depth_count)[:, None] & (kr < k_used)[None, :], other=0.0)
-        # a store that never happens (k_used >= 1) keeps the loads alive
-        tl.store(sco_ptr + row0, tl.max(tl.max(table.to(tl.float32), 1), 0).to(tl.float64),
-                 mask=k_used < 0)
+        _prefetch_table(lp_b, sco_ptr, row0, depth_count, k_used, s_ll, s_lk, LP, KP)
 
-    prefix = tl.full([], 0, tl.int64)
-    if HAS_PREFIX:
-        prefix = tl.load(prefix_ptr + b * s_prefix).to(tl.int64)
-    root = tl.full([], 0, tl.int64)
-    if HAS_ROOT:
-        root = tl.load(root_ptr + b * s_root).to(tl.int64)
+    prefix, root = _load_prefix_root(prefix_ptr, root_ptr, b, s_prefix, s_root, HAS_PREFIX,
+                                     HAS_ROOT)
 
     # row 0 = the root; first_child / next_sibling start at -1 everywhere
-    tl.store(tok_ptr + row0, root)
-    tl.store(dep_ptr + row0, tl.full([], 0, tl.int64))
-    tl.store(par_ptr + row0, tl.full([], -1, tl.int64))
-    tl.store(sco_ptr + row0, tl.full([], 0.0, tl.float64))
-    tl.store(pos_ptr + row0, prefix)
+    _store_root_row(tok_ptr, dep_ptr, par_ptr, sco_ptr, pos_ptr, fc_ptr, ns_ptr, row0, root,
+                    prefix, n_rows, NP)
     rows = tl.arange(0, NP)  # [NP] node rows
     in_rows = rows < n_rows
-    tl.store(fc_ptr + row0 + rows, tl.full([NP], -1, tl.int64), mask=in_rows)
-    tl.store(ns_ptr + row0 + rows, tl.full([NP], -1, tl.int64), mask=in_rows)
     tl.debug_barrier()  # the scalar stores below may come from another thread
 
     # slot 0 = the root's first child: rank 0 at depth 1 (score -inf = empty)
@@ -220,19 +211,7 @@ def _tree_build_kernel(
     tok = tl.load(ids_b + dr * s_il + (dep_rank >> 8) * s_ik, mask=real, other=0).to(tl.int64)
     tl.store(tok_ptr + row0 + rows, tok, mask=(rows > 0) & in_rows)
 
-    # ancestor-or-self bits: own bit, then one ancestor per step (a path has <= L edges)
-    words = tl.arange(0, WP)  # [WP]
-    one = tl.full([NP, WP], 1, tl.int64)
-    anc = tl.where(words[None, :] == (rows // 64)[:, None],
-                   one << (rows % 64).to(tl.int64)[:, None], 0)  # [NP, WP]
-    p = parents
-    for _ in range(depth_count):
-        pc = tl.maximum(p, 0)
-        hit = (p >= 0)[:, None] & (words[None, :] == (pc // 64)[:, None])
-        anc = anc | tl.where(hit, one << (pc % 64).to(tl.int64)[:, None], 0)
-        p = tl.where(p > 0, tl.gather(parents, pc, 0), -1)
-    anc_off = (row0 + rows)[:, None] * n_words + words[None, :]
-    tl.store(anc_ptr + anc_off, anc, mask=in_rows[:, None] & (words[None, :] < n_words))
+    _store_ancestor_bits(anc_ptr, parents, row0, rows, in_rows, depth_count, n_words, NP, WP)
 
 
 def build_ddtree_triton(
@@ -252,32 +231,15 @@ def build_ddtree_triton(
     one launch, no host sync; content checks only with validate=True). prefetch: load the
     log-prob table into L1 first (default: on CUDA; it only costs time in the interpreter).
     """
-    tree = check_and_allocate(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
-    batch, n_rows = tree.tokens.shape
-    if batch == 0:
-        return tree
-    lp, ids = top_logprobs, top_ids
-    depth_count, k_in = lp.shape[1:]
-    k_used = min(k_in, budget)
-    n_words = tree.anc_bits.shape[2]
-    root = root_tokens if root_tokens is not None else tree.tokens  # dummies, never read
-    prefix = prefix_lens if prefix_lens is not None else tree.tokens
-    # SP >= 32: one slot per lane at least, so each reduction is one redux.sync (a smaller
-    # tensor is reduced with shuffles); the extra slots stay empty
-    _tree_build_kernel[(batch,)](
-        lp, ids, root, prefix,
-        tree.tokens, tree.depths, tree.parents, tree.scores, tree.anc_bits, tree.positions,
-        tree.node_count, tree.first_child, tree.next_sibling,
-        budget, depth_count, k_used, n_rows, n_words,
-        lp.stride(0), lp.stride(1), lp.stride(2), ids.stride(0), ids.stride(1), ids.stride(2),
-        root.stride(0), prefix.stride(0),
-        SP=max(_next_pow2(budget), 32), NP=_next_pow2(n_rows), WP=_next_pow2(n_words),
-        KW=-(-depth_count // 4), LP=_next_pow2(depth_count), KP=_next_pow2(k_used),
-        HAS_ROOT=root_tokens is not None, HAS_PREFIX=prefix_lens is not None,
-        PREFETCH=lp.is_cuda if prefetch is None else prefetch,
-        num_warps=num_warps,
-    )
+    tree, job = prepare_build(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
+    if job is not None:
+        # SP >= 32: one slot per lane at least, so each reduction is one redux.sync (a smaller
+        # tensor is reduced with shuffles); the extra slots stay empty. KW: int32 key words of
+        # 4 rank digits each.
+        _tree_build_kernel[job.grid](
+            *job.args, SP=max(job.SP, 32), NP=job.NP, WP=job.WP,
+            KW=-(-job.depth_count // 4), LP=job.LP, KP=job.KP,
+            HAS_ROOT=job.HAS_ROOT, HAS_PREFIX=job.HAS_PREFIX, PREFETCH=job.on_cuda(prefetch),
+            num_warps=num_warps,
+        )
     return tree
-
-
-assert MAX_BUDGET <= 255  # slots, ranks and rows fit the 8-bit fields of meta

@@ -14,17 +14,21 @@ from torch import Tensor
 
 from workbench.reference.tree_build import DDTree
 
-from .triton_v1 import (
+from ._common import (
     _KEY_MAX,
     _META_MAX,
     _NEG_INF,
-    ONE_WORD_DEPTH,
     _better1,
     _better2,
+    _initial_slots,
+    _load_prefix_root,
     _max_combine,
     _min_combine,
-    _next_pow2,
-    check_and_allocate,
+    _padding_rows,
+    _prefetch_table,
+    _store_ancestor_bits,
+    _store_node_rows,
+    prepare_build,
 )
 
 
@@ -45,37 +49,19 @@ def _tree_build_kernel(
     neg_inf = _NEG_INF
 
     if PREFETCH:  # touch the whole [L, K] table once: the pops' scalar loads then hit L1
-        dl = tl.arange(0, LP)
-        kr = tl.arange(0, KP)
-        table = tl.load(lp_b + dl[:, None] * s_ll + kr[None, :] * s_lk,
-                        mask=(dl < depth_count)[:, None] & (kr < k_used)[None, :], other=0.0)
-        # a store that never happens (k_used >= 1) keeps the loads alive
-        tl.store(sco_ptr + row0, tl.max(tl.max(table.to(tl.float32), 1), 0).to(tl.float64),
-                 mask=k_used < 0)
+        _prefetch_table(lp_b, sco_ptr, row0, depth_count, k_used, s_ll, s_lk, LP, KP)
 
-    prefix = tl.zeros([], tl.int64)
-    if HAS_PREFIX:
-        prefix = tl.load(prefix_ptr + b * s_prefix).to(tl.int64)
-    root = tl.zeros([], tl.int64)
-    if HAS_ROOT:
-        root = tl.load(root_ptr + b * s_root).to(tl.int64)
+    prefix, root = _load_prefix_root(prefix_ptr, root_ptr, b, s_prefix, s_root, HAS_PREFIX,
+                                     HAS_ROOT)
 
     rows = tl.arange(0, NP)  # [NP] node rows: row 0 the root, padding until written
     in_rows = rows < n_rows
 
     # slot 0 = the root's first child: rank 0 at depth 1 (-inf = empty, never popped)
-    slot = tl.arange(0, SP)  # [SP]
-    s0 = tl.load(lp_b).to(tl.float64)
-    sc = tl.where(slot == 0, s0, neg_inf)  # [SP] float64 scores
-    key0 = tl.zeros([SP], tl.int64)  # rank digits of depths 1..9
-    key1 = tl.zeros([SP], tl.int64)  # rank digits of depths 10..16 (TWO_WORDS only)
-    meta = tl.where(slot == 0, 1 << 16, slot)  # slot | rank | depth | prev sibling
-    # [NP] the rows, kept in registers and stored once after the loop (no global store in it)
-    parents = tl.full([NP], -1, tl.int32)
-    dep_rank = tl.zeros([NP], tl.int32)  # depth | rank << 8 (tokens are gathered at the end)
-    scores = tl.where(rows == 0, 0.0, neg_inf).to(tl.float64)
-    first = tl.full([NP], -1, tl.int32)
-    nexts = tl.full([NP], -1, tl.int32)
+    slot, sc, key0, key1, meta = _initial_slots(lp_b, SP)  # [SP] each; key1: TWO_WORDS only
+    # [NP] the rows, kept in registers and stored once after the loop (no global store in it):
+    # parents, depth | rank << 8 (tokens are gathered at the end), scores, the two links
+    parents, dep_rank, scores, first, nexts = _padding_rows(rows, NP)
     count = tl.zeros([], tl.int32)
 
     # the entry to pop next, held in scalars; the slot vectors hold every other live entry
@@ -167,32 +153,11 @@ def _tree_build_kernel(
     # ---- every row at once
     tl.store(cnt_ptr + b, (count + 1).to(tl.int64))
     out = row0 + rows
-    depth = (dep_rank & 255).to(tl.int64)
-    real = (rows > 0) & (rows <= count)
-    tok = tl.load(ids_b + tl.maximum(depth - 1, 0) * s_il + (dep_rank >> 8) * s_ik, mask=real,
-                  other=0).to(tl.int64)
-    tl.store(tok_ptr + out, tl.where(rows == 0, root, tok), mask=in_rows)
-    tl.store(dep_ptr + out, depth, mask=in_rows)
-    tl.store(par_ptr + out, parents.to(tl.int64), mask=in_rows)
-    tl.store(sco_ptr + out, scores, mask=in_rows)
-    tl.store(pos_ptr + out, prefix + depth, mask=in_rows)
-    tl.store(fc_ptr + out, first.to(tl.int64), mask=in_rows)
-    tl.store(ns_ptr + out, nexts.to(tl.int64), mask=in_rows)
+    _store_node_rows(tok_ptr, dep_ptr, par_ptr, sco_ptr, pos_ptr, fc_ptr, ns_ptr, ids_b, out, rows,
+                     in_rows, count, root, prefix, parents, dep_rank, scores, first, nexts,
+                     s_il, s_ik, LINKS=True)
 
-    # ancestor-or-self bits: own bit, then one ancestor per step (a path has <= L edges)
-    words = tl.arange(0, WP)  # [WP]
-    one = tl.full([NP, WP], 1, tl.int64)
-    own = tl.where(words[None, :] == (rows // 64)[:, None], one << (rows % 64).to(tl.int64)[:, None],
-                   0)
-    anc = own  # [NP, WP]
-    p = parents
-    for _ in range(depth_count):
-        pc = tl.maximum(p, 0)
-        hit = (p >= 0)[:, None] & (words[None, :] == (pc // 64)[:, None])
-        anc = anc | tl.where(hit, one << (pc % 64).to(tl.int64)[:, None], 0)
-        p = tl.where(p > 0, tl.gather(parents, pc, 0), -1)
-    anc_off = (row0 + rows)[:, None] * n_words + words[None, :]
-    tl.store(anc_ptr + anc_off, anc, mask=in_rows[:, None] & (words[None, :] < n_words))
+    _store_ancestor_bits(anc_ptr, parents, row0, rows, in_rows, depth_count, n_words, NP, WP)
 
 
 def build_ddtree_triton(
@@ -213,29 +178,12 @@ def build_ddtree_triton(
     one launch, no host sync; content checks only with validate=True). tuple_reduce and
     prefetch default to on for CUDA tensors and off in the interpreter.
     """
-    tree = check_and_allocate(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
-    batch, n_rows = tree.tokens.shape
-    if batch == 0:
-        return tree
-    lp, ids = top_logprobs, top_ids
-    depth_count, k_in = lp.shape[1:]
-    k_used = min(k_in, budget)
-    n_words = tree.anc_bits.shape[2]
-    root = root_tokens if root_tokens is not None else tree.tokens  # dummies, never read
-    prefix = prefix_lens if prefix_lens is not None else tree.tokens
-    _tree_build_kernel[(batch,)](
-        lp, ids, root, prefix,
-        tree.tokens, tree.depths, tree.parents, tree.scores, tree.anc_bits, tree.positions,
-        tree.node_count, tree.first_child, tree.next_sibling,
-        budget, depth_count, k_used, n_rows, n_words,
-        lp.stride(0), lp.stride(1), lp.stride(2), ids.stride(0), ids.stride(1), ids.stride(2),
-        root.stride(0), prefix.stride(0),
-        SP=_next_pow2(budget), NP=_next_pow2(n_rows), WP=_next_pow2(n_words),
-        TWO_WORDS=depth_count > ONE_WORD_DEPTH,
-        HAS_ROOT=root_tokens is not None, HAS_PREFIX=prefix_lens is not None,
-        TUPLE_REDUCE=lp.is_cuda if tuple_reduce is None else tuple_reduce,
-        LP=_next_pow2(depth_count), KP=_next_pow2(k_used),
-        PREFETCH=lp.is_cuda if prefetch is None else prefetch,
-        num_warps=num_warps,
-    )
+    tree, job = prepare_build(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
+    if job is not None:
+        _tree_build_kernel[job.grid](
+            *job.args, SP=job.SP, NP=job.NP, WP=job.WP, TWO_WORDS=job.TWO_WORDS,
+            HAS_ROOT=job.HAS_ROOT, HAS_PREFIX=job.HAS_PREFIX,
+            TUPLE_REDUCE=job.on_cuda(tuple_reduce), LP=job.LP, KP=job.KP,
+            PREFETCH=job.on_cuda(prefetch), num_warps=num_warps,
+        )
     return tree

@@ -16,28 +16,23 @@ from torch import Tensor
 
 from workbench.reference.tree_build import DDTree
 
-from .triton_v1 import ONE_WORD_DEPTH, _next_pow2, check_and_allocate
-
-_NEG_INF = tl.constexpr(float("-inf"))
-_I64_MIN = tl.constexpr(-(2**63))
-_I64_MAX = tl.constexpr(2**63 - 1)
-_I32_MAX = tl.constexpr(2**31 - 1)
-_NEG_ZERO_BIT = tl.constexpr(1 << 29)
-_max_combine = tl.standard._elementwise_max  # what tl.max reduces with (see v1: interpreter)
-_min_combine = tl.standard._elementwise_min
-
-
-@triton.jit
-def _better1(s1, k1, m1, s2, k2, m2):
-    take1 = (s1 > s2) | ((s1 == s2) & (k1 < k2))
-    return tl.where(take1, s1, s2), tl.where(take1, k1, k2), tl.where(take1, m1, m2)
-
-
-@triton.jit
-def _better2(s1, k1, j1, m1, s2, k2, j2, m2):
-    take1 = (s1 > s2) | ((s1 == s2) & ((k1 < k2) | ((k1 == k2) & (j1 < j2))))
-    return (tl.where(take1, s1, s2), tl.where(take1, k1, k2), tl.where(take1, j1, j2),
-            tl.where(take1, m1, m2))
+from ._common import (
+    _I32_MAX,
+    _I64_MAX,
+    _I64_MIN,
+    _NEG_INF,
+    _NEG_ZERO_BIT,
+    _better1,
+    _better2,
+    _load_prefix_root,
+    _max_combine,
+    _min_combine,
+    _padding_rows,
+    _prefetch_table,
+    _store_ancestor_bits,
+    _store_node_rows,
+    prepare_build,
+)
 
 
 @triton.jit
@@ -60,20 +55,10 @@ def _tree_build_kernel(
     out = row0 + rows
 
     if PREFETCH:  # touch the whole [L, K] table once: the pops' scalar loads then hit L1
-        dl = tl.arange(0, LP)
-        kr = tl.arange(0, KP)
-        table = tl.load(lp_b + dl[:, None] * s_ll + kr[None, :] * s_lk,
-                        mask=(dl < depth_count)[:, None] & (kr < k_used)[None, :], other=0.0)
-        # a store that never happens (k_used >= 1) keeps the loads alive
-        tl.store(sco_ptr + row0, tl.max(tl.max(table.to(tl.float32), 1), 0).to(tl.float64),
-                 mask=k_used < 0)
+        _prefetch_table(lp_b, sco_ptr, row0, depth_count, k_used, s_ll, s_lk, LP, KP)
 
-    prefix = tl.full([], 0, tl.int64)
-    if HAS_PREFIX:
-        prefix = tl.load(prefix_ptr + b * s_prefix).to(tl.int64)
-    root = tl.full([], 0, tl.int64)
-    if HAS_ROOT:
-        root = tl.load(root_ptr + b * s_root).to(tl.int64)
+    prefix, root = _load_prefix_root(prefix_ptr, root_ptr, b, s_prefix, s_root, HAS_PREFIX,
+                                     HAS_ROOT)
 
     if ROW_STORES:  # padding everywhere (row 0: the root); pops overwrite rows 1..count
         tl.store(sco_ptr + out, tl.where(rows == 0, 0.0, neg_inf).to(tl.float64), mask=in_rows)
@@ -81,11 +66,8 @@ def _tree_build_kernel(
         tl.store(fc_ptr + out, tl.full([NP], -1, tl.int64), mask=in_rows)
         tl.store(ns_ptr + out, tl.full([NP], -1, tl.int64), mask=in_rows)
         tl.debug_barrier()  # the pops' scalar stores may come from another thread
-    parents = tl.full([NP], -1, tl.int32)  # [NP] rows in registers (ROW_STORES off)
-    dep_rank = tl.zeros([NP], tl.int32)  # depth | rank << 8
-    scores = tl.where(rows == 0, 0.0, neg_inf).to(tl.float64)
-    first = tl.full([NP], -1, tl.int32)
-    nexts = tl.full([NP], -1, tl.int32)
+    # [NP] rows in registers (ROW_STORES off): parents, depth | rank << 8, scores, the links
+    parents, dep_rank, scores, first, nexts = _padding_rows(rows, NP)
 
     # score keys: int64 whose signed order is the float64 order (-0.0 keyed as +0.0)
     inf_bits = tl.full([], _NEG_INF, tl.float64).to(tl.int64, bitcast=True)
@@ -211,28 +193,11 @@ def _tree_build_kernel(
         tl.store(sco_ptr + out, scores, mask=in_rows)
         tl.store(fc_ptr + out, first.to(tl.int64), mask=in_rows)
         tl.store(ns_ptr + out, nexts.to(tl.int64), mask=in_rows)
-    depth = (dep_rank & 255).to(tl.int64)
-    real = (rows > 0) & (rows <= count)
-    tok = tl.load(ids_b + tl.maximum(depth - 1, 0) * s_il + (dep_rank >> 8) * s_ik, mask=real,
-                  other=0).to(tl.int64)
-    tl.store(tok_ptr + out, tl.where(rows == 0, root, tok), mask=in_rows)
-    tl.store(dep_ptr + out, depth, mask=in_rows)
-    tl.store(par_ptr + out, parents.to(tl.int64), mask=in_rows)
-    tl.store(pos_ptr + out, prefix + depth, mask=in_rows)
+    _store_node_rows(tok_ptr, dep_ptr, par_ptr, sco_ptr, pos_ptr, fc_ptr, ns_ptr, ids_b, out, rows,
+                     in_rows, count, root, prefix, parents, dep_rank, scores, first, nexts,
+                     s_il, s_ik, LINKS=False)
 
-    # ancestor-or-self bits: own bit, then one ancestor per step (a path has <= L edges)
-    words = tl.arange(0, WP)  # [WP]
-    one = tl.full([NP, WP], 1, tl.int64)
-    anc = tl.where(words[None, :] == (rows // 64)[:, None],
-                   one << (rows % 64).to(tl.int64)[:, None], 0)  # [NP, WP]
-    p = parents
-    for _ in range(depth_count):
-        pc = tl.maximum(p, 0)
-        hit = (p >= 0)[:, None] & (words[None, :] == (pc // 64)[:, None])
-        anc = anc | tl.where(hit, one << (pc % 64).to(tl.int64)[:, None], 0)
-        p = tl.where(p > 0, tl.gather(parents, pc, 0), -1)
-    anc_off = out[:, None] * n_words + words[None, :]
-    tl.store(anc_ptr + anc_off, anc, mask=in_rows[:, None] & (words[None, :] < n_words))
+    _store_ancestor_bits(anc_ptr, parents, row0, rows, in_rows, depth_count, n_words, NP, WP)
 
 
 def build_ddtree_triton(
@@ -255,29 +220,12 @@ def build_ddtree_triton(
     prefetch default to on for CUDA tensors and off in the interpreter; row_stores picks the
     row output (module docstring).
     """
-    tree = check_and_allocate(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
-    batch, n_rows = tree.tokens.shape
-    if batch == 0:
-        return tree
-    lp, ids = top_logprobs, top_ids
-    depth_count, k_in = lp.shape[1:]
-    k_used = min(k_in, budget)
-    n_words = tree.anc_bits.shape[2]
-    root = root_tokens if root_tokens is not None else tree.tokens  # dummies, never read
-    prefix = prefix_lens if prefix_lens is not None else tree.tokens
-    _tree_build_kernel[(batch,)](
-        lp, ids, root, prefix,
-        tree.tokens, tree.depths, tree.parents, tree.scores, tree.anc_bits, tree.positions,
-        tree.node_count, tree.first_child, tree.next_sibling,
-        budget, depth_count, k_used, n_rows, n_words,
-        lp.stride(0), lp.stride(1), lp.stride(2), ids.stride(0), ids.stride(1), ids.stride(2),
-        root.stride(0), prefix.stride(0),
-        SP=_next_pow2(budget), NP=_next_pow2(n_rows), WP=_next_pow2(n_words),
-        TWO_WORDS=depth_count > ONE_WORD_DEPTH,
-        HAS_ROOT=root_tokens is not None, HAS_PREFIX=prefix_lens is not None,
-        TUPLE_REDUCE=lp.is_cuda if tuple_reduce is None else tuple_reduce,
-        LP=_next_pow2(depth_count), KP=_next_pow2(k_used),
-        PREFETCH=lp.is_cuda if prefetch is None else prefetch, ROW_STORES=row_stores,
-        num_warps=num_warps,
-    )
+    tree, job = prepare_build(top_logprobs, top_ids, budget, root_tokens, prefix_lens, validate)
+    if job is not None:
+        _tree_build_kernel[job.grid](
+            *job.args, SP=job.SP, NP=job.NP, WP=job.WP, TWO_WORDS=job.TWO_WORDS,
+            HAS_ROOT=job.HAS_ROOT, HAS_PREFIX=job.HAS_PREFIX,
+            TUPLE_REDUCE=job.on_cuda(tuple_reduce), LP=job.LP, KP=job.KP,
+            PREFETCH=job.on_cuda(prefetch), ROW_STORES=row_stores, num_warps=num_warps,
+        )
     return tree
