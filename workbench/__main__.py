@@ -71,8 +71,14 @@ def _load_models(args):
 
 
 def cmd_generate(args) -> int:
+    import os
+
     from workbench.generate import generate
 
+    if (args.tp or 1) * (args.ep or 1) > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from workbench.dist import generate_main_distributed  # torchrun, or --tp/--ep ranks
+
+        return generate_main_distributed(args)
     _threads_for_cpu(args.device)
     target, drafter = _load_models(args)
     prompts = args.prompt_ids or [[1, 2, 3]]
@@ -155,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop-ids", type=_ids, default=None)
     g.add_argument("--kernels", help="op=variant[,op=variant] or a named selection")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    from workbench.dist.__main__ import add_dist_args
+
+    add_dist_args(g)  # --tp, --ep, --nvls, --timeout
     g.set_defaults(fn=cmd_generate)
 
     d = sub.add_parser("demo", help="AR vs DDTree on the tiny preset")

@@ -477,4 +477,10 @@ def _tiny() -> ModelConfig:
     )
 
 
-PRESETS = {"kimi-k2.6": _kimi, "small": _small, "tiny": _tiny}
+def _tiny_dist() -> ModelConfig:
+    # tiny widened so every parallel layout up to 8 ranks divides it: H/8 heads, E/8 experts,
+    # I/8 = 32 = one INT4 group for MoE-TP (workbench/dist)
+    return _tiny().replace(name="tiny-dist", num_heads=8, moe_intermediate=256)
+
+
+PRESETS = {"kimi-k2.6": _kimi, "small": _small, "tiny": _tiny, "tiny-dist": _tiny_dist}

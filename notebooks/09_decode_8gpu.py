@@ -1,0 +1,125 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The decode loop on 8 ranks: TP8, EP8 and EP4xTP2, token for token
+#
+# Launch the DDTree loop on 8 ranks (gloo processes on CPU, NCCL where 8 GPUs exist), compare
+# its tokens with the single-process loop for three layouts, look at per-rank time, the price
+# of the replicated latent cache, and the single-rank emulation's projection of 8-GPU
+# tokens/s (at toy size here; `python -m workbench.dist.emulate --preset kimi-k2.6` on an H200
+# for real numbers).
+
+# %% tags=["parameters"]
+PRESET = "tiny-dist"  # tiny widened so every layout up to 8 ranks divides it
+WORLD = 8
+LAYOUTS = [{"tp": 8}, {"ep": 8}, {"ep": 4, "tp": 2}]
+BUDGET = 8
+MAX_NEW_TOKENS = 12
+SEED = 0
+
+# %%
+import pandas as pd
+import torch
+
+import workbench
+from workbench.dist.decode import dist_config, dist_generate
+from workbench.dist.launch import run_distributed
+from workbench.dist.layout import latent_cache_bytes
+from workbench.generate import generate
+from workbench.replay import ReplayDrafter
+
+gpus = torch.cuda.device_count()
+backend = "nccl" if gpus >= WORLD else "gloo"
+torch.set_num_threads(1)  # toy shapes are latency-bound
+cfg = dist_config(PRESET)
+prompts = [[5, 6, 7, 8], list(range(20, 37)), [101, 102, 103]]  # mixed lengths
+target = workbench.build_model(cfg, seed=SEED)
+ar = generate(target, prompts=prompts, max_new_tokens=MAX_NEW_TOKENS)
+seqs = [p + t for p, t in zip(prompts, ar.tokens)]
+ref = generate(target, ReplayDrafter(cfg, seqs, hit_prob=0.8, seed=SEED), prompts,
+               max_new_tokens=MAX_NEW_TOKENS, budget=BUDGET)
+assert ref.tokens == ar.tokens
+print(f"{backend} on {WORLD} ranks; single-process DDTree (replay drafter, labelled): "
+      f"{len(ref.steps)} steps, {ref.tokens_per_step:.2f} tokens/step")
+
+# %% [markdown]
+# ## Eight ranks emit the single-process tokens
+# Each rank runs the unchanged `generate()` on its shard; host decisions read all-gathered
+# logits, so the ranks stay in lockstep. On CPU the reductions are *exact* (whole dot products,
+# `workbench/dist/layout.py`), which makes the comparison token-exact rather than
+# "up to reduction order".
+
+# %%
+runs = {}
+for layout in LAYOUTS:
+    out = run_distributed(dist_generate, WORLD, cfg, prompts, budget=BUDGET, drafter="replay",
+                          replay=seqs, replay_seed=SEED, max_new_tokens=MAX_NEW_TOKENS,
+                          backend=backend, timeout_s=120, **layout)
+    assert out["result"].tokens == ar.tokens, out["layout"]
+    assert out["result"].accepted == ref.accepted  # same trees, same walks
+    runs[out["layout"]] = out
+print("token-exact:", list(runs))
+
+# %% [markdown]
+# ## Per-rank time
+# Compute per phase and time inside collectives, per rank. On a 2-core CPU box 8 processes
+# share the cores, so communication (mostly waiting for the slowest rank) dominates; the
+# split, not the totals, is what carries over to GPUs.
+
+# %%
+rows = [{"layout": name, **r} for name, out in runs.items() for r in out["ranks"]]
+timing = pd.DataFrame(rows)[["layout", "rank", "decode_s", "attention_s", "moe_s", "lm_head_s",
+                              "comm_s", "comm_calls", "comm_bytes"]]
+assert (timing.comm_calls > 0).all() and len(timing) == WORLD * len(LAYOUTS)
+timing.groupby("layout")[["decode_s", "attention_s", "moe_s", "lm_head_s", "comm_s"]].mean()
+
+# %%
+timing[timing.layout == next(iter(runs))]
+
+# %% [markdown]
+# ## The replicated latent cache
+# MLA has one latent KV head, so attention TP cannot split the cache: every rank holds all of
+# it. Measured here (the tensor `generate()` allocated), then the same formula at K2.6 size.
+
+# %%
+out = next(iter(runs.values()))
+per_rank = out["cache_bytes_per_rank"]
+assert all(r["cache_bytes"] == per_rank for r in out["ranks"])
+k26 = workbench.ModelConfig.preset("kimi-k2.6")
+per_tok = latent_cache_bytes(k26, 1, 1)
+assert per_tok == 61 * 576 * 2
+pd.DataFrame([
+    {"what": f"{PRESET}, this run", "per rank MB": per_rank / 1e6,
+     f"x{WORLD} ranks MB": WORLD * per_rank / 1e6},
+    {"what": "kimi-k2.6, 1 token", "per rank MB": per_tok / 1e6,
+     f"x{WORLD} ranks MB": WORLD * per_tok / 1e6},
+    {"what": "kimi-k2.6, C=64 x 32k ctx", "per rank MB": 64 * 32768 * per_tok / 1e6,
+     f"x{WORLD} ranks MB": WORLD * 64 * 32768 * per_tok / 1e6},
+])
+
+# %% [markdown]
+# ## Single-rank emulation: projected 8-GPU tokens/s
+# Rank 0's real work per step, collectives replaced by stand-ins priced over NVLink 4 and
+# PCIe Gen5 (`workbench/dist/emulate.py` states the model). At toy size on a CPU the compute
+# column is meaningless; the table's shape and the comm accounting are what this shows.
+
+# %%
+from workbench.dist.emulate import emulate
+
+proj = pd.DataFrame(emulate(PRESET, ("tp8", "ep8"), batches=(1, 8), budgets=(None, BUDGET),
+                            tau=ref.tokens_per_step, ctx=64, repeats=1, progress=None))
+assert (proj.step_ms > proj.compute_ms).all()
+nv, pc = proj[proj.link == "NVLink4"], proj[proj.link == "PCIe5x16"]
+assert (pc.comm_ms.values > nv.comm_ms.values).all()  # same bytes, slower link
+proj.pivot_table(index=["C", "mode"], columns=["layout", "link"], values="tokens_per_s")

@@ -1,0 +1,361 @@
+"""The decode loop on several ranks (workbench.dist) equals the single-process loop.
+
+CPU only: gloo, fork start (0.3 s for 8 ranks), one thread per rank. The default `exact`
+reductions keep every dot product whole, so the 2/4/8-rank loops are expected token-exact with
+generate() on one process; check_tokens would accept a divergence only on a reference tie
+(top-2 margin < TIE_MARGIN) and names position and margin otherwise. The engine layout (fp32
+all-reduce) is tested separately, for what it promises: reduction-order noise.
+Failure handling: a rank that raises, dies, or hangs in a collective ends all ranks with an
+error naming the rank; nothing waits forever.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import workbench
+from workbench.dist.check import TIE_MARGIN, check_tokens, reference_margins
+from workbench.dist.comm import TorchComm
+from workbench.dist.decode import dist_config, dist_generate, generate_main_distributed
+from workbench.dist.launch import DistributedError, DistributedTimeout, run_distributed
+from workbench.dist.layout import Layout, LayoutError, latent_cache_bytes, shard_tensor
+from workbench.dist.model import build_dist_model
+from workbench.dist.moe import ACC
+from workbench.dist.vocab import dist_argmax, dist_sample, dist_topk_logprobs
+from workbench.generate import generate
+from workbench.reference.drafter import build_drafter
+from workbench.reference.tree_build import topk_logprobs
+from workbench.reference.tree_mla import causal_anc_bits
+from workbench.replay import ReplayDrafter
+
+CFG = dist_config("tiny-dist")  # tiny with 8 heads and expert width 256: every layout divides
+LENGTHS = (3, 19, 8)  # mixed prompt lengths: the 19 pads the others' prefill rows
+MAX_NEW, BUDGET, SEED = 16, 8, 0
+RUN = {"timeout_s": 120, "collective_timeout_s": 60}
+
+
+@functools.cache
+def _ref():
+    """Single-process target, prompts, AR / replay-DDTree / DFlash-DDTree results, margins."""
+    g = torch.Generator().manual_seed(1000)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in LENGTHS]
+    target = workbench.build_model(CFG, seed=SEED)
+    ar = generate(target, prompts=prompts, max_new_tokens=MAX_NEW)
+    seqs = [p + t for p, t in zip(prompts, ar.tokens)]
+    replay = generate(target, ReplayDrafter(CFG, seqs, hit_prob=0.8, seed=SEED), prompts,
+                      max_new_tokens=MAX_NEW, budget=BUDGET)
+    dflash = generate(target, build_drafter(CFG, seed=SEED), prompts, max_new_tokens=MAX_NEW,
+                      budget=BUDGET)
+    assert replay.tokens == dflash.tokens == ar.tokens and max(replay.accepted) >= 2
+    return {"target": target, "prompts": prompts, "seqs": seqs, "ar": ar, "replay": replay,
+            "dflash": dflash, "margins": reference_margins(target, prompts, ar.tokens)}
+
+
+def _decode(world, mode, **kw):
+    ref = _ref()
+    extra = {} if mode == "ar" else {"budget": BUDGET, "drafter": mode, "replay": ref["seqs"],
+                                     "replay_seed": SEED}
+    return run_distributed(dist_generate, world, CFG, ref["prompts"], max_new_tokens=MAX_NEW,
+                           seed=SEED, **extra, **kw, **RUN)
+
+
+def _check_against_reference(out, mode):
+    ref, res = _ref(), out["result"]
+    ties = check_tokens(ref["ar"].tokens, res.tokens, ref["margins"])  # raises on a real one
+    if ties:
+        pytest.skip(f"divergence on a reference tie (margin < {TIE_MARGIN}): {ties}")
+    assert res.tokens == ref["ar"].tokens
+    # identical logits -> identical trees and walks: the same accepted lengths step by step
+    assert res.accepted == ref[mode].accepted
+    assert {r["layout"] for r in out["ranks"]} == {out["layout"]}
+
+
+LAYOUTS = {2: [{"tp": 2}, {"ep": 2}], 4: [{"tp": 4}, {"ep": 4}, {"ep": 2, "tp": 2}],
+           8: [{"tp": 8}, {"ep": 8}, {"ep": 4, "tp": 2}]}
+FAST = {(2, "tp2", "ar"), (2, "ep2", "replay"), (4, "tp4", "replay"), (4, "ep4", "dflash"),
+        (8, "ep8", "replay"), (8, "tp8", "ar"), (8, "ep4tp2", "dflash")}
+
+
+def _cases():
+    for world, layouts in LAYOUTS.items():
+        for lay in layouts:
+            name = "".join(f"{k}{v}" for k, v in sorted(lay.items(), key=lambda kv: kv[0] != "ep"))
+            for mode in ("ar", "replay", "dflash"):
+                marks = () if (world, name, mode) in FAST else (pytest.mark.slow,)
+                yield pytest.param(world, lay, mode, marks=marks, id=f"{world}-{name}-{mode}")
+
+
+@pytest.mark.parametrize("world,layout,mode", list(_cases()))
+def test_distributed_loop_equals_single_process(world, layout, mode):
+    _check_against_reference(_decode(world, mode, **layout), mode)
+
+
+@pytest.mark.skipif(ACC != torch.float64, reason="the reference accumulates in fp32: engine "
+                    "all-reduces then differ by rounding (see the sublayer test below)")
+@pytest.mark.parametrize("world,layout,mode", [(4, {"tp": 4}, "ar"),
+                                               (8, {"ep": 4, "tp": 2}, "replay")])
+def test_engine_layout_loop_is_token_exact_on_the_float64_reference(world, layout, mode):
+    """With float64 accumulation a K-split sum rounds to bf16 like the whole one, so the layout
+    GPUs run (fp32/ACC all-reduce, no exact mode) is token-exact too."""
+    _check_against_reference(_decode(world, mode, exact=False, **layout), mode)
+
+
+def test_sampled_decoding_stays_in_lockstep_and_equals_single_process():
+    """T > 0: every rank draws from the same all-gathered logits with the same seeded
+    generator, so the ranks agree (dist_generate checks) and match one process draw for draw."""
+    ref = _ref()
+    want = generate(ref["target"], prompts=ref["prompts"], max_new_tokens=MAX_NEW,
+                    temperature=1.0, seed=7)
+    out = run_distributed(dist_generate, 2, CFG, ref["prompts"], ep=2, max_new_tokens=MAX_NEW,
+                          temperature=1.0, seed=SEED, sample_seed=7, **RUN)
+    assert out["result"].tokens == want.tokens
+
+
+def test_world_one_runs_without_a_process_group():
+    out = dist_generate(0, 1, CFG, _ref()["prompts"], max_new_tokens=MAX_NEW, budget=None)
+    assert out["result"].tokens == _ref()["ar"].tokens and out["layout"] == "single exact"
+
+
+def test_replicated_latent_cache_is_measured_on_every_rank():
+    out = _decode(4, "replay", ep=4)
+    B, per_rank = len(LENGTHS), out["cache_bytes_per_rank"]
+    slots = max(LENGTHS) + MAX_NEW + BUDGET + 2  # what generate() allocates
+    assert per_rank == latent_cache_bytes(CFG, B, slots) == CFG.num_layers * B * slots * 40 * 2
+    assert all(r["cache_bytes"] == per_rank for r in out["ranks"])  # replicated, not split
+    # Kimi K2.6: 61 layers x 576 values x 2 B = 70,272 B per token on EVERY rank
+    assert latent_cache_bytes(workbench.ModelConfig.preset("kimi-k2.6"), 1, 1) == 70272
+
+
+# -- engine layout: fp32 all-reduce (what GPUs run and emulate.py times) ------------------------
+def _engine_layer(rank, world, layout):
+    """One attention and one MoE sublayer of the engine layout vs the reference, SAME input."""
+    ref = workbench.build_model(CFG, seed=SEED)
+    m = build_dist_model(CFG, Layout.make(world, rank, exact=False, **layout), TorchComm())
+    g = torch.Generator().manual_seed(5)
+    B, n = 3, 9
+    x = torch.randn(B, n, CFG.hidden_size, generator=g).to(torch.bfloat16)
+    pos, P = torch.arange(n).expand(B, n), torch.zeros(B, dtype=torch.long)
+    anc = causal_anc_bits(n, B)
+    r_layer, d_layer = ref.model.layers["1"], m.model.layers["1"]
+    want_a = r_layer.self_attn(x, pos, ref.new_cache(B, n)[1], P, anc, ref.rope)
+    got_a = m._attention(d_layer.self_attn, x, pos, m.new_cache(B, n)[1], P, anc)
+    return want_a, got_a, r_layer.mlp(x), m._moe(d_layer.mlp, x, None)
+
+
+@pytest.mark.parametrize("world,layout", [(2, {"tp": 2}), (4, {"ep": 4}), (8, {"ep": 4, "tp": 2})])
+def test_engine_layout_sublayers_equal_reference_up_to_one_rounding(world, layout):
+    """The engine layout sums K-split partials (in the reference's ACC dtype) across ranks: a
+    sublayer's output may differ from the single-process op by one bf16 rounding of its result
+    (2^-8 relative), never more. With an fp32 ACC such flips are common, and over a whole model
+    one can tip a router near-tie into another expert: the loop tests use exact reductions."""
+    want_a, got_a, want_m, got_m = run_distributed(_engine_layer, world, layout, **RUN)
+    for want, got in ((want_a, got_a), (want_m, got_m)):
+        ulp = want.float().abs().clamp_min(2.0**-20) * 2.0**-7  # one bf16 step, both sides
+        assert bool(((got.float() - want.float()).abs() <= ulp).all())
+        assert (got != want).float().mean() < 0.05  # flips are rare
+
+
+# -- vocab-parallel heads ---------------------------------------------------------------------
+def _vocab_ops(rank, world, logits):
+    V = logits.shape[-1]
+    v0, v1 = rank * V // world, (rank + 1) * V // world
+    comm = TorchComm()
+    g = torch.Generator().manual_seed(100 + rank)  # per-rank Gumbel noise
+    flat = logits[0, 0].expand(20000, V)  # many draws of one row
+    return (dist_argmax(logits[..., v0:v1], v0, comm),
+            dist_topk_logprobs(logits[..., v0:v1], v0, 5, comm),
+            dist_topk_logprobs(logits[..., v0:v1], v0, 100, comm),  # k > V/world and > V
+            dist_sample(flat[:, v0:v1], v0, 1.0, g, comm))
+
+
+def test_vocab_parallel_argmax_topk_and_sampling_use_global_ids():
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 3, 32, generator=g) * 2).to(torch.bfloat16).float()
+    logits[0, 1, 5] = logits[0, 1, 29] = 50.0  # a tie across shards: the lower id wins
+    logits[1, 2, 9] = logits[1, 2, 10] = 40.0  # a tie inside one shard
+    logits[1, 0, 16:24] = 30.0  # a whole shard tied at the top
+    am, (lp, ids), (lp_all, ids_all), samples = run_distributed(_vocab_ops, 4, logits, **RUN)
+    assert torch.equal(am, logits.argmax(-1))
+    for k, (v, i) in ((5, (lp, ids)), (100, (lp_all, ids_all))):
+        rv, ri = topk_logprobs(logits, k)
+        assert torch.equal(i, ri), (i, ri)  # global ids, ties in id order
+        torch.testing.assert_close(v, rv, atol=1e-6, rtol=0)
+    p = torch.softmax(logits[0, 0].double(), -1)  # Gumbel-max draws follow softmax
+    counts = torch.bincount(samples, minlength=32).double()
+    keep = p * 20000 >= 5
+    chi2 = float(((counts[keep] - 20000 * p[keep]) ** 2 / (20000 * p[keep])).sum())
+    dof = int(keep.sum()) - 1
+    assert chi2 < dof + 5 * (2 * dof) ** 0.5, chi2
+
+
+# -- layouts and shards -----------------------------------------------------------------------
+def test_layout_errors_name_the_field_and_the_fix():
+    tiny = workbench.ModelConfig.preset("tiny")  # 4 heads, expert width 32
+    with pytest.raises(LayoutError, match="moe_intermediate=32 .* INT4 groups of 32"):
+        Layout.make(2, tp=2).check(tiny)  # 16-wide down_proj slices would split a group
+    with pytest.raises(LayoutError, match="num_heads=4 is not a multiple of 8"):
+        Layout.make(8, ep=8).check(tiny)
+    with pytest.raises(LayoutError, match="tp \\* ep == world size 8"):
+        Layout.make(8, tp=2, ep=2)
+    Layout.make(2, ep=2).check(tiny)  # EP keeps experts whole: fine
+    Layout.make(2, tp=2, exact=True).check(tiny)  # exact MoE-TP splits down by D rows: fine
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("world,layout", [(4, {"tp": 4}), (8, {"ep": 8}), (8, {"ep": 4, "tp": 2})])
+def test_shards_cover_every_weight_exactly_once(world, layout, exact):
+    """Filled with distinct values, the ranks' shards of a split tensor hold each value once;
+    a replicated tensor is held whole by every rank."""
+    from workbench.weights import layer_state
+
+    for name, t in layer_state(CFG, 1, 0).items():
+        full = torch.arange(t.numel(), dtype=torch.float64).view(t.shape)
+        shards = [shard_tensor(name, full, CFG, Layout.make(world, r, exact=exact, **layout))
+                  for r in range(world)]
+        held = torch.cat([s.flatten() for s in shards]).sort().values
+        if held.numel() == t.numel():
+            assert torch.equal(held, full.flatten()), name
+        else:  # replicated: q_a / kv_a, norms, router
+            assert all(torch.equal(s, full) for s in shards), name
+
+
+def _ckpt_logits(rank, world, path):
+    m = build_dist_model(None, Layout.make(world, rank, ep=world, exact=True), TorchComm(),
+                         checkpoint=path)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    return m(ids, torch.arange(4).view(1, -1), m.new_cache(1, 4), torch.zeros(1, dtype=torch.long),
+             causal_anc_bits(4)).logits
+
+
+def test_shards_load_from_a_checkpoint_one_layer_at_a_time(tmp_path):
+    from workbench.checkpoint import write_synthetic_checkpoint
+
+    write_synthetic_checkpoint(CFG, tmp_path, seed=SEED)
+    got = run_distributed(_ckpt_logits, 2, str(tmp_path), **RUN)
+    ref = _ref()["target"]
+    want = ref(torch.tensor([[5, 6, 7, 8]]), torch.arange(4).view(1, -1), ref.new_cache(1, 4),
+               torch.zeros(1, dtype=torch.long), causal_anc_bits(4)).logits
+    assert torch.equal(got, want)
+
+
+# -- failures end all ranks with a clear error ----------------------------------------------------
+def _raise_on(rank, world, bad):
+    if rank == bad:
+        raise ValueError("boom on purpose")
+    dist.all_reduce(torch.ones(1))  # the others wait for the failed rank in a collective
+    return rank
+
+
+def _die_on(rank, world, bad):
+    if rank == bad:
+        os._exit(3)
+    dist.all_reduce(torch.ones(1))
+
+
+def _skip_collective(rank, world):
+    if rank == 1:
+        time.sleep(60)  # alive but never joins: rank 0's all_reduce must time out
+    dist.all_reduce(torch.ones(1))
+
+
+def _sleep(rank, world):
+    time.sleep(60)
+
+
+def test_a_rank_that_raises_ends_all_ranks_and_is_named():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match="rank 2 of 4 failed: ValueError: boom") as e:
+        run_distributed(_raise_on, 4, 2, **RUN)
+    assert e.value.rank == 2 and "Traceback" in str(e.value)
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_rank_that_dies_is_named_with_its_exit_code():
+    with pytest.raises(DistributedError, match="rank 1 of 2 failed: exited with code 3"):
+        run_distributed(_die_on, 2, 1, **RUN)
+
+
+def test_a_hung_collective_times_out_with_a_clear_error():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match="rank 0 of 2 failed") as e:
+        run_distributed(_skip_collective, 2, timeout_s=30, collective_timeout_s=2)
+    assert "timed out" in str(e.value).lower() or "timeout" in str(e.value).lower()
+    assert time.monotonic() - t0 < 20
+
+
+def test_the_watchdog_ends_ranks_stuck_outside_collectives():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedTimeout, match=r"ranks \[0, 1\] of 2 still running"):
+        run_distributed(_sleep, 2, timeout_s=3)
+    assert time.monotonic() - t0 < 15
+
+
+# -- command line ---------------------------------------------------------------------------------
+def _cli_args(**kw):
+    ref = _ref()
+    base = dict(preset="tiny-dist", checkpoint=None, drafter_checkpoint=None, device="cpu",
+                seed=SEED, budget=BUDGET, max_new_tokens=MAX_NEW, prompt_ids=ref["prompts"],
+                temperature=0.0, stop_ids=None, kernels=None, json=True, tp=None, ep=2)
+    return Namespace(**{**base, **kw})
+
+
+def test_cli_entry_starts_its_own_ranks(capsys):
+    assert generate_main_distributed(_cli_args()) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == _ref()["ar"].tokens and out["layout"] == "EP2 exact"
+    assert len(out["ranks"]) == 2
+
+
+@pytest.mark.slow
+def test_torchrun_launch(tmp_path):
+    ref = _ref()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "-m", "workbench.dist", "--tp", "2", "--max-new-tokens", str(MAX_NEW), "--json"]
+    for p in ref["prompts"]:
+        cmd += ["--prompt-ids", ",".join(map(str, p))]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1  # only rank 0 prints
+    assert json.loads(lines[0])["tokens"] == ref["ar"].tokens
+
+
+# -- single-rank emulation (tiny here; kimi-k2.6 on the H200) -----------------------------------
+def test_link_model_formulas():
+    from workbench.dist.emulate import NVLINK4, Link
+
+    link = Link("test", bw_gbps=100.0, alpha_us=10.0, efficiency=1.0)
+    assert link.seconds("all_reduce", 1e9, 8) == pytest.approx(10e-6 + 2 * 7 / 8 * 1e-2)
+    assert link.seconds("all_gather", 1e6, 8) == pytest.approx(10e-6 + 7e6 / 1e11)
+    assert link.seconds("all_to_all", 1e6, 8) == pytest.approx(10e-6 + 1e-5)
+    assert NVLINK4.seconds("all_reduce", 0, 8) == pytest.approx(NVLINK4.alpha_us * 1e-6)
+
+
+def test_emulation_projects_tp8_and_ep8_over_both_links():
+    from workbench.dist.emulate import emulate
+
+    rows = emulate("tiny-dist", ("tp8", "ep8"), batches=(1, 4), budgets=(None, 8), tau=2.5,
+                   ctx=32, device="cpu", repeats=1, progress=None)
+    assert len(rows) == 2 * 2 * 2 * 2  # layouts x C x modes x links
+    by = {(r["layout"], r["C"], r["mode"], r["link"]): r for r in rows}
+    moe_layers = CFG.num_layers - CFG.first_k_dense
+    for (lay, C, mode, link), r in by.items():
+        assert r["step_ms"] > r["compute_ms"] > 0 and r["tokens_per_s"] > 0
+        if link == "NVLink4":  # the same logged bytes priced over a slower link
+            assert by[(lay, C, mode, "PCIe5x16")]["comm_ms"] > r["comm_ms"]
+        # per forward: one all-reduce per attention and dense layer; MoE-TP one per layer,
+        # EP two all-to-alls + an all-gather + the shared expert's all-reduce; one logits
+        # all-gather. A DDTree step adds the draft's two vocab-parallel all-gathers.
+        per_moe = 1 if lay == "TP8" else 4
+        want = CFG.num_layers + 1 + moe_layers * per_moe + 1 + (0 if mode == "AR" else 2)
+        assert r["collectives"] == want, (lay, mode, r["collectives"])
+    assert by[("TP8", 1, "DDTree-8", "NVLink4")]["tokens_per_s"] > 0

@@ -1,0 +1,314 @@
+"""Single-rank emulation of the 8-GPU decode step: rank 0's REAL work, MODELLED collectives.
+
+One GPU runs what rank 0 of the TP8 or EP8 target would run per step (its attention heads, its
+experts or expert slices, its LM-head shard, the replicated drafter, the tree build) on
+synthetic weights made shard-only, one layer at a time (EP8 rank 0 of kimi-k2.6: 48 experts x
+60 layers INT4 ~71 GB + attention + heads). `StandInComm` replaces every collective by a
+tensor of the right shape and logs its bytes; a `Link` turns the log into seconds:
+
+    all_reduce  t = alpha + 2 (w-1)/w * S / BW        S = payload per rank (ring)
+    all_gather  t = alpha + (w-1) * S / BW            S = each rank's part
+    all_to_all  t = alpha + max(sent, received) / BW  remote rows only
+Bytes are counted at 2 per value (bf16 on the wire, what engines send; the CPU proof path
+keeps some fp32). BW is per GPU per direction. Comms are not overlapped with compute: the
+projection is an upper bound on step time. Stand-in values are not the true sums, so routing
+downstream is plausible, not exact; EP's a2a sizes come from the real routing of all tokens.
+
+Projection: tokens/s = C * tau / step time (tau = 1 for AR), C concurrent requests of one
+context length. Legend: C concurrent requests (batch B), N rows per request, T context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from workbench import ops
+from workbench.config import ModelConfig
+
+from .comm import Comm, StepLog
+from .decode import dist_config
+from .layout import Layout
+from .model import DistKimiModel, empty_dist_model
+from .vocab import DistDrafter
+
+WIRE_BYTES = 2  # bf16 per value on the wire
+ACCEPTED = 4  # rows per request the drafter materialises after a DDTree step (a typical tau)
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect: per-GPU bandwidth per direction (GB/s) and per-collective latency."""
+
+    name: str
+    bw_gbps: float
+    alpha_us: float
+    efficiency: float = 0.8  # achieved / peak bandwidth for the bytes term
+
+    def seconds(self, kind: str, nbytes: float, world: int) -> float:
+        bw = self.bw_gbps * 1e9 * self.efficiency
+        factor = {"all_reduce": 2 * (world - 1) / world, "all_gather": world - 1,
+                  "all_to_all": 1.0}[kind]
+        return self.alpha_us * 1e-6 + factor * nbytes / bw
+
+
+# NVLink 4 on H200: 900 GB/s bidirectional = 450 GB/s each way; small-message NCCL latency
+# 5-15 us (kimi_mla.md §7.4). PCIe Gen5 x16: 64 GB/s each way; GPU-to-GPU through a switch or
+# the host, ~20 us a collective. Both editable: Link("mine", bw_gbps=..., alpha_us=...).
+NVLINK4 = Link("NVLink4", 450.0, 10.0)
+PCIE5 = Link("PCIe5x16", 64.0, 20.0)
+
+
+class StandInComm(Comm):
+    """Collectives of rank `rank` of `world`, answered locally; each call's wire bytes logged
+    as (kind, bytes, world) so any Link can price it afterwards."""
+
+    def __init__(self, rank: int, world: int, log: StepLog | None = None):
+        super().__init__(log)
+        self.rank, self.world = rank, world
+        self.calls: list[tuple[str, str, int]] = []  # (phase, kind, wire bytes)
+
+    def _log(self, kind: str, nbytes: int):
+        self.calls.append((self.log.phase, kind, nbytes))
+        self.log.add_comm(kind, nbytes, 0.0)
+
+    def all_reduce(self, t):
+        self._log("all_reduce", t.numel() * WIRE_BYTES)
+        return t  # the local partial stands in for the sum
+
+    def all_gather_cat(self, t, dim):
+        self._log("all_gather", t.numel() * WIRE_BYTES)
+        return torch.cat([t] * self.world, dim)
+
+    def all_to_all(self, send, send_splits, recv_splits, standin=None):
+        row = send.shape[1:].numel() * WIRE_BYTES
+        sent = sum(n for r, n in enumerate(send_splits) if r != self.rank)
+        got = sum(n for r, n in enumerate(recv_splits) if r != self.rank)
+        self._log("all_to_all", max(sent, got) * row)
+        if standin is not None:
+            return standin()
+        return send.new_zeros((sum(recv_splits), *send.shape[1:]))
+
+    def priced(self, link: Link) -> dict[str, float]:
+        """Seconds per phase of the logged calls over `link`."""
+        out: dict[str, float] = {}
+        for phase, kind, nbytes in self.calls:
+            out[phase] = out.get(phase, 0.0) + link.seconds(kind, nbytes, self.world)
+        return out
+
+
+# -- shard-only synthetic weights (values differ from build_model's; shapes and scales match) ---
+def _fan_in(cfg: ModelConfig, name: str) -> int:
+    D, H = cfg.hidden_size, cfg.num_heads
+    table = {"q_a_proj": D, "q_b_proj": cfg.q_lora_rank, "kv_a_proj_with_mqa": D,
+             "kv_b_proj": cfg.kv_lora_rank, "o_proj": H * cfg.v_head_dim, "mlp.gate.": D,
+             "gate_proj": D, "up_proj": D}
+    for key, fan in table.items():
+        if key in name:
+            return fan
+    if "shared_experts.down_proj" in name:
+        return cfg.moe_intermediate * cfg.n_shared_experts
+    if "down_proj" in name:
+        return cfg.dense_intermediate
+    raise KeyError(name)
+
+
+@torch.no_grad()
+def fill_direct(model: DistKimiModel, seed: int = 0, logit_scale: float = 10.0) -> None:
+    """Fill a rank's shard with synthetic weights made directly, one tensor (one expert) at a
+    time: the full layer never exists, so kimi-k2.6 shards build on one GPU."""
+    from workbench.reference.int4 import pack_int4, quantize_int4_g32
+    from workbench.weights import norm_weight, normal_weight, seeded_generator
+
+    cfg, lay = model.cfg, model.layout
+    g = seeded_generator(seed, (1 << 24) + lay.world * 1000 + lay.rank, model.device)
+    slots = dict(model.named_parameters()) | dict(model.named_buffers())
+    for name, t in slots.items():
+        dev = t.device
+        if name.endswith("_scale"):
+            continue  # filled with its _packed partner
+        if name.endswith("_packed"):  # [E/ep, out, in/8]: quantize expert by expert
+            full_in = cfg.hidden_size if "down" not in name else cfg.moe_intermediate
+            scale = slots[name.replace("_packed", "_scale")]
+            for e in range(t.shape[0]):
+                w = normal_weight(g, (t.shape[1], t.shape[2] * 8), full_in**-0.5, dev)
+                q, s = quantize_int4_g32(w)
+                t[e], scale[e] = pack_int4(q), s
+        elif name.endswith("e_score_correction_bias"):
+            t.copy_(0.02 * torch.randn(t.shape, generator=g, device=dev))
+        elif "norm" in name:
+            t.copy_(norm_weight(g, t.shape[0], dev))
+        elif name == "model.embed_tokens.weight":
+            t.copy_(normal_weight(g, t.shape, 1.0, dev))
+        elif name == "lm_head_shard.weight":
+            t.copy_(normal_weight(g, t.shape, logit_scale * cfg.hidden_size**-0.5, dev))
+        else:
+            t.copy_(normal_weight(g, t.shape, _fan_in(cfg, name) ** -0.5, dev))
+
+
+def rank_model(cfg, layout_name: str, world: int = 8, rank: int = 0, device="cpu",
+               seed: int = 0):
+    """(DistKimiModel, StandInComm) for rank `rank` of `tpN` / `epN` / `epAxtpB`."""
+    cfg = dist_config(cfg)
+    kw = {}
+    for part in layout_name.lower().split("x"):
+        kw[part[:2]] = int(part[2:])
+    lay = Layout.make(world, rank, exact=False, **kw)
+    comm = StandInComm(rank, world, StepLog(device))
+    model = empty_dist_model(cfg, lay, comm, device)
+    fill_direct(model, seed)
+    return model, comm
+
+
+# -- timing one step ----------------------------------------------------------------------------
+def _timed(fn, comm: StandInComm, repeats: int):
+    """Median wall seconds of fn() and the log of ONE call (phases, comm calls)."""
+    fn()  # warm-up (allocator, lazy init)
+    walls = []
+    for _ in range(repeats):
+        comm.log.reset()
+        comm.calls = []
+        comm.log.sync()
+        t0 = time.perf_counter()
+        fn()
+        comm.log.sync()
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls)
+
+
+@torch.no_grad()
+def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: int,
+            budget: int | None, repeats: int = 3, seed: int = 0) -> dict:
+    """One decode step of `batch` requests at context `ctx`: AR (budget None) or DDTree
+    (draft -> tree build -> verify). Returns compute seconds per phase, wall, comm log."""
+    from workbench.reference.tree_build import topk_logprobs
+
+    dev, cfg = model.device, model.cfg
+    g = torch.Generator(device=dev).manual_seed(seed)
+    n = 1 if budget is None else budget + 1
+    cache = model.new_cache(batch, ctx + n + 1)
+    for layer in cache:  # in place, a layer at a time: no fp32 copy of an 18 GB cache
+        layer[:, :ctx].normal_(generator=g)
+    prefix = torch.full((batch,), ctx, dtype=torch.long, device=dev)
+    bonus = torch.randint(0, cfg.vocab_size, (batch,), generator=g, device=dev)
+    times: dict[str, float] = {}
+    if budget is None:
+        anc = torch.ones(batch, 1, 1, dtype=torch.long, device=dev)
+        wall = _timed(lambda: model(bonus.view(-1, 1), prefix.view(-1, 1), cache, prefix, anc),
+                      comm, repeats)
+        return {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
+    dcache = drafter.new_cache(batch, ctx + n + 1)
+    for t in dcache:
+        for layer in t:
+            layer[:, :ctx].normal_(generator=g)
+    k = min(budget, cfg.vocab_size)
+    lp, ids = topk_logprobs(torch.randn(batch, cfg.drafter.depth, cfg.vocab_size,
+                                        generator=g, device=dev), k)
+    tree = ops.get("tree_build")(lp, ids, budget, root_tokens=bonus, prefix_lens=prefix)
+
+    def step():
+        drafter.draft_override(None, model, dcache, bonus, prefix, k)
+        t0 = time.perf_counter()
+        ops.get("tree_build")(lp, ids, budget, root_tokens=bonus, prefix_lens=prefix)
+        times["tree_build_s"] = time.perf_counter() - t0
+        out = model(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
+                    capture=tuple(cfg.drafter.target_layer_ids))
+        # the drafter's context for the accepted path: ACCEPTED rows per request
+        drafter.materialize(dcache, out.captured, tree.positions,
+                            torch.full((batch,), min(n, ACCEPTED), device=dev))
+
+    wall = _timed(step, comm, repeats)
+    return {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
+
+
+def _phases(comm: StandInComm) -> dict:
+    return {f"{p}_s": s for p, s in comm.log.phase_s.items()}
+
+
+def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
+    """Step time = measured compute + modelled comm over `link`; tokens/s = C tau / step."""
+    comm = StandInComm(0, world)
+    comm.calls = meas["calls"]
+    priced = comm.priced(link)
+    comm_s = sum(priced.values())
+    step = meas["wall_s"] + comm_s
+    row = {k: v * 1e3 for k, v in meas.items() if k.endswith("_s") and k != "wall_s"}
+    row = {k.replace("_s", "_ms"): v for k, v in row.items()}
+    return {**row, "compute_ms": meas["wall_s"] * 1e3, "comm_ms": comm_s * 1e3,
+            "comm_MB": sum(c[2] for c in meas["calls"]) / 1e6, "collectives": len(meas["calls"]),
+            "step_ms": step * 1e3, "tokens_per_s": batch * tau / step}
+
+
+def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
+            budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
+            links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
+            seed: int = 0, progress=print, kernels=None):
+    """Projection table (list of dict rows): layout x link x C x (AR | budget).
+
+    kernels: an ops.use selection (e.g. {"int4_moe": "triton_v2"}): the engine path hands the
+    ops fp32 activations for its unrounded partials, so a kernel must accept them."""
+    from workbench.reference.drafter import build_drafter
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    for name in layouts:
+        model, comm = rank_model(cfg, name, world, 0, device, seed)
+        drafter = DistDrafter(build_drafter(model.cfg, seed=seed, device=device), model)
+        for C in batches:
+            for b in budgets:
+                with ops.use(kernels):
+                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed)
+                t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
+                for link in links:
+                    rows.append({"layout": name.upper(), "link": link.name, "C": C,
+                                 "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
+                                 "ctx": ctx, **project(meas, link, world, C, t)})
+                if progress:
+                    r = rows[-len(links)]
+                    progress(f"{name} C={C} {r['mode']}: compute {r['compute_ms']:.2f} ms, "
+                             f"comm {r['comm_MB']:.2f} MB in {r['collectives']} collectives")
+        del model, drafter
+        if device != "cpu" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workbench.dist.emulate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="tiny-dist")
+    p.add_argument("--layouts", default="tp8,ep8")
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--budgets", default="ar,8,16,32")
+    p.add_argument("--tau", type=float, default=3.0, help="mean tokens per DDTree step")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default=None)
+    p.add_argument("--kernels", help="op=variant[,op=variant] (python -m workbench generate's)")
+    p.add_argument("--csv", help="write the table here")
+    a = p.parse_args(argv)
+    import pandas as pd
+
+    from workbench.__main__ import _kernels
+
+    if (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu":
+        torch.set_num_threads(1)  # toy shapes: threaded small GEMMs spin (tests/conftest.py)
+
+    rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
+                   [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
+                   device=a.device, repeats=a.repeats, kernels=_kernels(a.kernels))
+    df = pd.DataFrame(rows)
+    cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s"]
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if a.csv:
+        df.to_csv(a.csv, index=False)
+    return 0 if all(math.isfinite(r["step_ms"]) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

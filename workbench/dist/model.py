@@ -1,0 +1,286 @@
+"""`DistKimiModel`: one rank's shard of the Kimi K2.6 target, with KimiModel's decode interface.
+
+generate() runs unchanged on every rank: it calls `target(...)`, `new_cache`, `embed`, `cfg`,
+`device`, `layer_ids`, and reads fp32 logits [B, N, V]. Ranks stay in lockstep because every
+host decision (tree build, walk, sampling) reads the all-gathered logits, which are identical
+bit for bit on all ranks (each vocab shard was computed by one rank).
+
+The math mirrors reference/model.py line by line with the local slices of layout.py; the
+partial sums that cross ranks stay in the reference's accumulation dtype (moe.ACC) and are
+rounded to bf16 once, after the collective, where the single-process op rounds. Differences
+from the reference are therefore reduction order in ACC only (none for the EP combine, none in
+exact mode).
+Legend: B batch, N rows per request, T cache length, H heads (local: H/world), C latent,
+R rope, D hidden, E experts, K experts per token, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from workbench import ops
+from workbench.config import ModelConfig
+from workbench.reference.model import ForwardOut, Linear, Norm, Router
+from workbench.reference.rope import Rope
+
+from .comm import Comm
+from .layout import Layout, shard_state
+from .moe import ACC, LocalExperts, moe_ep, moe_tp_exact, moe_tp_partial
+
+
+class SwiGLUShard(nn.Module):
+    """Dense layer or shared expert, TP: gate/up rows of width F/world; down columns F/world
+    (engine) or, exact, D/world output rows over the whole width F."""
+
+    def __init__(self, d: int, width: int, lay: Layout):
+        super().__init__()
+        self.exact = lay.exact
+        self.gate_proj, self.up_proj = Linear(d, width), Linear(d, width)
+        self.down_proj = Linear(width * lay.world, d // lay.world) if lay.exact else Linear(
+            width, d)
+
+    def forward(self, x, comm: Comm):
+        """[..., D] bf16 -> [..., D] bf16, = reference swiglu_mlp up to (engine) ACC order."""
+        if not self.exact:  # ACC in: the op returns its unrounded partial; round after the sum
+            part = ops.get("swiglu_mlp")(x.to(ACC), self.gate_proj.weight, self.up_proj.weight,
+                                         self.down_proj.weight)
+            return comm.all_reduce(part).to(x.dtype)
+        linear, xf = ops.get("linear"), x.to(ACC)  # ACC in -> ACC out, as the op computes
+        a = torch.nn.functional.silu(linear(xf, self.gate_proj.weight)) * linear(
+            xf, self.up_proj.weight)  # [..., F/world] ACC
+        return row_parallel(comm.all_gather_cat(a, -1), self.down_proj.weight, x.dtype, comm,
+                            exact=True)
+
+
+def row_parallel(inp: torch.Tensor, weight: torch.Tensor, dtype, comm: Comm, exact: bool):
+    """The second linear of a TP pair, rounded to `dtype` once, where the reference rounds.
+
+    engine: inp holds this rank's input features, weight [D, F/world]: ACC partial,
+    all-reduced, then rounded. exact: inp holds ALL input features, weight [D/world, F]: whole
+    dot products for this rank's output columns, rounded, then all-gathered."""
+    out = ops.get("linear")(inp.to(ACC), weight)  # ACC (the op returns its input's dtype)
+    if exact:
+        return comm.all_gather_cat(out.to(dtype), -1)
+    return comm.all_reduce(out).to(dtype)
+
+
+class MLAShard(nn.Module):
+    """H/world heads; q_a / kv_a and their norms replicated (one latent KV head)."""
+
+    def __init__(self, cfg: ModelConfig, lay: Layout):
+        super().__init__()
+        D, heads = cfg.hidden_size, cfg.num_heads // lay.world
+        self.q_a_proj = Linear(D, cfg.q_lora_rank)
+        self.q_a_layernorm = Norm(cfg.q_lora_rank)
+        self.q_b_proj = Linear(cfg.q_lora_rank, heads * cfg.qk_head_dim)
+        self.kv_a_proj_with_mqa = Linear(D, cfg.latent_dim)
+        self.kv_a_layernorm = Norm(cfg.kv_lora_rank)
+        self.kv_b_proj = Linear(cfg.kv_lora_rank, heads * (cfg.qk_nope_dim + cfg.v_head_dim))
+        # engine: columns of the local heads; exact: D/world output rows over all heads
+        self.o_proj = (Linear(cfg.num_heads * cfg.v_head_dim, D // lay.world) if lay.exact
+                       else Linear(heads * cfg.v_head_dim, D))
+
+
+class MoEShard(nn.Module):
+    def __init__(self, cfg: ModelConfig, lay: Layout):
+        super().__init__()
+        self.gate = Router(cfg)  # replicated
+        e0, e1 = lay.experts(cfg)
+        i0, i1 = lay.width(cfg)
+        D, I = cfg.hidden_size, cfg.moe_intermediate
+        down = (D // lay.tp, I) if lay.moe_exact else (None, None)
+        self.experts = LocalExperts(e1 - e0, D, i1 - i0, cfg.group_size, *down)
+        self.shared_experts = SwiGLUShard(D, I * cfg.n_shared_experts // lay.world, lay)
+
+
+class LayerShard(nn.Module):
+    def __init__(self, cfg: ModelConfig, lay: Layout, layer: int):
+        super().__init__()
+        self.input_layernorm = Norm(cfg.hidden_size)
+        self.post_attention_layernorm = Norm(cfg.hidden_size)
+        self.self_attn = MLAShard(cfg, lay)
+        self.is_moe = cfg.is_moe_layer(layer)
+        self.mlp = MoEShard(cfg, lay) if self.is_moe else SwiGLUShard(
+            cfg.hidden_size, cfg.dense_intermediate // lay.world, lay)
+
+
+class DistKimiModel(nn.Module):
+    """Rank `layout.rank`'s shard; parameter names are KimiModel's (lm_head -> lm_head_shard,
+    so code that expects the full head, like the `drafter` op, fails loudly instead of taking
+    shard-local token ids)."""
+
+    def __init__(self, cfg: ModelConfig, layout: Layout, comm: Comm | None = None,
+                 layers: list[int] | None = None):
+        super().__init__()
+        layout.check(cfg)
+        self.cfg, self.layout = cfg, layout
+        self.comm = comm or Comm()
+        self.log = self.comm.log
+        self.layer_ids = sorted(range(cfg.num_layers) if layers is None else set(layers))
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Module()
+        self.model.embed_tokens.weight = nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=torch.bfloat16), False)
+        self.model.layers = nn.ModuleDict(
+            {str(i): LayerShard(cfg, layout, i) for i in self.layer_ids})
+        self.model.norm = Norm(cfg.hidden_size)
+        v0, v1 = layout.vocab(cfg)
+        self.lm_head_shard = Linear(cfg.hidden_size, v1 - v0)
+        self.vocab_start = v0
+        self.rope = Rope(cfg.qk_rope_dim, cfg.rope_theta, cfg.rope_factor,
+                         cfg.rope_original_max_position, cfg.rope_beta_fast, cfg.rope_beta_slow,
+                         cfg.rope_mscale, cfg.rope_mscale_all_dim, interleaved=True)
+
+    # -- the KimiModel interface generate() and the drafter use ---------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head_shard.weight.device
+
+    def new_cache(self, batch: int, max_len: int) -> torch.Tensor:
+        """Latent cache [layers, B, T, C+R] bf16, NaN-filled; REPLICATED: the same on every rank
+        (its bytes are kept in `cache_bytes`, the measured price of the replication)."""
+        cache = torch.full((len(self.layer_ids), batch, max_len, self.cfg.latent_dim),
+                           float("nan"), dtype=torch.bfloat16, device=self.device)
+        self.cache_bytes = cache.numel() * cache.element_size()
+        return cache
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens.weight[ids]  # replicated table: no collective
+
+    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., D] -> this rank's vocab shard [..., V/world] fp32 (ids start at vocab_start)."""
+        with self.log("lm_head"):
+            h = ops.get("rmsnorm")(hidden, self.model.norm.weight, self.cfg.rms_norm_eps)
+            return ops.get("lm_head")(h, self.lm_head_shard.weight)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., D] -> full [..., V] fp32, all-gathered (what generate()'s sampler reads)."""
+        local = self.local_logits(hidden)
+        with self.log("lm_head"):
+            return self.comm.all_gather_cat(local, -1)
+
+    def forward(self, ids, positions, kv_cache, prefix_lens, anc_bits, capture=(),
+                want_logits: bool = True, record_routing: bool = False) -> ForwardOut:
+        """KimiModel.forward's contract (see reference/model.py), on this rank's shard."""
+        rms, eps = ops.get("rmsnorm"), self.cfg.rms_norm_eps
+        stats: dict = {} if record_routing else None
+        x = self.embed(ids)  # [B, N, D]
+        caps = {}
+        for li, i in enumerate(self.layer_ids):
+            layer = self.model.layers[str(i)]
+            with self.log("attention"):
+                a = rms(x, layer.input_layernorm.weight, eps)
+                x = x + self._attention(layer.self_attn, a, positions, kv_cache[li], prefix_lens,
+                                        anc_bits)
+            m = rms(x, layer.post_attention_layernorm.weight, eps)
+            if layer.is_moe:
+                with self.log("moe"):
+                    x = x + self._moe(layer.mlp, m, stats)
+            else:
+                with self.log("dense"):
+                    x = x + layer.mlp(m, self.comm)
+            if i in capture:
+                caps[i] = x
+        missing = [i for i in capture if i not in caps]
+        if missing:
+            raise ValueError(f"capture: layers {missing} are not loaded ({self.layer_ids})")
+        captured = torch.cat([caps[i] for i in capture], -1) if capture else None
+        logits = self.logits(x) if want_logits else None
+        return ForwardOut(logits, x, captured, stats or {})
+
+    # -- layers -------------------------------------------------------------------------------
+    def _attention(self, at: MLAShard, x, positions, kv_cache, prefix_lens, anc_bits):
+        """reference MLA.forward on the local heads; returns the all-reduced o_proj output bf16."""
+        cfg, B, N = self.cfg, x.shape[0], x.shape[1]
+        C, dn, dv = cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.v_head_dim
+        H = at.q_b_proj.weight.shape[0] // cfg.qk_head_dim  # local heads
+        eps, linear, rmsnorm = cfg.rms_norm_eps, ops.get("linear"), ops.get("rmsnorm")
+
+        cq = rmsnorm(linear(x, at.q_a_proj.weight), at.q_a_layernorm.weight, eps)
+        q = linear(cq, at.q_b_proj.weight).view(B, N, H, cfg.qk_head_dim)
+        q_nope, q_pe = q[..., :dn], self.rope.apply(q[..., dn:], positions)  # [B, N, H, dn|R]
+        # every rank writes the same latent rows: the cache is replicated
+        kv = linear(x, at.kv_a_proj_with_mqa.weight)  # [B, N, C+R]
+        c = rmsnorm(kv[..., :C], at.kv_a_layernorm.weight, eps)
+        k_pe = self.rope.apply(kv[..., C:], positions)
+        slots = prefix_lens.view(B, 1) + torch.arange(N, device=x.device)  # [B, N]
+        kv_cache[torch.arange(B, device=x.device).view(B, 1), slots] = torch.cat([c, k_pe], -1)
+
+        w_kvb = at.kv_b_proj.weight.view(H, dn + dv, C)
+        q_lat = torch.einsum("bnhd,hdc->bnhc", q_nope.to(ACC), w_kvb[:, :dn].to(ACC))
+        qq = torch.cat([q_lat.to(x.dtype), q_pe], -1)  # [B, N, H, C+R]
+        o_lat, _ = ops.get("tree_mla")(qq, kv_cache, prefix_lens, anc_bits, cfg.softmax_scale, C)
+        o = torch.einsum("bnhc,hdc->bnhd", o_lat.to(ACC), w_kvb[:, dn:].to(ACC))  # W_UV
+        o = o.to(x.dtype).reshape(B, N, H * dv)  # bf16, as the reference rounds
+        if self.layout.exact:  # all heads' outputs, in head order (rank r holds heads r*H..)
+            o = self.comm.all_gather_cat(o, -1)
+        return row_parallel(o, at.o_proj.weight, x.dtype, self.comm, self.layout.exact)
+
+    def _moe(self, moe: MoEShard, x, stats):
+        cfg, lay = self.cfg, self.layout
+        B, N, D = x.shape
+        h = x.reshape(B * N, D)
+        ids, w = ops.get("moe_route")(h, moe.gate.weight, moe.gate.e_score_correction_bias,
+                                      cfg.n_experts_per_tok, cfg.routed_scaling_factor)
+        if stats is not None:
+            stats.setdefault("routing", []).append(ids.view(B, N, -1))
+        experts, sh = moe.experts.stacked(), moe.shared_experts
+        if lay.ep == 1 and not lay.exact:  # MoE-TP: one all-reduce, routed + shared partials
+            part_s = ops.get("swiglu_mlp")(h.to(ACC), sh.gate_proj.weight, sh.up_proj.weight,
+                                           sh.down_proj.weight)
+            both = self.comm.all_reduce(torch.stack([moe_tp_partial(h, ids, w, experts),
+                                                     part_s]))
+            y, s = both[0].to(x.dtype), both[1].to(x.dtype)
+        else:
+            y = (moe_tp_exact(h, ids, w, experts, self.comm) if lay.ep == 1
+                 else moe_ep(h, ids, w, experts, lay, self.comm))
+            s = sh(h, self.comm)
+        return (y + s).view(B, N, D)  # bf16 sum of the two branches, as the reference adds
+
+
+# -- building a rank's shard ---------------------------------------------------------------------
+def empty_dist_model(cfg: ModelConfig, layout: Layout, comm: Comm | None = None, device="cpu",
+                     layers=None) -> DistKimiModel:
+    with torch.device("meta"):
+        model = DistKimiModel(cfg, layout, comm, layers)
+    return model.to_empty(device=device).eval()
+
+
+def load_shard(model: DistKimiModel, full_state: dict) -> None:
+    """Copy this rank's slices of full (single-process-named) tensors into the model."""
+    slots = dict(model.named_parameters())
+    slots.update(dict(model.named_buffers()))
+    for name, t in shard_state(full_state, model.cfg, model.layout).items():
+        key = "lm_head_shard.weight" if name == "lm_head.weight" else name
+        if key not in slots:
+            raise KeyError(f"{name}: no such tensor in the {model.layout.name} shard")
+        if tuple(slots[key].shape) != tuple(t.shape):
+            raise ValueError(f"{name}: shard shape {tuple(t.shape)} != slot "
+                             f"{tuple(slots[key].shape)}")
+        slots[key].data.copy_(t)
+
+
+def build_dist_model(cfg: ModelConfig | str | None, layout: Layout, comm: Comm | None = None,
+                     seed: int = 0, device="cpu", layers=None, checkpoint=None,
+                     **synthetic_kw) -> DistKimiModel:
+    """This rank's shard of `workbench.build_model(cfg, seed)` (the same synthetic values), or
+    of a checkpoint folder (its config.json wins; pass cfg=None). One full layer is in memory at a time (tiny/small sizes; at K2.6
+    size use emulate.direct_shard_state, which makes only the shard)."""
+    from workbench.checkpoint import load_model, read_config
+    from workbench.models import resolve_config
+    from workbench.weights import synthetic_state_chunks
+
+    cfg = read_config(checkpoint) if checkpoint is not None else resolve_config(cfg)
+    model = empty_dist_model(cfg, layout, comm, device, layers)
+    if checkpoint is None:
+        for _, state in synthetic_state_chunks(cfg, seed, model.layer_ids, device,
+                                               **synthetic_kw):
+            load_shard(model, state)
+        return model
+    for i in model.layer_ids:  # embed/head come along with each single-layer load
+        part = load_model(checkpoint, device=device, layers=[i])
+        state = dict(part.named_parameters()) | dict(part.named_buffers())
+        load_shard(model, {k: v.data for k, v in state.items()})
+        del part
+    return model

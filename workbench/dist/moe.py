@@ -1,0 +1,192 @@
+"""Routed experts across ranks: MoE-TP (width split, all-reduce) and EP / EP x TP (all-to-all).
+
+The residual stream is replicated (attention is TP), and so is the router, so every rank
+routes all T = B*N tokens identically. From that routing each rank derives the whole exchange
+plan by itself, with no count exchange:
+
+  EP (and EP x TP): token t is owned by rank t // ceil(T/world). An owner sends each of its
+  (token, slot) pairs to the tp ranks of the expert's group (all_to_all_single, uneven splits,
+  bf16 rows); they run their experts (their width slice) and send ACC results back; the owner
+  sums the tp partials in rank order and combines the K slots in slot order exactly as
+  reference/int4_moe.py does, then the owners' slices are all-gathered. With tp = 1 the
+  combine is the reference's own arithmetic on the reference's own values.
+  MoE-TP: every rank runs all tokens through all experts' width slices and the ACC partial
+  is all-reduced with the shared expert's (one collective a layer).
+
+Results come back in ACC (float64: 4x the bf16 a DeepEP-style combine sends) to keep the slot-order
+combine exact; emulate.py's communication model counts the bf16 bytes engines send.
+Legend: T tokens (B*N rows), K experts per token, D hidden, E experts, I expert width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench import ops
+from workbench.reference import layers as _layers
+from workbench.reference.int4_moe import Int4Experts
+
+from .comm import Comm
+from .layout import Layout
+
+# The reference's accumulation dtype: float64 since reference/layers.py made its reductions
+# batch-invariant (float32 before). Every sum this package does itself uses it, so a sum split
+# across ranks rounds to bf16 like the single-process one (and the fixed-order combines are the
+# reference's own arithmetic).
+ACC = getattr(_layers, "ACC", torch.float32)
+
+
+class LocalExperts(nn.Module):
+    """This rank's routed experts: E/ep experts, I/tp of each one's width (checkpoint layout);
+    in exact MoE-TP down_proj holds D/tp output rows over the whole width instead."""
+
+    def __init__(self, n_experts: int, hidden: int, width: int, group_size: int,
+                 down_rows: int | None = None, down_in: int | None = None):
+        super().__init__()
+        down = (down_rows or hidden, down_in or width)  # exact MoE-TP: [D/tp, I]
+        for proj, (o, i) in (("gate", (width, hidden)), ("up", (width, hidden)), ("down", down)):
+            self.register_buffer(f"{proj}_packed",
+                                 torch.empty(n_experts, o, i // 8, dtype=torch.int32))
+            self.register_buffer(f"{proj}_scale",
+                                 torch.empty(n_experts, o, i // group_size, dtype=torch.bfloat16))
+
+    def stacked(self) -> Int4Experts:
+        return Int4Experts(self.gate_packed, self.gate_scale, self.up_packed, self.up_scale,
+                           self.down_packed, self.down_scale)
+
+
+def moe_tp_partial(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
+                   experts: Int4Experts) -> torch.Tensor:
+    """h [T, D] bf16 -> ACC partial [T, D] over this rank's width slice (caller all-reduces).
+
+    The op gets ACC activations (exact upcast of the bf16 rows) so it returns an unrounded
+    partial: rounding to bf16 happens once, after the sum, as in the single-process op."""
+    return ops.get("int4_moe")(h.to(ACC), ids, w, experts)
+
+
+@dataclass
+class EPPlan:
+    """One rank's side of the exchange, derived from the replicated routing."""
+
+    lo: int  # owned token slice [lo, hi)
+    hi: int
+    chunk: int  # ceil(T / world): owned rows per rank (the all-gather pads to it)
+    send_t: torch.Tensor  # [S] token index of each sent row, in send order (by destination)
+    order: torch.Tensor  # [S] send position of each (pair, tp member) in (t, j, i) order
+    send_splits: list[int]  # rows to each rank
+    recv_t: torch.Tensor  # [R] token index of each received row, in receive order
+    recv_e: torch.Tensor  # [R] local expert index of each received row
+    recv_splits: list[int]  # rows from each rank
+
+
+def ep_plan(ids: torch.Tensor, lay: Layout, experts_per_group: int) -> EPPlan:
+    T, K = ids.shape
+    W, tp, dev = lay.world, lay.tp, ids.device
+    chunk = max(1, -(-T // W))
+    lo, hi = min(lay.rank * chunk, T), min((lay.rank + 1) * chunk, T)
+    grp = ids // experts_per_group  # [T, K] expert group of each pair
+    dest = grp[lo:hi, :, None] * tp + torch.arange(tp, device=dev)  # [Tm, K, tp]
+    dest = dest.flatten()
+    order = torch.argsort(dest, stable=True)  # keeps (t, j, i) order per destination
+    send_t = torch.arange(lo, hi, device=dev).repeat_interleave(K * tp)[order]
+    # Pairs routed to my group arrive from their owners in source-rank order, and from one
+    # source in its (t, j) order: row-major order over all T tokens is exactly that.
+    rt, rj = (grp == lay.group).nonzero(as_tuple=True)  # [R]
+    owner = rt // chunk
+    return EPPlan(
+        lo, hi, chunk, send_t, torch.argsort(order), torch.bincount(dest, minlength=W).tolist(),
+        rt, ids[rt, rj] - lay.group * experts_per_group,
+        torch.bincount(owner, minlength=W).tolist())
+
+
+def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
+           lay: Layout, comm: Comm) -> torch.Tensor:
+    """h [T, D] bf16 (replicated), ids/w [T, K] -> routed output [T, D] bf16 on every rank."""
+    T, K = ids.shape
+    D, tp = h.shape[-1], lay.tp
+    plan = ep_plan(ids, lay, experts.num_experts)
+    # dispatch: bf16 rows to the expert owners (the stand-in knows what would arrive: the rows
+    # of the replicated stream)
+    x = comm.all_to_all(h[plan.send_t], plan.send_splits, plan.recv_splits,
+                        standin=lambda: h[plan.recv_t])
+    if lay.moe_exact:  # EP x TP, exact: D/tp whole-dot-product columns per group member
+        y = _group_ffn_exact(x, plan.recv_e, experts, lay, comm)  # [R, D/tp] ACC
+    else:  # the registered op on ACC rows returns ACC: unrounded, for the exact combine
+        ones = torch.ones(x.shape[0], 1, dtype=torch.float32, device=h.device)
+        y = ops.get("int4_moe")(x.to(ACC), plan.recv_e.view(-1, 1), ones, experts)  # [R, D']
+    # combine: results back to the token owners (a stand-in cannot know remote experts: zeros)
+    Tm, Dy = plan.hi - plan.lo, y.shape[-1]
+    back = comm.all_to_all(y, plan.recv_splits, plan.send_splits,
+                           standin=lambda: y.new_zeros(Tm * K * tp, Dy))
+    parts = back[plan.order].view(Tm, K, tp, Dy)
+    if lay.moe_exact:  # member i computed output columns [i D/tp, (i+1) D/tp)
+        y_pair = parts.reshape(Tm, K, D)
+    else:
+        y_pair = parts[:, :, 0]
+        for i in range(1, tp):  # width-slice partials summed in rank order
+            y_pair = y_pair + parts[:, :, i]
+    out = torch.zeros(plan.chunk, D, dtype=ACC, device=h.device)  # padded slice
+    for j in range(K):  # the reference's fixed slot order
+        out[:Tm] += w[plan.lo : plan.hi, j : j + 1].to(ACC) * y_pair[:, j]
+    return comm.all_gather_cat(out.to(h.dtype), 0)[:T]
+
+
+def moe_tp_exact(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
+                 comm: Comm) -> torch.Tensor:
+    """Exact MoE-TP: reference/int4_moe.py's arithmetic with every dot product whole.
+
+    gate/up hold I/tp rows, down D/tp rows over the whole I. Per expert, the same rows in the
+    same order as the reference (nonzero over ids); the ACC SwiGLU activations [T, K, I/tp]
+    are all-gathered once, each rank computes its D/tp output columns for all slots, combines
+    them in slot order, and the bf16 slices are all-gathered. h [T, D] -> [T, D] bf16."""
+    from workbench.reference.int4 import dequant_int4_g32
+
+    T, K = ids.shape
+    act = torch.zeros(T, K, experts.gate_packed.shape[1], dtype=ACC, device=h.device)  # [T,K,I/tp]
+    hits = [(e, *(ids == e).nonzero(as_tuple=True)) for e in torch.unique(ids).tolist()]
+    for e, t, j in hits:
+        wg = dequant_int4_g32(experts.gate_packed[e], experts.gate_scale[e]).to(ACC)
+        wu = dequant_int4_g32(experts.up_packed[e], experts.up_scale[e]).to(ACC)
+        xf = h[t].to(ACC)
+        act[t, j] = F.silu(F.linear(xf, wg)) * F.linear(xf, wu)
+    act = comm.all_gather_cat(act, -1)  # [T, K, I] in width order
+    y = torch.zeros(T, K, experts.down_packed.shape[1], dtype=ACC, device=h.device)  # [T,K,D/tp]
+    for e, t, j in hits:
+        y[t, j] = F.linear(act[t, j], dequant_int4_g32(experts.down_packed[e],
+                                                       experts.down_scale[e]).to(ACC))
+    out = torch.zeros(T, y.shape[-1], dtype=ACC, device=h.device)
+    for j in range(K):  # fixed combine order
+        out += w[:, j : j + 1].to(ACC) * y[:, j]
+    return comm.all_gather_cat(out.to(h.dtype), -1)
+
+
+def _group_ffn_exact(x: torch.Tensor, local_e: torch.Tensor, experts: Int4Experts, lay: Layout,
+                     comm: Comm) -> torch.Tensor:
+    """x [R, D] received rows (the same rows, same order, on every member of this expert
+    group), local_e [R] -> [R, D/tp] ACC: this member's output columns, whole dot products.
+
+    The members swap their ACC SwiGLU slices [R, I/tp] through all_to_all_single with
+    splits that are non-zero only inside the group (no sub-group needed)."""
+    from workbench.reference.int4 import dequant_int4_g32
+
+    R, tp, g = x.shape[0], lay.tp, lay.group
+    act = torch.zeros(R, experts.gate_packed.shape[1], dtype=ACC, device=x.device)  # [R, I/tp]
+    rows = [(e, (local_e == e).nonzero(as_tuple=True)[0]) for e in torch.unique(local_e).tolist()]
+    for e, r in rows:  # the reference's per-expert rows, in its order
+        xf = x[r].to(ACC)
+        act[r] = F.silu(F.linear(xf, dequant_int4_g32(experts.gate_packed[e],
+                                                      experts.gate_scale[e]).to(ACC))) * \
+            F.linear(xf, dequant_int4_g32(experts.up_packed[e], experts.up_scale[e]).to(ACC))
+    splits = [R if q // tp == g else 0 for q in range(lay.world)]
+    got = comm.all_to_all(act.repeat(tp, 1), splits, splits, standin=lambda: act.repeat(tp, 1))
+    w = act.shape[1]
+    full = got.view(tp, R, w).permute(1, 0, 2).reshape(R, tp * w)  # [R, I], width order
+    y = torch.zeros(R, experts.down_packed.shape[1], dtype=ACC, device=x.device)  # [R, D/tp]
+    for e, r in rows:
+        y[r] = F.linear(full[r], dequant_int4_g32(experts.down_packed[e],
+                                                  experts.down_scale[e]).to(ACC))
+    return y

@@ -1,0 +1,105 @@
+"""Vocab-parallel heads: distributed argmax, Gumbel sampling and log-softmax top-K, all with
+GLOBAL token ids, and the drafter wrapper that uses them.
+
+Rank r holds logits for ids [vocab_start, vocab_start + V/world). Ties resolve to the lowest
+global id everywhere, as torch.argmax and reference/tree_build.topk_logprobs (stable sort) do:
+candidates are concatenated in rank order and compared with stable sorts / first-max.
+
+The drafter is REPLICATED; only its LM head (the target's, V x D: 2.35 GB at K2.6, the
+largest drafter-side weight) is vocab-parallel. Why: replicated layers need no collective and
+give each rank the same draft as the single-process loop bit for bit, and no drafter math is
+duplicated here. The price at K2.6 size: the DFlash layers (~3.5 B params, ~7 GB bf16) are
+read whole by every rank on every draft, ~1.6 ms at 4.3 TB/s, against ~0.2 ms plus two
+all-reduces per drafter layer under TP8; emulate.py projects both (`drafter_tp`).
+Legend: B batch, L draft depth, k candidates per depth, V vocab (local: V/world).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench import ops
+
+from .comm import Comm
+
+
+def dist_argmax(local: torch.Tensor, vocab_start: int, comm: Comm) -> torch.Tensor:
+    """local [..., V/world] -> global argmax ids [...] int64, lowest id among equal maxima.
+
+    One all-gather of (value, id) pairs as float64 (exact for fp32 values and ids < 2^53)."""
+    v, i = local.max(-1)  # first maximum within the shard
+    pair = torch.stack([v.double(), (i + vocab_start).double()], -1)  # [..., 2]
+    allp = comm.all_gather_cat(pair.unsqueeze(-2), -2)  # [..., world, 2] in rank order
+    r = allp[..., 0].argmax(-1, keepdim=True)  # first max = lowest rank = lowest id
+    return allp[..., 1].gather(-1, r).squeeze(-1).long()
+
+
+def dist_sample(local: torch.Tensor, vocab_start: int, temperature: float,
+                generator: torch.Generator, comm: Comm) -> torch.Tensor:
+    """One draw per row from softmax(logits / T) over the whole vocab: Gumbel-max, with each
+    rank's noise from its own generator (seed it per rank), so no logits move.
+
+    argmax_v (l_v / T + G_v) with G iid Gumbel(0, 1) is distributed as softmax(l / T)."""
+    if temperature <= 0:
+        return dist_argmax(local, vocab_start, comm)
+    u = torch.rand(local.shape, generator=generator, device=local.device, dtype=torch.float64)
+    g = -torch.log(-torch.log(u.clamp_min(1e-300)))
+    return dist_argmax(local.double() / temperature + g, vocab_start, comm)
+
+
+def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
+                       comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vocab-parallel `topk_logprobs` (ddtree.md §2.1): local [B, L, V/world] fp32 ->
+    (logprobs fp32 [B, L, k], global ids int64 [B, L, k]), sorted descending, k <= V.
+
+    1. each rank: shard max m_r and sum_r exp(x - m_r); one all-gather -> global
+       logZ = M + log(sum_r s_r exp(m_r - M))  (online-softmax merge, one collective);
+    2. each rank: its top-k of (x - M) - log S (torch's log_softmax rounding order), global ids;
+    3. one all-gather of world*k candidates -> stable sort -> top-k.
+    """
+    local = local.float()
+    m = local.amax(-1, keepdim=True)  # [B, L, 1]
+    s = torch.exp(local - m).sum(-1, keepdim=True)
+    ms = comm.all_gather_cat(torch.cat([m, s], -1).unsqueeze(-2), -2)  # [B, L, world, 2]
+    M = ms[..., 0].amax(-1, keepdim=True)  # [B, L, 1]
+    S = (ms[..., 1] * torch.exp(ms[..., 0] - M)).sum(-1, keepdim=True)
+    lp = (local - M) - torch.log(S)
+    kl = min(k, local.shape[-1])
+    vals, idx = torch.sort(lp, dim=-1, descending=True, stable=True)
+    cand = torch.stack([vals[..., :kl].double(), (idx[..., :kl] + vocab_start).double()], -1)
+    allc = comm.all_gather_cat(cand, -2)  # [B, L, world*kl, 2], rank order = id order
+    kk = min(k, allc.shape[-2])
+    v, order = torch.sort(allc[..., 0], dim=-1, descending=True, stable=True)
+    ids = allc[..., 1].gather(-1, order[..., :kk])
+    return v[..., :kk].float().contiguous(), ids.long().contiguous()
+
+
+class DistDrafter:
+    """A replicated DFlashDrafter for the decode loop on a DistKimiModel: the loop calls
+    `draft_override`, which runs the drafter op's block forward and then the vocab-parallel
+    log-softmax top-K (the single-process `drafter` op would read a full LM head)."""
+
+    def __init__(self, drafter, target):
+        self.drafter, self.target = drafter, target
+        self.cfg = drafter.cfg
+
+    def new_cache(self, batch: int, max_len: int):
+        return self.drafter.new_cache(batch, max_len)
+
+    def materialize(self, cache, target_hidden, positions, count) -> None:
+        with self.target.log("draft"):
+            self.drafter.materialize(cache, target_hidden, positions, count)
+
+    def draft_override(self, drafter, target, cache, bonus, start, k):
+        """(logprobs fp32 [B, L, k], global ids int64 [B, L, k]), as the `drafter` op."""
+        with target.log("draft"):
+            z = self.drafter.forward_block(cache, block_ids(self.cfg, bonus), start, target)
+            local = ops.get("lm_head")(z[:, 1:], target.lm_head_shard.weight)  # [B, L, V/w]
+            return dist_topk_logprobs(local, target.vocab_start, k, target.comm)
+
+
+def block_ids(cfg, bonus: torch.Tensor) -> torch.Tensor:
+    """[bonus, MASK x L] per request: [B, L+1] (reference/drafter.draft_topk's block)."""
+    B = bonus.shape[0]
+    masks = torch.full((B, cfg.depth), cfg.mask_token_id, dtype=torch.long, device=bonus.device)
+    return torch.cat([bonus.view(B, 1).long(), masks], 1)
