@@ -39,7 +39,7 @@ from workbench.config import DrafterConfig, ModelConfig
 
 from .layers import ACC
 from .model import Linear, Norm, SwiGLU
-from .rope import Rope
+from .rope import drafter_rope
 from .tree_build import topk_logprobs
 
 
@@ -85,11 +85,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Norm(D)
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = Norm(D)
-        # Qwen3 rotate-half YaRN on the full head; mscale == mscale_all_dim == 1, so the cos/sin
-        # attention factor is 1 and the softmax scale stays d^-0.5.
-        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_factor,
-                         cfg.rope_original_max_position, cfg.rope_beta_fast,
-                         cfg.rope_beta_slow, interleaved=False)
+        self.rope = drafter_rope(cfg)
 
     @property
     def device(self) -> torch.device:

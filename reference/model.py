@@ -22,7 +22,7 @@ from workbench.config import ModelConfig
 
 from .int4_moe import Int4Experts
 from .layers import ACC
-from .rope import Rope
+from .rope import Rope, target_rope
 
 
 def _param(*shape, dtype=torch.bfloat16) -> nn.Parameter:
@@ -145,6 +145,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(cfg) if self.is_moe else SwiGLU(cfg.hidden_size, cfg.dense_intermediate)
 
 
+def new_latent_cache(cfg: ModelConfig, layers: int, batch: int, max_len: int, device):
+    """Latent KV cache [layers, B, T, C+R] bf16, NaN-filled so unwritten rows show."""
+    return torch.full((layers, batch, max_len, cfg.latent_dim), float("nan"),
+                      dtype=torch.bfloat16, device=device)
+
+
 @dataclass
 class ForwardOut:
     logits: torch.Tensor | None  # [B, N, V] fp32, or None when logits were not asked for
@@ -169,18 +175,14 @@ class KimiModel(nn.Module):
         self.model.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i) for i in self.layer_ids})
         self.model.norm = Norm(cfg.hidden_size)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        self.rope = Rope(cfg.qk_rope_dim, cfg.rope_theta, cfg.rope_factor,
-                         cfg.rope_original_max_position, cfg.rope_beta_fast, cfg.rope_beta_slow,
-                         cfg.rope_mscale, cfg.rope_mscale_all_dim, interleaved=True)
+        self.rope = target_rope(cfg)
 
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
     def new_cache(self, batch: int, max_len: int) -> torch.Tensor:
-        """Latent KV cache [layers loaded, B, T, C+R] bf16, NaN-filled so unwritten rows show."""
-        return torch.full((len(self.layer_ids), batch, max_len, self.cfg.latent_dim),
-                          float("nan"), dtype=torch.bfloat16, device=self.device)
+        return new_latent_cache(self.cfg, len(self.layer_ids), batch, max_len, self.device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens.weight[ids]

@@ -35,6 +35,22 @@ def yarn_inv_freq(dim: int, base: float, factor: float, original_max_position: i
     return inv / factor * ramp + inv * (1 - ramp)
 
 
+def target_rope(cfg) -> Rope:
+    """The target's MLA rope over the qk_rope dims, interleaved pairs (a ModelConfig)."""
+    return Rope(cfg.qk_rope_dim, cfg.rope_theta, cfg.rope_factor, cfg.rope_original_max_position,
+                cfg.rope_beta_fast, cfg.rope_beta_slow, cfg.rope_mscale, cfg.rope_mscale_all_dim,
+                interleaved=True)
+
+
+def drafter_rope(cfg) -> Rope:
+    """The DFlash drafter's Qwen3 rope: rotate-half YaRN on the full head (a DrafterConfig).
+
+    mscale == mscale_all_dim == 1, so the cos/sin attention factor is 1 and the softmax scale
+    stays head_dim^-0.5."""
+    return Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_factor, cfg.rope_original_max_position,
+                cfg.rope_beta_fast, cfg.rope_beta_slow, interleaved=False)
+
+
 class Rope:
     """cos/sin at integer positions for one head width; `apply` rotates the last dim."""
 

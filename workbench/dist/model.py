@@ -21,8 +21,8 @@ from torch import nn
 
 from workbench import ops
 from workbench.config import ModelConfig
-from workbench.reference.model import ForwardOut, Linear, Norm, Router
-from workbench.reference.rope import Rope
+from workbench.reference.model import ForwardOut, Linear, Norm, Router, new_latent_cache
+from workbench.reference.rope import target_rope
 
 from .comm import Comm
 from .layout import Layout, shard_state
@@ -128,9 +128,7 @@ class DistKimiModel(nn.Module):
         v0, v1 = layout.vocab(cfg)
         self.lm_head_shard = Linear(cfg.hidden_size, v1 - v0)
         self.vocab_start = v0
-        self.rope = Rope(cfg.qk_rope_dim, cfg.rope_theta, cfg.rope_factor,
-                         cfg.rope_original_max_position, cfg.rope_beta_fast, cfg.rope_beta_slow,
-                         cfg.rope_mscale, cfg.rope_mscale_all_dim, interleaved=True)
+        self.rope = target_rope(cfg)
 
     # -- the KimiModel interface generate() and the drafter use ---------------------------------
     @property
@@ -140,8 +138,7 @@ class DistKimiModel(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> torch.Tensor:
         """Latent cache [layers, B, T, C+R] bf16, NaN-filled; REPLICATED: the same on every rank
         (its bytes are kept in `cache_bytes`, the measured price of the replication)."""
-        cache = torch.full((len(self.layer_ids), batch, max_len, self.cfg.latent_dim),
-                           float("nan"), dtype=torch.bfloat16, device=self.device)
+        cache = new_latent_cache(self.cfg, len(self.layer_ids), batch, max_len, self.device)
         self.cache_bytes = cache.numel() * cache.element_size()
         return cache
 

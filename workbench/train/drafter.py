@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import DrafterConfig
-from workbench.reference.rope import Rope
+from workbench.reference.rope import drafter_rope
 
 from . import DRAFTER_SUBDIR, TARGET_SUBDIR, TOKENIZER_FILE, data
 from .common import CsvLog, adamw, autocast, fmt, lr_at, setup
@@ -118,8 +118,7 @@ class TrainDrafter(nn.Module):
         self.hidden_norm = Norm(D)
         self.layers = nn.ModuleList(DLayer(c, i) for i in range(c.num_layers))
         self.norm = Norm(D)
-        self.rope = Rope(c.head_dim, c.rope_theta, c.rope_factor, c.rope_original_max_position,
-                         c.rope_beta_fast, c.rope_beta_slow, interleaved=False)
+        self.rope = drafter_rope(c)
 
     def _heads(self, at: DAttention, x, pos_cs, n_heads, proj, norm):
         c = self.cfg

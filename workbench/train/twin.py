@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
-from workbench.reference.rope import Rope
+from workbench.reference.rope import target_rope
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -195,9 +195,7 @@ class TrainKimi(nn.Module):
         self.model.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.model.norm = Norm(cfg.hidden_size)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        self.rope = Rope(cfg.qk_rope_dim, cfg.rope_theta, cfg.rope_factor,
-                         cfg.rope_original_max_position, cfg.rope_beta_fast, cfg.rope_beta_slow,
-                         cfg.rope_mscale, cfg.rope_mscale_all_dim, interleaved=True)
+        self.rope = target_rope(cfg)
         self.quant = False  # the QAT tail flips this on
         self.dropout = 0.0  # on the residual branches, training mode only (not exported)
 
