@@ -241,8 +241,7 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
         t0 = time.perf_counter()
         active = list(req.live)
         if budget is None:
-            acc_idx = torch.zeros(B, 1, dtype=torch.long, device=dev)
-            anc = torch.ones(B, 1, 1, dtype=torch.long, device=dev)
+            anc = torch.ones(B, 1, 1, dtype=torch.long, device=dev)  # one row sees itself
             with _VERIFY:
                 out = target(bonus.view(B, 1), prefix.view(B, 1), cache, prefix, anc,
                              record_routing=True)
