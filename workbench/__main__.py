@@ -194,8 +194,20 @@ _DELEGATED = {
 }
 
 
+def _interpret_triton_on_cpu() -> None:
+    # Triton kernels run on CPU tensors through the interpreter; Triton reads the switch when a
+    # kernel module is imported, so it is set before anything imports one.
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _interpret_triton_on_cpu()
     if argv and argv[0] in _DELEGATED:
         import importlib
 

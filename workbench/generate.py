@@ -306,7 +306,5 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
 
 
 def walk_tree(tree, choice):
-    """The registry-free greedy/sample walk (the tree_build op owns its kernel twin)."""
-    from workbench.reference.tree_build import walk_tree as _walk
-
-    return _walk(tree, choice)
+    """The walk through the registry: (accepted_indices [B, N], accept_lens [B], bonus [B])."""
+    return ops.get("tree_walk")(tree, choice)

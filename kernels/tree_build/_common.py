@@ -202,11 +202,11 @@ def _check_device(t: Tensor, name: str, device: torch.device) -> None:
     _require(t.device == device, name, f"a tensor on {device} (as top_logprobs)", t.device)
 
 
-def _check_runnable(device: torch.device) -> None:
+def _check_runnable(device: torch.device, arg: str = "top_logprobs") -> None:
     if device.type == "cuda":
         return
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    _require(device.type == "cpu" and interpreting, "top_logprobs",
+    _require(device.type == "cpu" and interpreting, arg,
              "a CUDA tensor, or a CPU tensor with TRITON_INTERPRET=1 set before this module "
              "is imported", f"a tensor on {device} (TRITON_INTERPRET="
              f"{os.environ.get('TRITON_INTERPRET')!r})")

@@ -294,7 +294,7 @@ def walk_commit_triton(tree: DDTree, target_tokens: Tensor, *, num_warps: int = 
     )
     if batch == 0:
         return out
-    _check_runnable(device)
+    _check_runnable(device, "target_tokens")
     _walk_kernel[(batch,)](
         tree.tokens, tree.parents, tree.node_count, target_tokens,
         out.accepted_indices, out.accept_lens, out.bonus, out.emitted,

@@ -34,6 +34,8 @@ register_op("tree_mla", "Absorbed-MLA attention over the latent cache with an an
             f"{_R}.tree_mla:tree_mla", **_H("tree_mla"))
 register_op("tree_build", "Best-first DDTree from per-depth top-K log-probs",
             f"{_R}.tree_build:build_ddtree", **_H("tree_build"))
+register_op("tree_walk", "Greedy / sample-and-walk of a verified tree: accepted path, lengths, "
+            "bonus", f"{_R}.tree_build:walk_tree", **_H("tree_walk"))
 register_op("drafter", "DFlash block drafter forward: block + context -> per-depth top-K",
             f"{_R}.drafter:draft_topk", **_H("drafter"))
 register_op("rmsnorm", "RMSNorm", f"{_R}.layers:rmsnorm", **_H("rmsnorm"))

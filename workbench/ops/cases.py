@@ -285,7 +285,39 @@ def tree_build_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
             case(4, L0, 32, 4, "K > budget", "ranks >= budget are never needed (Lemma 1)"),
         ]
     return [case(B, L0, budget, budget, f"B={B} budget={budget} L={L0}")
-            for B in (1, 8, 64) for budget in (8, 16, 32, 64, 128)]
+            for B in (1, 8, 64, 256) for budget in (8, 16, 32, 64, 128)]
+
+
+# -- tree_walk -----------------------------------------------------------------------------------
+def tree_walk_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """(tree: DDTree, target_tokens [B, N]) built from tree_build's cases: at every node the
+    target's choice is one of its children with probability 0.7 (so paths run deep), else a
+    random token (usually a miss). EDGE cases keep tree_build's `why`."""
+    from workbench.reference.tree_build import build_ddtree
+
+    cases = []
+    for c in tree_build_cases(shapes, seed, cfg, device):
+        tree = build_ddtree(*c.args, **c.kwargs)
+        g = torch.Generator().manual_seed(seed + len(cases))
+        B, N = tree.tokens.shape
+        choice = torch.randint(0, int(tree.tokens.max()) + 2, (B, N), generator=g)
+        for b in range(B):
+            for i in range(int(tree.node_count[b])):
+                kids = [j for j in range(N) if int(tree.parents[b, j]) == i]
+                if kids and torch.rand(1, generator=g) < 0.7:
+                    choice[b, i] = tree.tokens[b, kids[int(torch.randint(len(kids), (1,),
+                                                                          generator=g))]]
+        choice = choice.to(device)
+        if "transposed" in c.label:  # the choices through a transposed buffer: non-contiguous
+            choice = choice.t().contiguous().t()
+        cases.append(Case("tree_walk", c.label, (tree, choice), {}, c.dims, c.why, shapes))
+    return cases
+
+
+def tree_walk_roofline(c: Case) -> dict:
+    """Launch-bound: reads tokens, parents and choices once, writes the path row."""
+    d = c.dims
+    return {"bytes": _nb((d["B"] * d["N"], 8 * 4), (d["B"], 16)), "flops": d["B"] * d["N"]}
 
 
 def tree_build_roofline(c: Case) -> dict:
@@ -467,7 +499,8 @@ def _dense_roofline(in_rows: str, inner: Callable, out_itemsize=2):
 
 ROOFLINES = {
     "int4_moe": int4_moe_roofline, "tree_mla": tree_mla_roofline,
-    "tree_build": tree_build_roofline, "drafter": drafter_roofline,
+    "tree_build": tree_build_roofline, "tree_walk": tree_walk_roofline,
+    "drafter": drafter_roofline,
     "rmsnorm": _dense_roofline("rows", lambda d: (d["D"], d["D"])),
     "linear": _dense_roofline("rows", lambda d: (d["D"] * d["O"], d["O"])),
     "swiglu_mlp": _dense_roofline("rows", lambda d: (3 * d["D"] * d["F"], d["D"])),
@@ -492,11 +525,13 @@ class Harness:
 HARNESS = {
     "int4_moe": Harness(), "rmsnorm": Harness(), "linear": Harness(), "swiglu_mlp": Harness(),
     "lm_head": Harness(), "tree_build": Harness(),
+    "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
     "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
     "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
 }
 GENERATORS = {
     "int4_moe": int4_moe_cases, "tree_mla": tree_mla_cases, "tree_build": tree_build_cases,
+    "tree_walk": tree_walk_cases,
     "drafter": drafter_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
     "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import os
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -176,6 +177,13 @@ def _check_need(need: str) -> str | None:
             return "needs an sm_90 GPU (no CUDA GPU found)"
         cc = torch.cuda.get_device_capability()
         return None if cc == (9, 0) else f"needs sm_90, this GPU is sm_{cc[0]}{cc[1]}"
+    if need == "triton":
+        # Triton kernels run on CUDA, or on CPU tensors through the interpreter, which must be
+        # switched on before any kernel module is imported (the CLI and tests/conftest do it)
+        import torch
+
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            return "no CUDA GPU and TRITON_INTERPRET=1 not set (the interpreter runs it on CPU)"
     try:
         importlib.import_module(need)
     except Exception as e:  # ImportError, or a package that fails at import without a GPU
