@@ -14,7 +14,6 @@ tree_mla: sdpa_dense, flex_attention; tree_build: cpu_heapq.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable
@@ -104,15 +103,13 @@ class Peer:
     _fn: Callable | None = field(default=None, repr=False)
 
     def unavailable_reason(self) -> str | None:
+        """None when the peer can run here, else why (the registry's variant rules)."""
+        from workbench.ops.registry import _check_need
+
         for need in self.needs:
-            if need == "cuda":
-                if not torch.cuda.is_available():
-                    return "needs a CUDA GPU (none found)"
-                continue
-            try:
-                importlib.import_module(need)
-            except Exception as e:  # ImportError, or a package that fails without a GPU
-                return f"package {need!r} ({type(e).__name__}: {e})"
+            reason = _check_need(need)
+            if reason:
+                return reason
         return None
 
     def loaded(self) -> Callable:
