@@ -27,7 +27,13 @@ from workbench.kernels.tree_build import (  # noqa: E402
     triton_v5,
 )
 from workbench.kernels.tree_build.triton_v1 import walk_commit_triton  # noqa: E402
-from workbench.reference.tree_build import DDTree, build_ddtree, walk_tree  # noqa: E402
+from workbench.ops import op_spec  # noqa: E402
+from workbench.tree import DDTree  # noqa: E402
+
+# the references this quick check compares against, through the registry (kernels/ never
+# imports reference code)
+build_ddtree = op_spec("tree_build").variant("reference").load()
+walk_tree = op_spec("tree_walk").variant("reference").load()
 
 BUILDERS = {
     "v1": triton_v1.build_ddtree_triton,

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from workbench.reference.tree_build import DDTree
+from workbench.tree import DDTree
 
 MAX_BUDGET = 128  # 7-bit rank digits: ranks < min(K, budget) <= 128
 MAX_DEPTH = 16  # two 63-bit key words of 9 + 7 digits

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from workbench.reference.tree_build import DDTree
+from workbench.tree import DDTree
 
 from ._common import (
     _I32_MAX,
