@@ -159,6 +159,18 @@ class ForwardOut:
     stats: dict = field(default_factory=dict)  # "routing": list of [B, N, K] per MoE layer
 
 
+def forward_out(model, x, caps: dict, capture, want_logits: bool, stats) -> ForwardOut:
+    """The end of a forward (single-process or one rank): captured layers, final logits.
+
+    x [B, N, D] residual stream after the last layer; caps {layer id: its output}."""
+    missing = [i for i in capture if i not in caps]
+    if missing:
+        raise ValueError(f"capture: layers {missing} are not loaded ({model.layer_ids})")
+    captured = torch.cat([caps[i] for i in capture], -1) if capture else None
+    logits = model.logits(x) if want_logits else None
+    return ForwardOut(logits, x, captured, stats or {})
+
+
 class KimiModel(nn.Module):
     """Target model; `layers` (default all) loads a subset, run in increasing order."""
 
@@ -213,9 +225,4 @@ class KimiModel(nn.Module):
             x = x + (layer.mlp(m, stats) if layer.is_moe else layer.mlp(m))
             if i in capture:
                 caps[i] = x
-        missing = [i for i in capture if i not in caps]
-        if missing:
-            raise ValueError(f"capture: layers {missing} are not loaded ({self.layer_ids})")
-        captured = torch.cat([caps[i] for i in capture], -1) if capture else None
-        logits = self.logits(x) if want_logits else None
-        return ForwardOut(logits, x, captured, stats or {})
+        return forward_out(self, x, caps, capture, want_logits, stats)

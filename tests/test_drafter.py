@@ -15,14 +15,14 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from workbench.reference.drafter import build_drafter, draft_topk, empty_drafter
-from workbench.reference.layers import linear, lm_head, rmsnorm, swiglu_mlp
-from workbench.reference.tree_mla import causal_anc_bits
 
 import workbench
 from workbench import ops
 from workbench.config import DrafterConfig, build_target_layer_ids
 from workbench.drafter_io import DrafterCheckpointError, load_drafter, save_drafter
+from workbench.reference.drafter import build_drafter, draft_topk, empty_drafter
+from workbench.reference.layers import linear, lm_head, rmsnorm, swiglu_mlp
+from workbench.reference.tree_mla import causal_anc_bits
 
 CFG = workbench.ModelConfig.preset("tiny")
 DCFG = CFG.drafter

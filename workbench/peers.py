@@ -104,13 +104,9 @@ class Peer:
 
     def unavailable_reason(self) -> str | None:
         """None when the peer can run here, else why (the registry's variant rules)."""
-        from workbench.ops.registry import _check_need
+        from workbench.ops.registry import unavailable_reason
 
-        for need in self.needs:
-            reason = _check_need(need)
-            if reason:
-                return reason
-        return None
+        return unavailable_reason(self.needs)
 
     def loaded(self) -> Callable:
         if self._fn is None:

@@ -21,7 +21,14 @@ from torch import nn
 
 from workbench import ops
 from workbench.config import ModelConfig
-from workbench.reference.model import ForwardOut, Linear, Norm, Router, new_latent_cache
+from workbench.reference.model import (
+    ForwardOut,
+    Linear,
+    Norm,
+    Router,
+    forward_out,
+    new_latent_cache,
+)
 from workbench.reference.rope import target_rope
 
 from .comm import Comm
@@ -179,12 +186,7 @@ class DistKimiModel(nn.Module):
                     x = x + layer.mlp(m, self.comm)
             if i in capture:
                 caps[i] = x
-        missing = [i for i in capture if i not in caps]
-        if missing:
-            raise ValueError(f"capture: layers {missing} are not loaded ({self.layer_ids})")
-        captured = torch.cat([caps[i] for i in capture], -1) if capture else None
-        logits = self.logits(x) if want_logits else None
-        return ForwardOut(logits, x, captured, stats or {})
+        return forward_out(self, x, caps, capture, want_logits, stats)
 
     # -- layers -------------------------------------------------------------------------------
     def _attention(self, at: MLAShard, x, positions, kv_cache, prefix_lens, anc_bits):

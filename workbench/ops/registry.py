@@ -40,11 +40,7 @@ class Variant:
 
     def unavailable_reason(self) -> str | None:
         """None when the variant can run here, else a one-line reason."""
-        for need in self.needs:
-            reason = _check_need(need)
-            if reason:
-                return reason
-        return None
+        return unavailable_reason(self.needs)
 
     def load(self) -> Callable:
         if self._fn is None:
@@ -163,6 +159,15 @@ def use(selection: Mapping[str, str] | str | None = None, /, **kw: str) -> Itera
 
 # named selections, e.g. PRESETS["optimized"] = {"int4_moe": "triton_v2", ...}
 PRESETS: dict[str, dict[str, str]] = {}
+
+
+def unavailable_reason(needs) -> str | None:
+    """The first unmet need of a variant or a peer ("cuda", "sm90", "triton", a package), or None."""
+    for need in needs:
+        reason = _check_need(need)
+        if reason:
+            return reason
+    return None
 
 
 def _check_need(need: str) -> str | None:
