@@ -1,1 +1,43 @@
-"""Optimized kernels, one folder per op (imported as workbench.kernels)."""
+"""Optimized kernels, one folder per op (imported as workbench.kernels).
+
+Each folder's `__init__.py` names its numbered versions in `VARIANTS` ({op: {name: "module:fn"}})
+with one-line `DESCRIPTIONS`, imports no Triton, and exposes `register()` built on
+`register_variants` below; `workbench.ops` calls every folder's `register()` in `FOLDERS` order.
+"""
+
+from __future__ import annotations
+
+FOLDERS = ("tree_build", "int4_moe", "tree_mla", "drafter")
+
+
+def register_variants(variants: dict, descriptions: dict, needs=("triton",)) -> list[str]:
+    """Add `variants` ({op: {name: target}}) to the op registry (idempotent); ops not registered
+    are skipped. `needs` is the default; a description given as (text, needs) overrides it.
+    Returns the `op=name` strings added. (Peers written in a folder live in its `peers.py`,
+    which `workbench.peers` imports.)"""
+    from workbench.ops.registry import UnknownOpError, Variant, op_spec
+
+    added = []
+    for op, named in variants.items():
+        try:
+            spec = op_spec(op)
+        except UnknownOpError:
+            continue
+        for name, target in named.items():
+            if name in spec.variants:
+                continue
+            desc = descriptions[op, name]
+            text, var_needs = desc if isinstance(desc, tuple) else (desc, needs)
+            spec.add(Variant(name, target, needs=tuple(var_needs), description=text))
+            added.append(f"{op}={name}")
+    return added
+
+
+def register_all() -> list[str]:
+    """Every kernel folder's variants (what `workbench.ops` runs at import)."""
+    import importlib
+
+    added = []
+    for folder in FOLDERS:
+        added += importlib.import_module(f"{__name__}.{folder}").register()
+    return added

@@ -405,3 +405,22 @@ register_peer(Peer("cpu_heapq", "tree_build", _heapq_load,
                    compare=lambda out, ref, case: generic_compare(out, ref),
                    description="Python heapq on the host; the timed region includes the "
                    "device->host copy, the sync and the host->device copy of the tree"))
+
+
+# --------------------------------------------------------------------------------------------
+# peers written in a kernel folder (kernels/<op>/peers.py calls register_peer at import)
+
+
+def _import_folder_peers() -> None:
+    import importlib
+    import importlib.util
+
+    from workbench.kernels import FOLDERS
+
+    for folder in FOLDERS:
+        name = f"workbench.kernels.{folder}.peers"
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+
+
+_import_folder_peers()

@@ -34,19 +34,7 @@ DESCRIPTIONS = {
 
 
 def register() -> list[str]:
-    """Add this folder's variants to the registry (idempotent). Returns the `op=variant` names
-    added; ops not registered (yet) are skipped, so this works before `tree_walk` exists."""
-    from workbench.ops.registry import UnknownOpError, Variant, op_spec
+    """Add this folder's variants to the registry (idempotent); see `register_variants`."""
+    from workbench.kernels import register_variants
 
-    added = []
-    for op, variants in VARIANTS.items():
-        try:
-            spec = op_spec(op)
-        except UnknownOpError:
-            continue
-        for name, target in variants.items():
-            if name not in spec.variants:
-                spec.add(Variant(name, target, needs=("triton",),
-                                 description=DESCRIPTIONS[op, name]))
-                added.append(f"{op}={name}")
-    return added
+    return register_variants(VARIANTS, DESCRIPTIONS)

@@ -52,6 +52,6 @@ __all__ = [
 ]
 
 # optimized variants: each kernel folder registers its numbered versions (lazy imports)
-from workbench.kernels.tree_build import register as _register_tree_build  # noqa: E402
+from workbench.kernels import register_all as _register_kernels  # noqa: E402
 
-_register_tree_build()
+_register_kernels()
