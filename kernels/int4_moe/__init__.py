@@ -1,13 +1,25 @@
-"""int4_moe kernels (README.md in this folder has the design and the version log).
+"""int4_moe kernels: routed experts of one MoE layer, W4A16 (INT4 g32 weights, bf16 activations).
 
+Versions (README.md has the design and the version log), each with the contract of
+`workbench.reference.int4_moe.int4_moe`:
+    triton_v1  checkpoint layout, GPU routing metadata, gate/up + SiLU*mul, down, ordered combine
+`_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
+`sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
 
 from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
-VARIANTS: dict[str, dict[str, str]] = {"int4_moe": {}}
-DESCRIPTIONS: dict[tuple[str, str], str] = {}
+# the version the decode-loop test and the notebook use
+BEST = "triton_v1"
+VARIANTS: dict[str, dict[str, str]] = {
+    "int4_moe": {"triton_v1": f"{_MOD}.triton_v1:int4_moe_triton"},
+}
+DESCRIPTIONS: dict[tuple[str, str], str] = {
+    ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
+    "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
+}
 
 
 def register() -> list[str]:

@@ -1,0 +1,276 @@
+"""What the int4_moe versions share: host checks, the routing-metadata kernel, the combine kernel,
+and the @jit INT4 g32 dequant / bf16 rounding helpers.
+
+Dimension legend: T tokens, K top-k slots, S = T*K slots, E experts, A <= min(E, S) active
+experts, D hidden, I expert FFN width; EP, KP rounded up to powers of two. BN output features,
+BK reduction columns and BM slot rows per tile.
+
+Routing metadata (`_route_kernel`, one program, no host sync): slot s = t*K + j is routed to
+expert ids[t, j]. The kernel histograms the slots per expert, writes the active experts in
+ascending id order (`act_e`, with each one's first position `act_start` and slot count
+`act_cnt` in the sorted slot list) and their number `n_act`, then scatters the slot ids grouped
+by expert, slot order kept within an expert (stable, so deterministic). Buffers have worst-case
+sizes known from shapes alone (S slots, min(E, S) active experts); the GEMM grids are sized to
+the worst case and programs past `n_act` exit at once. It also flags tokens whose row repeats an
+expert or holds an id outside [0, E) (`bad[t]`); a flagged token's output row is NaN (the
+sync-free rejection, see `check_inputs`), and an out-of-range id is never routed (memory safe).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+GROUP = 32  # INT4 scale group along the reduction dim
+PACK = 8  # int4 values per int32 word
+
+
+def _require(ok: bool, arg: str, expected: str, got) -> None:
+    if not ok:
+        raise ValueError(f"{arg}: expected {expected}, got {got}")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def block_k(k: int, cap: int = 128) -> int:
+    """Largest power of two <= cap dividing k (k is a multiple of GROUP = 32)."""
+    b = cap
+    while k % b:
+        b //= 2
+    return b
+
+
+def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate) -> None:
+    """Shape / dtype / device / stride checks (no values read), then, when `validate` says so,
+    the content checks: ids in [0, E) and no expert twice in a token's row.
+
+    validate=None (default): content checks on CPU tensors only, where reading values costs no
+    device sync. On CUDA they would cost a sync (and break CUDA-graph capture), so there the
+    routing kernel does them on the device and writes NaN into the output row of each offending
+    token instead of raising: the rejection stays visible and the launch path stays sync-free.
+    validate=True: always check on the host (syncs on CUDA); False: never."""
+    gp, gs, up, us, dp, ds = experts
+    _require(x.dim() == 2, "x", "a 2-D tensor [T, D]", f"shape {tuple(x.shape)}")
+    T, D = x.shape
+    _require(x.dtype == torch.bfloat16, "x", "dtype torch.bfloat16", x.dtype)
+    _require(topk_ids.dim() == 2 and topk_ids.shape[0] == T, "topk_ids",
+             f"shape [T={T}, K]", f"shape {tuple(topk_ids.shape)}")
+    K = topk_ids.shape[1]
+    _require(K >= 1, "topk_ids", "K >= 1 slots per token", K)
+    _require(topk_ids.dtype in (torch.int32, torch.int64), "topk_ids", "dtype int32 or int64",
+             topk_ids.dtype)
+    _require(tuple(topk_weights.shape) == (T, K), "topk_weights", f"shape ({T}, {K})",
+             tuple(topk_weights.shape))
+    _require(topk_weights.dtype.is_floating_point, "topk_weights", "a floating dtype",
+             topk_weights.dtype)
+    E, I = gp.shape[0], gp.shape[1]
+    expect = {"gate_packed": (gp, (E, I, D // PACK), torch.int32),
+              "gate_scale": (gs, (E, I, D // GROUP), torch.bfloat16),
+              "up_packed": (up, (E, I, D // PACK), torch.int32),
+              "up_scale": (us, (E, I, D // GROUP), torch.bfloat16),
+              "down_packed": (dp, (E, D, I // PACK), torch.int32),
+              "down_scale": (ds, (E, D, I // GROUP), torch.bfloat16)}
+    _require(D % GROUP == 0 and D > 0, "x", f"D a positive multiple of {GROUP}", D)
+    _require(I % GROUP == 0 and I > 0, "experts.gate_packed", f"I a positive multiple of {GROUP}", I)
+    for name, (t, shape, dtype) in expect.items():
+        _require(tuple(t.shape) == shape, f"experts.{name}", f"shape {shape}", tuple(t.shape))
+        _require(t.dtype == dtype, f"experts.{name}", f"dtype {dtype}", t.dtype)
+        _require(t.stride(-1) == 1, f"experts.{name}", "stride 1 along the last dim",
+                 t.stride())
+        _require(t.device == x.device, f"experts.{name}", f"device {x.device}", t.device)
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        _require(t.device == x.device, name, f"device {x.device}", t.device)
+    _check_runnable(x.device)
+    if validate or (validate is None and x.device.type == "cpu"):
+        ids = topk_ids.cpu()
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            _require(lo >= 0 and hi < E, "topk_ids", f"expert ids in [0, {E})", f"[{lo}, {hi}]")
+            s = ids.sort(-1).values
+            rep = (s[:, 1:] == s[:, :-1]).any(-1).nonzero().flatten()
+            _require(rep.numel() == 0, "topk_ids",
+                     "distinct experts within each token's row (duplicates are rejected)",
+                     f"token {int(rep[0]) if rep.numel() else -1} with ids "
+                     f"{ids[int(rep[0])].tolist() if rep.numel() else []}")
+
+
+def _check_runnable(device: torch.device) -> None:
+    if device.type == "cuda":
+        return
+    _require(device.type == "cpu" and INTERPRET, "x",
+             "a CUDA tensor, or a CPU tensor with TRITON_INTERPRET=1 set before this module is "
+             "imported", f"a tensor on {device} (TRITON_INTERPRET="
+             f"{os.environ.get('TRITON_INTERPRET')!r})")
+
+
+# ------------------------------------------------------------------------- shared device code
+
+
+@triton.jit
+def _round_bf16(v):
+    """fp32 -> the nearest bf16 value (ties to even), still held in fp32. Under the interpreter
+    a plain fp32 -> bf16 cast truncates; this integer rounding is exact for finite v."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_bf16(v, INTERPRET: tl.constexpr):
+    if INTERPRET:
+        return _round_bf16(v).to(tl.bfloat16)  # exact: already a bf16 value
+    else:
+        return v.to(tl.bfloat16)  # cvt.rn: round to nearest even
+
+
+@triton.jit
+def _dequant(packed, scale, BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr):
+    """packed int32 [BN, BK/8], scale bf16 [BN, BK/32] -> W [BN, BK] as bf16 values:
+    W = bf16((nibble - 8) * scale), exactly reference/int4.py (q * s is exact in fp32: a 4-bit
+    times an 8-bit significand; the one rounding is the bf16 cast). Under the interpreter W
+    comes back as fp32 holding the bf16 value (its bf16 tl.dot is wrong)."""
+    shifts = tl.arange(0, 8) * 4
+    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BN, BK/8, 8]; >> is arithmetic,
+    q = tl.reshape(q, (BN, BK))  # & 0xF takes the nibble anyway; k = word * 8 + nibble
+    s = tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BN, BK // 32, 32))
+    w = (q - 8).to(tl.float32) * tl.reshape(s, (BN, BK))
+    if INTERPRET:
+        return _round_bf16(w)
+    else:
+        return w.to(tl.bfloat16)
+
+
+@triton.jit
+def _dequant_kernel(p_ptr, s_ptr, w_ptr, O, IN, s_po, s_so,
+                    BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr):
+    """The kernels' dequant path on its own, [O, IN] -> W [O, IN] (tests compare it bitwise)."""
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    k0 = tl.program_id(1) * BK
+    nm = (n < O)[:, None]
+    p = tl.load(p_ptr + n[:, None] * s_po + k0 // 8 + tl.arange(0, BK // 8)[None, :], mask=nm)
+    s = tl.load(s_ptr + n[:, None] * s_so + k0 // 32 + tl.arange(0, BK // 32)[None, :], mask=nm)
+    w = _dequant(p, s, BN, BK, INTERPRET)
+    tl.store(w_ptr + n[:, None] * IN + k0 + tl.arange(0, BK)[None, :], w.to(tl.bfloat16), mask=nm)
+
+
+def dequant_triton(packed: Tensor, scale: Tensor) -> Tensor:
+    """packed int32 [O, IN/8], scale bf16 [O, IN/32] -> W bf16 [O, IN] through `_dequant`."""
+    O, words = packed.shape
+    IN = words * PACK
+    _require(tuple(scale.shape) == (O, IN // GROUP), "scale", f"shape ({O}, {IN // GROUP})",
+             tuple(scale.shape))
+    _require(packed.stride(-1) == 1 and scale.stride(-1) == 1, "packed/scale",
+             "stride 1 along the last dim", (packed.stride(), scale.stride()))
+    _check_runnable(packed.device)
+    w = torch.empty(O, IN, dtype=torch.bfloat16, device=packed.device)
+    BN, BK = 16, block_k(IN)
+    _dequant_kernel[(triton.cdiv(O, BN), IN // BK)](packed, scale, w, O, IN, packed.stride(0),
+                                                    scale.stride(0), BN=BN, BK=BK,
+                                                    INTERPRET=INTERPRET)
+    return w
+
+
+@triton.jit
+def _route_kernel(ids_ptr, s_it, s_ik, T, E,
+                  slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr, bad_ptr,
+                  K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr, BT: tl.constexpr):
+    """One program. Pass 1: per-expert slot counts and the bad-token flags; active experts.
+    Pass 2: the slots grouped by expert (slot order within an expert)."""
+    SB: tl.constexpr = BT * KP  # slots per block, flattened (t, j) row-major = slot order
+    j = tl.arange(0, KP)
+    ex = tl.arange(0, EP)
+    counts = tl.zeros([EP], tl.int32)
+    for t0 in range(0, T, BT):
+        t = t0 + tl.arange(0, BT)
+        m = (t < T)[:, None] & (j < K)[None, :]
+        e = tl.load(ids_ptr + t[:, None] * s_it + j[None, :] * s_ik, mask=m, other=0)
+        in_range = (e >= 0) & (e < E)
+        e = e.to(tl.int32)
+        # a token is bad if an id is out of range or two of its slots name one expert
+        rep = (e[:, :, None] == e[:, None, :]) & (j[None, :, None] < j[None, None, :])
+        rep = rep & m[:, :, None] & m[:, None, :]
+        bad = tl.max(tl.max(rep.to(tl.int32), 2), 1) | tl.max((m & ~in_range).to(tl.int32), 1)
+        tl.store(bad_ptr + t, bad.to(tl.int8), mask=t < T)
+        ok = tl.reshape(m & in_range, (SB,))
+        counts += tl.histogram(tl.reshape(tl.where(m & in_range, e, 0), (SB,)), EP, mask=ok)
+    active = counts > 0
+    rank = tl.cumsum(active.to(tl.int32), 0) - 1
+    start = tl.cumsum(counts, 0) - counts  # exclusive prefix: first sorted position per expert
+    tl.store(act_e_ptr + rank, ex, mask=active)
+    tl.store(act_start_ptr + rank, start, mask=active)
+    tl.store(act_cnt_ptr + rank, counts, mask=active)
+    tl.store(n_act_ptr, tl.sum(active.to(tl.int32), 0))
+    nxt = start  # next free sorted position per expert
+    idx = tl.arange(0, SB)
+    for t0 in range(0, T, BT):
+        t = t0 + tl.arange(0, BT)
+        m = (t < T)[:, None] & (j < K)[None, :]
+        e = tl.load(ids_ptr + t[:, None] * s_it + j[None, :] * s_ik, mask=m, other=0)
+        ok = tl.reshape(m & (e >= 0) & (e < E), (SB,))
+        ef = tl.reshape(tl.where(m, e.to(tl.int32), 0), (SB,))
+        ef = tl.where(ok, ef, 0)
+        slot = tl.reshape(t[:, None] * K + j[None, :], (SB,))
+        # rank among this block's earlier slots of the same expert
+        before = (ef[:, None] == ef[None, :]) & (idx[None, :] < idx[:, None]) & ok[None, :]
+        pos = tl.gather(nxt, ef, 0) + tl.sum(before.to(tl.int32), 1)
+        tl.store(slots_ptr + pos, slot, mask=ok)
+        nxt += tl.histogram(ef, EP, mask=ok)
+
+
+@triton.jit
+def _combine_kernel(y_ptr, w_ptr, s_wt, s_wk, bad_ptr, out_ptr, D,
+                    K: tl.constexpr, BD: tl.constexpr, INTERPRET: tl.constexpr):
+    """out[t, d] = sum_{j = 0..K-1} w[t, j] * y[t*K + j, d] in slot order (fp32, no atomics);
+    NaN for a token the routing kernel flagged."""
+    t = tl.program_id(0)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    dm = d < D
+    acc = tl.zeros([BD], tl.float32)
+    for j in tl.static_range(K):
+        wj = tl.load(w_ptr + t * s_wt + j * s_wk).to(tl.float32)
+        acc += wj * tl.load(y_ptr + (t * K + j).to(tl.int64) * D + d, mask=dm, other=0.0)
+    acc = tl.where(tl.load(bad_ptr + t) != 0, float("nan"), acc)
+    tl.store(out_ptr + t.to(tl.int64) * D + d, _to_bf16(acc, INTERPRET), mask=dm)
+
+
+class Routing:
+    """Device buffers of the routing metadata (worst-case sizes, filled by `route`)."""
+
+    def __init__(self, T: int, K: int, E: int, device):
+        S = T * K
+        i32 = dict(dtype=torch.int32, device=device)
+        self.max_active = min(E, S)
+        self.slots = torch.empty(S, **i32)  # [S] slot ids grouped by expert
+        self.act_e = torch.empty(self.max_active, **i32)  # [A] active expert ids, ascending
+        self.act_start = torch.empty(self.max_active, **i32)  # [A] first sorted position
+        self.act_cnt = torch.empty(self.max_active, **i32)  # [A] slots of that expert
+        self.n_act = torch.empty(1, **i32)  # A
+        self.bad = torch.empty(T, dtype=torch.int8, device=device)  # [T] 1 = rejected token
+
+
+def route(topk_ids: Tensor, E: int) -> Routing:
+    T, K = topk_ids.shape
+    r = Routing(T, K, E, topk_ids.device)
+    KP = next_pow2(K)
+    BT = max(1, 64 // KP)  # 64 slots per block: the [SB, SB] rank compare stays small
+    _route_kernel[(1,)](topk_ids, topk_ids.stride(0), topk_ids.stride(1), T, E,
+                        r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act, r.bad,
+                        K=K, KP=KP, EP=next_pow2(E), BT=BT, num_warps=4)
+    return r
+
+
+def combine(y: Tensor, topk_weights: Tensor, r: Routing, T: int, D: int) -> Tensor:
+    K = topk_weights.shape[1]
+    out = torch.empty(T, D, dtype=torch.bfloat16, device=y.device)
+    BD = min(1024, next_pow2(D))
+    _combine_kernel[(T, triton.cdiv(D, BD))](y, topk_weights, topk_weights.stride(0),
+                                             topk_weights.stride(1), r.bad, out, D, K=K, BD=BD,
+                                             INTERPRET=INTERPRET, num_warps=4)
+    return out
