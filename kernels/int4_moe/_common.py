@@ -131,6 +131,19 @@ def _to_bf16(v, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _split_bf16(v, INTERPRET: tl.constexpr):
+    """fp32 v -> (hi, lo) bf16 values with hi = bf16(v), lo = bf16(v - hi): hi + lo carries 16
+    significant bits (|v - hi - lo| <= 2^-18 |v|). Under the interpreter both come back as fp32
+    holding bf16 values (its bf16 tl.dot is wrong)."""
+    if INTERPRET:
+        hi = _round_bf16(v)
+        return hi, _round_bf16(v - hi)
+    else:
+        hi = v.to(tl.bfloat16)
+        return hi, (v - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
 def _dequant(packed, scale, BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr):
     """packed int32 [BN, BK/8], scale bf16 [BN, BK/32] -> W [BN, BK] as bf16 values:
     W = bf16((nibble - 8) * scale), exactly reference/int4.py (q * s is exact in fp32: a 4-bit

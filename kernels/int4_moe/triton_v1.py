@@ -3,10 +3,10 @@ on the checkpoint's layout as loaded (no repack), four launches, no host sync.
 
     route      one program: per-expert slot lists, active experts, bad-token flags (_common.py)
     gate_up    program (N tile, active expert a): gate and up rows of the tile, INT4 dequant in
-               the K loop, fp32 accumulators, SiLU(gate) * up rounded to bf16 -> act [S, I]
-               (rows in sorted-slot order, so an expert's rows are contiguous)
+               the K loop, fp32 accumulators, SiLU(gate) * up in fp32 -> act [S, I] (rows in
+               sorted-slot order, so an expert's rows are contiguous)
     down       program (N tile, active expert a): act rows @ dequant(down)^T -> fp32 y [S, D]
-               (rows in slot order t*K + j)
+               (rows in slot order t*K + j); act enters the bf16 MMA as hi + lo bf16 halves
     combine    program (token, D tile): sum_j w[t, j] * y[t*K + j] for j = 0..K-1 (_common.py)
 
 Weight streaming: every (expert, N tile) program reads its weight tile once per BM slots of that
@@ -30,7 +30,7 @@ from torch import Tensor
 from ._common import (
     INTERPRET,
     _dequant,
-    _to_bf16,
+    _split_bf16,
     block_k,
     check_inputs,
     combine,
@@ -77,9 +77,9 @@ def _gate_up_kernel(x_ptr, s_xt, s_xd,
                           tl.load(us_ptr + s_off + k0 // 32, mask=nm), BN, BK, INTERPRET)
             acc_g = tl.dot(wg, xt, acc_g)  # [BN, BM]
             acc_u = tl.dot(wu, xt, acc_u)
-        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up, fp32
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up, kept fp32 (see down)
         out = act_ptr + (start + r)[None, :].to(tl.int64) * I + n[:, None]
-        tl.store(out, _to_bf16(h, INTERPRET), mask=rm[None, :] & nm)
+        tl.store(out, h, mask=rm[None, :] & nm)
 
 
 @triton.jit
@@ -100,7 +100,6 @@ def _down_kernel(act_ptr, dp_ptr, ds_ptr, s_pe, s_pn, s_se, s_sn,
     kk = tl.arange(0, BK)
     p_off = e * s_pe + n[:, None] * s_pn + kw[None, :]
     s_off = e * s_se + n[:, None] * s_sn + kg[None, :]
-    DOT = tl.float32 if INTERPRET else tl.bfloat16
     for m0 in range(0, cnt, BM):
         r = m0 + tl.arange(0, BM)
         rm = r < cnt
@@ -108,10 +107,15 @@ def _down_kernel(act_ptr, dp_ptr, ds_ptr, s_pe, s_pn, s_se, s_sn,
         h_off = (start + r)[None, :].to(tl.int64) * I + kk[:, None]  # [BK, BM]
         acc = tl.zeros([BN, BM], tl.float32)
         for k0 in range(0, I, BK):
-            ht = tl.load(act_ptr + h_off + k0, mask=rm[None, :], other=0.0).to(DOT)
+            ht = tl.load(act_ptr + h_off + k0, mask=rm[None, :], other=0.0)  # fp32
+            # fp32 activations as two bf16 MMAs: hi + lo carries 16 significant bits (error
+            # <= 2^-18 |act|, the fp32 accumulation's order), not a bf16 rounding (2^-9) that
+            # would flip the output's bf16 roundings and, through routing, tokens
+            hi, lo = _split_bf16(ht, INTERPRET)
             w = _dequant(tl.load(dp_ptr + p_off + k0 // 8, mask=nm),
                          tl.load(ds_ptr + s_off + k0 // 32, mask=nm), BN, BK, INTERPRET)
-            acc = tl.dot(w, ht, acc)
+            acc = tl.dot(w, hi, acc)
+            acc = tl.dot(w, lo, acc)
         tl.store(y_ptr + slot[None, :].to(tl.int64) * D + n[:, None], acc,
                  mask=rm[None, :] & nm)
 
@@ -143,7 +147,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     _require_same_strides(gs, us, "up_scale")
     cfg = tiles(T, D, I)
     r = route(topk_ids, E)
-    act = torch.empty(T * K, I, dtype=torch.bfloat16, device=x.device)  # [S, I] sorted order
+    act = torch.empty(T * K, I, dtype=torch.float32, device=x.device)  # [S, I] sorted order
     y = torch.empty(T * K, D, dtype=torch.float32, device=x.device)  # [S, D] slot order
     run = dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
     _gate_up_kernel[(triton.cdiv(I, cfg["BN1"]), r.max_active)](
