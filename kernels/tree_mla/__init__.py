@@ -1,4 +1,9 @@
-"""tree_mla kernels (README.md in this folder has the design and the version log).
+"""tree_mla kernels: absorbed-MLA verify attention with an ancestor bitmask (README.md in this
+folder has the design, the split policy and the version log).
+
+Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp32):
+    triton_v1  two launches: mask-free split-KV prefix pass (heads x rows in M) + tree block
+               with the LSE merge fused in
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -6,8 +11,15 @@ Importing this package imports no Triton; `register()` adds the variants to the 
 from __future__ import annotations
 
 _MOD = "workbench.kernels.tree_mla"
-VARIANTS: dict[str, dict[str, str]] = {"tree_mla": {}}
-DESCRIPTIONS: dict[tuple[str, str], str] = {}
+# the version the decode-loop test and the notebook use
+BEST = "triton_v1"
+VARIANTS: dict[str, dict[str, str]] = {
+    "tree_mla": {"triton_v1": f"{_MOD}.triton_v1:tree_mla_triton"},
+}
+DESCRIPTIONS: dict[tuple[str, str], str] = {
+    ("tree_mla", "triton_v1"): "Triton cascade: split-KV prefix (heads x rows in M, no mask), "
+    "tree block under the ancestor bits + LSE merge",
+}
 
 
 def register() -> list[str]:
