@@ -117,6 +117,7 @@ def _prefix_kernel(q_ptr, kv_ptr, plen_ptr, opart_ptr, lpart_ptr,
     cc = tl.arange(0, CP)
     part = (b * (S_GRID + 1) + sp) * M + rows  # [BLOCK_M] rows of partial slot sp
     row_ok = (rows < M) & (start < P)
+    l_i = tl.where(row_ok, l_i, 1.0)  # empty splits / rows past M: masked, and no 0/0
     tl.store(opart_ptr + part[:, None] * CP + cc[None, :], acc / l_i[:, None],
              mask=row_ok[:, None])
     tl.store(lpart_ptr + part, m_i + tl.log2(l_i), mask=row_ok)

@@ -1,0 +1,316 @@
+"""tree_mla kernels (kernels/tree_mla/ triton_v1): equal to the dense-mask reference.
+
+On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
+is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
+against eager at every budget bucket, the no-sync check and bitwise batch invariance.
+Every comparison goes through workbench.check.compare_outputs (the op's dtype tolerances, the
+NaN/Inf pattern and the global relative error); every buffer the launcher allocates (outputs
+and partials) is NaN-poisoned first, so an unwritten or wrongly read slot fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench.check import compare_outputs
+from workbench.kernels.tree_mla import BEST, _common, register, triton_v1
+from workbench.ops.case import Case
+from workbench.reference.tree_mla import pack_anc_bits, tree_mla
+
+VERSIONS = {"v1": triton_v1.tree_mla_triton}
+tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
+NAN = float("nan")
+SCALE = 0.14468  # K2.6's softmax scale
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """torch.empty -> NaN-filled (floats) / -1-filled (ints): outputs and partials poisoned."""
+    empty = torch.empty
+
+    def nan_empty(*shape, dtype=None, device=None, **kw):
+        t = empty(*shape, dtype=dtype, device=device, **kw)
+        return t.fill_(NAN if t.is_floating_point() else -1)
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def tree_vis(parents: list[int]) -> torch.Tensor:
+    """bool [N, N] ancestor-or-self from a parent list (parents[0] = -1)."""
+    n = len(parents)
+    vis = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        if parents[i] >= 0:
+            vis[i] |= vis[parents[i]]
+    return vis
+
+
+def random_parents(n: int, g: torch.Generator) -> list[int]:
+    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+
+
+def make_case(prefix, parents, H=4, C=32, R=8, dtype=torch.bfloat16, seed=0, spare=3,
+              q_std=1.0, gappy_kv=False, label="") -> Case:
+    """One request per entry of `prefix` (all with the same tree `parents`, or a list of
+    parent lists); NaN in every cache slot past P_b + N."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(prefix)
+    trees = parents if isinstance(parents[0], list) else [parents] * B
+    N = len(trees[0])
+    T = max(prefix) + N + spare
+    P = torch.tensor(prefix)
+    cache = torch.randn(B, T, C + R, generator=g).to(dtype)
+    cache[torch.arange(T).view(1, T) >= (P + N).view(B, 1)] = NAN
+    if gappy_kv:  # every other slot of a twice-as-long buffer: slot stride 2 * (C + R)
+        wide = torch.full((B, 2 * T, C + R), NAN, dtype=dtype)
+        wide[:, ::2] = cache
+        cache = wide[:, ::2]
+    q = (torch.randn(B, N, H, C + R, generator=g) * q_std).to(dtype)
+    anc = pack_anc_bits(torch.stack([tree_vis(t) for t in trees]))
+    dims = dict(B=B, N=N, H=H, C=C, R=R, T=T, P_sum=sum(prefix), W=anc.shape[-1])
+    return Case("tree_mla", label or f"P={prefix} N={N}", (q, cache, P, anc, SCALE, C),
+                dims=dims)
+
+
+def assert_matches_reference(case: Case, fn=None):
+    fn = fn or tree_mla_triton
+    ref = tree_mla(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in case.args])
+    out = fn(*case.args)
+    rep = compare_outputs(ref, tuple(t.cpu() for t in out), case, names=("o_lat", "lse"))
+    assert rep["pass"], (case.label, rep["mismatches"][:4], rep["rel_err"])
+    return out
+
+
+def chain(n):
+    return [-1] + list(range(n - 1))
+
+
+def star(n):
+    return [-1] + [0] * (n - 1)
+
+
+# ---------------------------------------------------------------- EDGE (CPU, interpreter)
+
+EDGE = {
+    # name: (prefix lengths, tree, kwargs, why)
+    "P0-N1": ((0,), [-1], {}, "empty prefix, one row: sees only itself (T = 4)"),
+    "T1": ((0,), [-1], {"spare": 0}, "T = 1: the cache is the row itself, no splits"),
+    "decode-N1": ((700,), [-1], {}, "plain decode: 2 prefix splits + a 1-key tree block"),
+    "splits-3-ragged": ((1100, 0, 517), random_parents(7, torch.Generator().manual_seed(1)),
+                        {"H": 3}, "3 / 0 / 2 splits in one launch, T not a multiple of 64"),
+    "split-len-grows": ((8300,), star(3), {"H": 1, "spare": 13},
+                        "P > MIN_SPLIT * MAX_SPLITS: split length 576, 15 splits"),
+    "chain-129": ((5,), chain(129), {"H": 1}, "deepest tree: 3 mask words, bit 63 set"),
+    "star-65": ((70,), star(65), {"H": 2}, "every node a child of the root; 2 words"),
+    "padding-rows": ((9, 0), [[-1, 0, 1, 1, -1, -1], [-1, 0, -1, -1, -1, -1]], {},
+                     "rows past node_count have no parent: they see only themselves"),
+    "real-widths": ((70, 3), random_parents(5, torch.Generator().manual_seed(2)),
+                    {"H": 2, "C": 512, "R": 64}, "C = 512, R = 64: K2.6's latent widths"),
+    "large-scores": ((600,), random_parents(7, torch.Generator().manual_seed(3)),
+                     {"q_std": 40.0}, "scores overflow exp unless each max is subtracted, "
+                     "and partial lse values span a wide range"),
+    "fp32": ((130,), random_parents(6, torch.Generator().manual_seed(4)),
+             {"dtype": torch.float32}, "fp32 inputs: ieee dots, fp32 tolerances"),
+    "fp16": ((66,), chain(4), {"dtype": torch.float16}, "fp16 inputs"),
+    "strided-cache": ((40, 700), random_parents(5, torch.Generator().manual_seed(5)),
+                      {"gappy_kv": True}, "kv_cache slot stride 2 * (C + R): strides honoured"),
+    "odd-widths": ((20,), star(4), {"C": 24, "R": 5, "H": 5},
+                   "C and R not powers of two (tile padding masked)"),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGE))
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_edge(name, version, poisoned):
+    prefix, tree, kw, _why = EDGE[name]
+    for seed in (0, 1):
+        assert_matches_reference(make_case(prefix, tree, seed=seed, **kw, label=name),
+                                 VERSIONS[version])
+
+
+def test_harness_edge_cases(poisoned):
+    # why: the registry's own EDGE cases (incl. a heads-major non-contiguous q)
+    from workbench.ops.cases import tree_mla_cases
+
+    for case in tree_mla_cases("edge", seed=7):
+        assert_matches_reference(case)
+
+
+def test_nan_past_length_never_leaks():
+    # why: NaN (and inf) in every slot past P_b + N, and NaN in a request's own unused rows of
+    # q: outputs stay finite for every real row
+    case = make_case((100, 3), random_parents(9, torch.Generator().manual_seed(6)))
+    q, cache, P, anc, scale, C = case.args
+    cache[0, 100 + 9:] = float("inf")
+    o, lse = tree_mla_triton(q, cache, P, anc, scale, C)
+    assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
+
+
+def test_batch_position_invariance():
+    # why: a request's rows are bitwise the same alone and inside a batch of other requests
+    # (its programs, tiles and split partition depend only on its own P_b)
+    case = make_case((600, 37, 5), [random_parents(6, torch.Generator().manual_seed(s))
+                                    for s in range(3)], seed=3)
+    q, cache, P, anc, scale, C = case.args
+    o, lse = tree_mla_triton(*case.args)
+    for b in range(3):
+        ob, lb = tree_mla_triton(q[b:b + 1], cache[b:b + 1], P[b:b + 1], anc[b:b + 1], scale, C)
+        assert torch.equal(ob[0], o[b]) and torch.equal(lb[0], lse[b]), b
+
+
+def test_split_policy_depends_on_prefix_only():
+    # why: the policy table in README.md; the grid covers every P <= T from T alone
+    assert [_common.num_splits(p) for p in (0, 1, 512, 513, 8192, 8193, 32768)] == \
+        [0, 1, 1, 2, 16, 15, 16]
+    for T in (1, 511, 513, 4096, 40000):
+        assert all(_common.num_splits(p) <= _common.splits_grid(T) for p in range(0, T, 97))
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _args(**over):
+    case = make_case((3,), chain(2))
+    q, cache, P, anc, scale, C = case.args
+    args = dict(q=q, kv_cache=cache, prefix_lens=P, anc_bits=anc, softmax_scale=scale,
+                kv_lora_rank=C)
+    return args | over
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(q=torch.zeros(1, 2, 4)), r"q: expected shape \[B, N, H, C\+R\]"),
+    (dict(q=torch.zeros(1, 2, 4, 40, dtype=torch.int32)), r"q: expected dtype bfloat16"),
+    (dict(kv_cache=torch.zeros(1, 8, 41, dtype=torch.bfloat16)),
+     r"kv_cache: expected shape \(1, T, 40\)"),
+    (dict(kv_cache=torch.zeros(1, 8, 40)), r"kv_cache: expected dtype torch.bfloat16"),
+    (dict(prefix_lens=torch.zeros(2, dtype=torch.int64)), r"prefix_lens: expected shape \(1,\)"),
+    (dict(prefix_lens=torch.zeros(1)), r"prefix_lens: expected an integer dtype"),
+    (dict(anc_bits=torch.zeros(1, 3, 1, dtype=torch.int64)), r"anc_bits: expected shape"),
+    (dict(anc_bits=torch.zeros(1, 2, 1, dtype=torch.int32)), r"anc_bits: expected dtype int64"),
+    (dict(kv_lora_rank=40), r"kv_lora_rank: expected an int in \[1, 39\]"),
+    (dict(kv_lora_rank=32.0), r"kv_lora_rank: expected an int"),
+    (dict(softmax_scale=torch.tensor(0.1)), r"softmax_scale: expected a Python float"),
+])
+def test_errors_name_the_argument(over, match):
+    with pytest.raises(ValueError, match=match):
+        tree_mla_triton(**_args(**over))
+
+
+def test_validate_checks_contents():
+    # why: P_b + N <= T reads prefix_lens back (a sync): only with validate=True; without it
+    # the kernels clamp slots to the cache (memory-safe, unspecified values)
+    args = _args(prefix_lens=torch.tensor([4]))  # T = 3 + 2 + 3 = 8 >= 4 + 2: fine
+    tree_mla_triton(**args, validate=True)
+    bad = _args(prefix_lens=torch.tensor([7]))
+    tree_mla_triton(**bad)
+    with pytest.raises(ValueError, match=r"kv_cache: expected at least 9 slots"):
+        tree_mla_triton(**bad, validate=True)
+
+
+# ---------------------------------------------------------------- registry and decode loop
+
+
+def test_registered_variants():
+    from workbench import ops
+
+    register()
+    assert register() == []  # idempotent
+    with ops.use(tree_mla="triton_v1"):
+        assert ops.get("tree_mla") is triton_v1.tree_mla_triton
+
+
+@pytest.mark.parametrize("budget", [None, 5])
+def test_decode_token_exact_with_kernel(tiny_target, budget):
+    # why: the kernel in every attention call of the loop (prefill chunks = chain masks, AR
+    # decode N = 1, DDTree verify trees, padding rows), token-exact with the reference loop
+    from workbench.generate import generate
+    from workbench.replay import ReplayDrafter
+
+    register()
+    prompts = [[5, 9, 200, 31, 7], [44, 3, 12]]
+    ar = generate(tiny_target, prompts=prompts, max_new_tokens=6)
+    if budget is None:
+        out = generate(tiny_target, prompts=prompts, max_new_tokens=6,
+                       kernels={"tree_mla": BEST})
+    else:
+        seqs = [p + t for p, t in zip(prompts, ar.tokens)]
+        drafter = ReplayDrafter(tiny_target.cfg, seqs, hit_prob=0.9, seed=1)
+        out = generate(tiny_target, drafter, prompts, max_new_tokens=6, budget=budget,
+                       kernels={"tree_mla": BEST})
+        assert max(out.accepted) >= 2  # multi-token paths were verified by the kernel
+    assert out.tokens == ar.tokens
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def _gpu_case(B, N, H, ctx, seed, budget_tree=True):
+    g = torch.Generator().manual_seed(seed)
+    trees = [random_parents(N, g) if budget_tree else chain(N) for _ in range(B)]
+    prefix = [max(0, ctx - int(torch.randint(0, 64, (1,), generator=g))) for _ in range(B)]
+    case = make_case(prefix, trees, H=H, C=512, R=64, seed=seed)
+    case.args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in case.args)
+    return case
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [64, 8])
+@pytest.mark.parametrize("B, N, ctx", [(1, 9, 1024), (1, 17, 4096), (1, 33, 8192),
+                                       (1, 65, 32768), (1, 129, 8192), (8, 9, 4096),
+                                       (4, 33, 1024), (64, 9, 1024), (16, 129, 1024)])
+def test_gpu_real_shapes(B, N, H, ctx):
+    for seed in (0, 1):
+        assert_matches_reference(_gpu_case(B, N, H, ctx, seed))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [1, 8, 16, 32, 64, 128])
+def test_gpu_cuda_graph_replay_equals_eager(budget):
+    case = _gpu_case(4, budget + 1, 64, 4096, seed=budget)
+    q, cache, P, anc, scale, C = case.args
+    eager = tree_mla_triton(*case.args)
+    tree_mla_triton(*case.args)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tree_mla_triton(*case.args)
+    # new contents, same buffers: the graph must read prefix_lens / anc_bits from memory
+    fresh = _gpu_case(4, budget + 1, 64, 4096, seed=budget + 100)
+    for dst, src in zip(case.args[:4], fresh.args[:4]):
+        if dst.shape == src.shape:
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = tree_mla_triton(*case.args)
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+    assert not torch.equal(out[0], eager[0])  # the replay saw the new inputs
+    assert_matches_reference(case)
+
+
+@pytest.mark.gpu
+def test_gpu_no_host_sync():
+    case = _gpu_case(2, 33, 64, 4096, seed=5)
+    tree_mla_triton(*case.args)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tree_mla_triton(*case.args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+def test_gpu_row_result_independent_of_rows_in_launch():
+    # why: DESIGN.md §7 stretch: a row's result depends on its q, P_b, keys and ancestor set
+    # only: the first 9 rows of a 33-row launch equal a 9-row launch bit for bit, and a
+    # request's rows equal themselves in a batch of 16
+    big = _gpu_case(16, 33, 64, 8192, seed=9)
+    q, cache, P, anc, scale, C = big.args
+    o, lse = tree_mla_triton(*big.args)
+    o9, lse9 = tree_mla_triton(q[:, :9], cache, P, anc[:, :9].clone(), scale, C)
+    assert torch.equal(o9, o[:, :9]) and torch.equal(lse9, lse[:, :9])
+    o1, lse1 = tree_mla_triton(q[3:4], cache[3:4], P[3:4], anc[3:4], scale, C)
+    assert torch.equal(o1[0], o[3]) and torch.equal(lse1[0], lse[3])
