@@ -314,3 +314,19 @@ def test_gpu_row_result_independent_of_rows_in_launch():
     assert torch.equal(o9, o[:, :9]) and torch.equal(lse9, lse[:, :9])
     o1, lse1 = tree_mla_triton(q[3:4], cache[3:4], P[3:4], anc[3:4], scale, C)
     assert torch.equal(o1[0], o[3]) and torch.equal(lse1[0], lse[3])
+
+
+# ---------------------------------------------------------------- peers
+
+
+def test_sglang_extend_peer_matches_reference():
+    # why: the peer is timed beside our kernel; it must compute the same thing
+    from workbench.kernels.tree_mla.peers import _prepare, sglang_extend_tree
+    from workbench.peers import peer_names
+
+    assert "sglang_extend_triton" in peer_names("tree_mla")
+    case = make_case((70, 3), random_parents(37, torch.Generator().manual_seed(8)), H=2)
+    ref_o, _ = tree_mla(*case.args)
+    o = sglang_extend_tree(*_prepare(case))
+    err = ((o.double() - ref_o.double()).norm() / ref_o.double().norm()).item()
+    assert err < 1e-2
