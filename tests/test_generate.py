@@ -81,3 +81,24 @@ def test_temperature_same_seed_same_tokens(tiny_target):
 def test_bad_inputs_raise_clear_errors(tiny_target, kwargs, match):
     with pytest.raises((ValueError, KeyError), match=match):
         generate(tiny_target, **kwargs)
+
+
+def test_commit_tree_kv_matches_a_row_loop():
+    """The fixed-shape commit (no host sync) moves exactly the accepted rows, even when a
+    source slot is a later destination, and leaves every other slot alone."""
+    from workbench.generate import commit_tree_kv
+
+    g = torch.Generator().manual_seed(0)
+    layers, B, N, T, C = 2, 3, 5, 16, 4
+    cache = torch.randn(layers, B, T, C, generator=g)
+    prefix = torch.tensor([2, 7, 0])
+    acc_idx = torch.tensor([[0, 3, 4, -1, -1], [0, 1, 2, 3, 4], [0, -1, -1, -1, -1]])
+    acc_len = torch.tensor([3, 5, 1])
+    want = cache.clone()
+    for b in range(B):
+        rows = [cache[:, b, int(prefix[b]) + int(acc_idx[b, d])].clone()
+                for d in range(int(acc_len[b]))]
+        for d, r in enumerate(rows):
+            want[:, b, int(prefix[b]) + d] = r
+    commit_tree_kv(cache, prefix, acc_idx, acc_len)
+    assert torch.equal(cache, want)

@@ -174,15 +174,19 @@ def commit_tree_kv(cache: torch.Tensor, prefix: torch.Tensor, acc_idx: torch.Ten
 
     cache [layers, B, T, C+R]; acc_idx [B, N] tree-node indices of the path (root first, -1 pad).
     The moved K needs no re-rotation: node i_d was computed at position P + d already.
+    No host sync (graph-capturable): every shape is fixed; a padding entry (d >= acc_len)
+    copies the root's slot P onto itself, and the root's own entry does the same (node 0 sits
+    at P), so every duplicate write to slot P carries the one value gathered from it.
     """
     B, N = acc_idx.shape
-    d = torch.arange(N, device=cache.device)
-    keep = d.view(1, -1) < acc_len.view(-1, 1)  # [B, N]
-    src = prefix.view(-1, 1) + acc_idx.clamp_min(0)  # [B, N]
-    dst = prefix.view(-1, 1) + d.view(1, -1)
+    d = torch.arange(N, device=cache.device).view(1, -1)
+    keep = d < acc_len.view(-1, 1)  # [B, N]
+    P = prefix.view(-1, 1)
+    src = P + torch.where(keep, acc_idx, 0)  # [B, N]
+    dst = torch.where(keep, P + d, P)
     bi = torch.arange(B, device=cache.device).view(-1, 1).expand(B, N)
-    rows = cache[:, bi[keep], src[keep]]  # gather first: a source may be a later destination
-    cache[:, bi[keep], dst[keep]] = rows
+    rows = cache[:, bi, src]  # [layers, B, N, C+R]; gather first: a source may be a later dst
+    cache[:, bi, dst] = rows
 
 
 @torch.no_grad()

@@ -35,6 +35,7 @@ from .comm import Comm, StepLog
 from .decode import dist_config
 from .layout import Layout
 from .model import DistKimiModel, empty_dist_model
+from .moe import op_activations
 from .vocab import DistDrafter
 
 WIRE_BYTES = 2  # bf16 per value on the wire
@@ -247,11 +248,13 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
-            seed: int = 0, progress=print, kernels=None):
+            seed: int = 0, progress=print, kernels=None, on_rows=None):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
-    kernels: an ops.use selection (e.g. {"int4_moe": "triton_v2"}): the engine path hands the
-    ops fp32 activations for its unrounded partials, so a kernel must accept them."""
+    kernels: an ops.use selection (e.g. {"int4_moe": "triton_v2"}). The emulated engine hands
+    the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
+    engine does, so the optimized kernels run on it; the CPU proof path keeps ACC partials.
+    on_rows(rows) is called after every configuration (a long run cut short keeps its table)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -261,13 +264,15 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
         drafter = DistDrafter(build_drafter(model.cfg, seed=seed, device=device), model)
         for C in batches:
             for b in budgets:
-                with ops.use(kernels):
+                with ops.use(kernels), op_activations(torch.bfloat16):
                     meas = measure(model, comm, drafter, C, ctx, b, repeats, seed)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
                 for link in links:
                     rows.append({"layout": name.upper(), "link": link.name, "C": C,
                                  "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
                                  "ctx": ctx, **project(meas, link, world, C, t)})
+                if on_rows is not None:
+                    on_rows(rows)
                 if progress:
                     r = rows[-len(links)]
                     progress(f"{name} C={C} {r['mode']}: compute {r['compute_ms']:.2f} ms, "
@@ -299,14 +304,21 @@ def main(argv=None) -> int:
     if (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu":
         torch.set_num_threads(1)  # toy shapes: threaded small GEMMs spin (tests/conftest.py)
 
+    from workbench.traces_io import run_metadata
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    meta = {**run_metadata(device), "kernels": a.kernels or "reference"}
+
+    def save(rows):  # the table so far, with the run's provenance on every row
+        if a.csv:
+            pd.DataFrame([{**r, **meta} for r in rows]).to_csv(a.csv, index=False)
+
     rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
-                   device=a.device, repeats=a.repeats, kernels=_kernels(a.kernels))
+                   device=device, repeats=a.repeats, kernels=_kernels(a.kernels), on_rows=save)
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    if a.csv:
-        df.to_csv(a.csv, index=False)
     return 0 if all(math.isfinite(r["step_ms"]) for r in rows) else 1
 
 

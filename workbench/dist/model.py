@@ -33,7 +33,7 @@ from workbench.reference.rope import target_rope
 
 from .comm import Comm
 from .layout import Layout, shard_state
-from .moe import ACC, LocalExperts, moe_ep, moe_tp_exact, moe_tp_partial
+from .moe import ACC, LocalExperts, moe_ep, moe_tp_exact, moe_tp_partial, op_dtype
 
 
 class SwiGLUShard(nn.Module):
@@ -50,7 +50,7 @@ class SwiGLUShard(nn.Module):
     def forward(self, x, comm: Comm):
         """[..., D] bf16 -> [..., D] bf16, = reference swiglu_mlp up to (engine) ACC order."""
         if not self.exact:  # ACC in: the op returns its unrounded partial; round after the sum
-            part = ops.get("swiglu_mlp")(x.to(ACC), self.gate_proj.weight, self.up_proj.weight,
+            part = ops.get("swiglu_mlp")(x.to(op_dtype()), self.gate_proj.weight, self.up_proj.weight,
                                          self.down_proj.weight)
             return comm.all_reduce(part).to(x.dtype)
         linear, xf = ops.get("linear"), x.to(ACC)  # ACC in -> ACC out, as the op computes
@@ -66,7 +66,8 @@ def row_parallel(inp: torch.Tensor, weight: torch.Tensor, dtype, comm: Comm, exa
     engine: inp holds this rank's input features, weight [D, F/world]: ACC partial,
     all-reduced, then rounded. exact: inp holds ALL input features, weight [D/world, F]: whole
     dot products for this rank's output columns, rounded, then all-gathered."""
-    out = ops.get("linear")(inp.to(ACC), weight)  # ACC (the op returns its input's dtype)
+    out = ops.get("linear")(inp.to(ACC if exact else op_dtype()), weight)  # the op returns
+    # its input's dtype: ACC (unrounded) unless the engine path runs bf16 (moe.op_activations)
     if exact:
         return comm.all_gather_cat(out.to(dtype), -1)
     return comm.all_reduce(out).to(dtype)
@@ -226,7 +227,7 @@ class DistKimiModel(nn.Module):
             stats.setdefault("routing", []).append(ids.view(B, N, -1))
         experts, sh = moe.experts.stacked(), moe.shared_experts
         if lay.ep == 1 and not lay.exact:  # MoE-TP: one all-reduce, routed + shared partials
-            part_s = ops.get("swiglu_mlp")(h.to(ACC), sh.gate_proj.weight, sh.up_proj.weight,
+            part_s = ops.get("swiglu_mlp")(h.to(op_dtype()), sh.gate_proj.weight, sh.up_proj.weight,
                                            sh.down_proj.weight)
             both = self.comm.all_reduce(torch.stack([moe_tp_partial(h, ids, w, experts),
                                                      part_s]))

@@ -20,6 +20,7 @@ Legend: T tokens (B*N rows), K experts per token, D hidden, E experts, I expert 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,26 @@ from .layout import Layout
 # across ranks rounds to bf16 like the single-process one (and the fixed-order combines are the
 # reference's own arithmetic).
 ACC = getattr(_layers, "ACC", torch.float32)
+
+# What the engine path (Layout.exact False) hands the ops for partials that cross ranks: ACC by
+# default (unrounded partials, the CPU proof against the single-process loop), bf16 under
+# `op_activations(torch.bfloat16)` (what a serving engine sends and what the optimized kernels
+# take: the full-size emulation runs so). Exact mode always keeps ACC.
+_OP_DTYPE = [ACC]
+
+
+@contextmanager
+def op_activations(dtype: torch.dtype):
+    """Within the block, engine-path ops get (and return) `dtype` activations."""
+    _OP_DTYPE.append(dtype)
+    try:
+        yield
+    finally:
+        _OP_DTYPE.pop()
+
+
+def op_dtype() -> torch.dtype:
+    return _OP_DTYPE[-1]
 
 
 class LocalExperts(nn.Module):
@@ -64,8 +85,9 @@ def moe_tp_partial(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
     """h [T, D] bf16 -> ACC partial [T, D] over this rank's width slice (caller all-reduces).
 
     The op gets ACC activations (exact upcast of the bf16 rows) so it returns an unrounded
-    partial: rounding to bf16 happens once, after the sum, as in the single-process op."""
-    return ops.get("int4_moe")(h.to(ACC), ids, w, experts)
+    partial: rounding to bf16 happens once, after the sum, as in the single-process op
+    (under `op_activations(bf16)` each rank rounds its partial, as engines do)."""
+    return ops.get("int4_moe")(h.to(op_dtype()), ids, w, experts)
 
 
 @dataclass
@@ -117,7 +139,7 @@ def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Exp
         y = _group_ffn_exact(x, plan.recv_e, experts, lay, comm)  # [R, D/tp] ACC
     else:  # the registered op on ACC rows returns ACC: unrounded, for the exact combine
         ones = torch.ones(x.shape[0], 1, dtype=torch.float32, device=h.device)
-        y = ops.get("int4_moe")(x.to(ACC), plan.recv_e.view(-1, 1), ones, experts)  # [R, D']
+        y = ops.get("int4_moe")(x.to(op_dtype()), plan.recv_e.view(-1, 1), ones, experts)  # [R, D']
     # combine: results back to the token owners (a stand-in cannot know remote experts: zeros)
     Tm, Dy = plan.hi - plan.lo, y.shape[-1]
     back = comm.all_to_all(y, plan.recv_splits, plan.send_splits,
