@@ -78,9 +78,9 @@ def make_case(prefix, parents, H=4, C=32, R=8, dtype=torch.bfloat16, seed=0, spa
 
 def assert_matches_reference(case: Case, fn=None):
     fn = fn or tree_mla_triton
-    ref = tree_mla(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in case.args])
     out = fn(*case.args)
-    rep = compare_outputs(ref, tuple(t.cpu() for t in out), case, names=("o_lat", "lse"))
+    ref = tree_mla(*case.args)  # float64 on the inputs' device (GPU: seconds, not minutes)
+    rep = compare_outputs(ref, out, case, names=("o_lat", "lse"))
     assert rep["pass"], (case.label, rep["mismatches"][:4], rep["rel_err"])
     return out
 
@@ -278,11 +278,10 @@ def test_gpu_cuda_graph_replay_equals_eager(budget):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = tree_mla_triton(*case.args)
-    # new contents, same buffers: the graph must read prefix_lens / anc_bits from memory
+    # new contents, same buffers: the replay must read q and anc_bits from memory
     fresh = _gpu_case(4, budget + 1, 64, 4096, seed=budget + 100)
-    for dst, src in zip(case.args[:4], fresh.args[:4]):
-        if dst.shape == src.shape:
-            dst.copy_(src)
+    q.copy_(fresh.args[0])
+    anc.copy_(fresh.args[3])
     graph.replay()
     torch.cuda.synchronize()
     want = tree_mla_triton(*case.args)
