@@ -1,4 +1,10 @@
-"""drafter kernels (README.md in this folder has the design and the version log).
+"""drafter kernels: the DFlash draft step (block forward + LM head + log-softmax + top-k).
+
+Versions (README.md in this folder has the design and the version log), each with the
+contract of `workbench.reference.drafter.draft_topk`:
+    triton_v1  Triton RMSNorm / q,k-norm+RoPE / split-KV GQA attention / silu*up, cuBLAS
+               GEMMs, fused LM head + log-softmax + top-k (no [M, V] logits in HBM)
+Peers (peers.py): the plain PyTorch bf16 step eager, torch.compile'd (two modes), CUDA-graphed.
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -6,8 +12,12 @@ Importing this package imports no Triton; `register()` adds the variants to the 
 from __future__ import annotations
 
 _MOD = "workbench.kernels.drafter"
-VARIANTS: dict[str, dict[str, str]] = {"drafter": {}}
-DESCRIPTIONS: dict[tuple[str, str], str] = {}
+BEST = "triton_v1"  # the decode-loop test and the notebook use it
+VARIANTS: dict[str, dict[str, str]] = {"drafter": {"triton_v1": f"{_MOD}.triton_v1:draft_topk_triton"}}
+DESCRIPTIONS: dict[tuple[str, str], str] = {
+    ("drafter", "triton_v1"): "Triton norms/RoPE/split-KV attention/SwiGLU epilogue + cuBLAS "
+    "GEMMs + fused LM head log-softmax top-k",
+}
 
 
 def register() -> list[str]:

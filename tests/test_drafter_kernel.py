@@ -1,0 +1,281 @@
+"""drafter kernels (kernels/drafter/ triton_v1) against the reference drafter.
+
+The reference accumulates in float64 and rounds each op to bf16; triton_v1 runs bf16 GEMMs with
+fp32 accumulation, so whole-step log-probs agree within a dtype-derived tolerance and ids agree
+bitwise wherever the reference's neighbouring log-probs are further apart than that margin.
+The parts with an exact spec are tested tightly on their own: the fused LM head + log-softmax +
+top-k (fp32 vs float64 logits of the same z: 1e-4, ties in the reference's order) and the
+split-KV attention (float64 torch attention with the reference's mask). On CPU the kernels run
+under the Triton interpreter (conftest.py); `gpu` tests use kimi-k2.6 drafter widths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from workbench.config import ModelConfig
+from workbench.kernels.drafter import BEST, register
+from workbench.kernels.drafter._attention import block_attention
+from workbench.kernels.drafter._lm_head_topk import lm_head_topk
+from workbench.kernels.drafter.triton_v1 import draft_topk_triton
+from workbench.reference.drafter import build_drafter, draft_topk
+from workbench.reference.layers import lm_head
+from workbench.reference.tree_build import topk_logprobs
+
+BF16_U = torch.finfo(torch.bfloat16).eps / 2
+
+
+def _setup(cfg: ModelConfig, starts, seed=0, device="cpu", window_cfg=None):
+    """(drafter, target, cache, bonus, start): cache slots >= start[b] hold NaN."""
+    from workbench.models import build_model
+
+    target = build_model(cfg, seed=seed, device=device, layers=[])
+    drafter = build_drafter(cfg, seed=seed, device=device)
+    dc = cfg.drafter
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    B = len(starts)
+    cache = drafter.new_cache(B, max(starts) + dc.block_size + 2)
+    for b, p in enumerate(starts):
+        shape = (dc.num_layers, p, dc.num_kv_heads, dc.head_dim)
+        cache.k[:, b, :p] = torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+        cache.v[:, b, :p] = torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+    bonus = torch.randint(0, cfg.vocab_size, (B,), generator=g, device=device)
+    return drafter, target, cache, bonus, torch.tensor(starts, device=device)
+
+
+def _assert_close_to_reference(args, k, out=None):
+    """Log-probs within 6 sigma of the bf16 noise of the logits; ids where margins are clear."""
+    drafter, target = args[0], args[1]
+    V = target.lm_head.weight.shape[0]
+    ref_lp1, ref_ids = draft_topk(*args, min(k + 1, V))  # rank k + 1: the last rank's neighbour
+    ref_lp, ref_ids = ref_lp1[..., :k], ref_ids[..., :k]
+    lp, ids = out if out is not None else draft_topk_triton(*args, k)
+    assert lp.shape == ref_lp.shape and ids.shape == ref_ids.shape
+    assert lp.dtype == torch.float32 and ids.dtype == torch.int64
+    assert torch.isfinite(lp).all()
+    # noise of one logit: sqrt(m) bf16 roundings (m as cases.tolerance counts them) scaled by the
+    # logits' RMS (the log-probs inherit the logits' absolute error)
+    B, L = ref_lp.shape[:2]
+    blk = torch.cat([args[3].view(B, 1).long(), torch.full((B, L), drafter.cfg.mask_token_id,
+                                                           device=args[3].device)], 1)
+    z = drafter.forward_block(args[2], blk, args[4], target)[:, 1:]
+    rms_logits = lm_head(z, target.lm_head.weight).pow(2).mean().sqrt().item()
+    sigma = math.sqrt(6 * drafter.cfg.num_layers + 2) * BF16_U * rms_logits
+    err = (lp - ref_lp).abs()
+    assert err.max().item() <= 6 * sigma, f"max |d logprob| {err.max():.3g} > 6 sigma {6 * sigma:.3g}"
+    # ids: rank r is checked where the reference's gap to both neighbours exceeds 4 sigma
+    inf = torch.full_like(ref_lp[..., :1], math.inf)
+    nxt = torch.cat([ref_lp1, -inf], -1)[..., 1 : k + 1]  # [B, L, k]: rank r + 1 (-inf past V)
+    prv = torch.cat([inf, ref_lp[..., :-1]], -1)
+    clear = (prv - ref_lp > 4 * sigma) & (ref_lp - nxt > 4 * sigma)
+    bad = clear & (ids != ref_ids)
+    assert not bad.any(), f"ids differ at clear ranks {bad.nonzero()[:5].tolist()}"
+    # the kernel's own order: log-prob descending, equal log-probs lower id first
+    assert (lp[..., :-1] >= lp[..., 1:]).all()
+    tie = lp[..., :-1] == lp[..., 1:]
+    assert (ids[..., :-1][tie] < ids[..., 1:][tie]).all()
+    return clear[..., 0].float().mean().item()  # share of depths whose top-1 was checked
+
+
+# ---------------------------------------------------------------- EDGE, whole step (CPU)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ModelConfig.preset("tiny")
+
+
+@pytest.mark.parametrize("starts,k,why", [
+    ((0,), 8, "empty context: the block attends only to itself"),
+    ((5,), 4, "context shorter than the sliding window (16)"),
+    ((41,), 16, "context longer than the window: sliding layers drop the oldest keys, several "
+                "KV splits + the combine kernel"),
+    ((0, 7, 40), 4, "mixed lengths in one batch (empty, short, past the window)"),
+])
+def test_step_edge(tiny, starts, k, why):
+    args = _setup(tiny, starts, seed=len(starts) + k)
+    assert _assert_close_to_reference(args, k) >= 0.5  # the id check is not vacuous
+
+
+@pytest.mark.parametrize("block_size", [2, 16])
+def test_step_block_size(tiny, block_size):
+    # why: L = 1 (one draft depth) and L = 15 (block of 16 rows: BLOCK_Q = 32 query rows)
+    cfg = tiny.replace(drafter=dataclasses.replace(tiny.drafter, block_size=block_size))
+    _assert_close_to_reference(_setup(cfg, (3, 20), seed=block_size), 4)
+
+
+def test_step_causal_sliding(tiny):
+    # why: SGLang's causal sliding layers inside the block (config flag)
+    dc = dataclasses.replace(tiny.drafter, causal_sliding_in_block=True)
+    _assert_close_to_reference(_setup(tiny.replace(drafter=dc), (18,), seed=3), 4)
+
+
+def test_step_errors(tiny):
+    d, t, cache, bonus, start = _setup(tiny, (3,))
+    with pytest.raises(ValueError, match="start"):
+        draft_topk_triton(d, t, cache, bonus, start.view(1, 1), 4)
+    with pytest.raises(ValueError, match="k: expected an int >= 1"):
+        draft_topk_triton(d, t, cache, bonus, start, 0)
+    with pytest.raises(ValueError, match="cache.k"):
+        draft_topk_triton(d, t, type(cache)(cache.k.float(), cache.v), bonus, start, 4)
+
+
+# ---------------------------------------------------------------- parts with an exact spec
+
+
+@pytest.mark.parametrize("M,V,D,k,sort", [
+    (7, 300, 64, 8, False),  # V not a multiple of the 128-wide tile
+    (14, 512, 64, 1, False),  # k = 1
+    (3, 256, 32, 8, True),  # the bitonic top-k (the GPU's path), two tiles, a merge round
+    (2, 100, 32, 100, None),  # k = V: the whole vocabulary, sorted (bitonic: K > 16)
+    (20, 700, 32, 3, False),  # two M tiles, six vocab tiles
+])
+def test_lm_head_topk_exact(M, V, D, k, sort):
+    g = torch.Generator().manual_seed(M * V + k)
+    z = torch.randn(M, D, generator=g).to(torch.bfloat16)
+    w = (torch.randn(V, D, generator=g) * 0.3).to(torch.bfloat16)
+    w[V // 2 + 1] = w[V // 2]  # exact logit ties: the lower id must come first
+    w[V - 1] = w[3]
+    z[1] = z[0]
+    ref_lp, ref_ids = topk_logprobs(lm_head(z, w).unsqueeze(0), k)
+    lp, ids = lm_head_topk(z, w, k, sort=sort)
+    assert (lp - ref_lp[0]).abs().max().item() < 1e-4
+    gap = (ref_lp[0, :, :-1] - ref_lp[0, :, 1:]).abs()
+    inf = torch.full((M, 1), math.inf)
+    clear = (torch.cat([inf, gap], 1) > 1e-4) & (torch.cat([gap, inf], 1) > 1e-4)
+    assert torch.equal(ids[clear], ref_ids[0][clear])
+    tie = lp[:, :-1] == lp[:, 1:]
+    assert (ids[:, :-1][tie] < ids[:, 1:][tie]).all()
+
+
+def _attn_reference(q, kb, vb, kc, vc, start, sliding, W, causal):
+    """float64 attention with the reference drafter's mask (reference/drafter.py `_mask`)."""
+    B, S, Hq, d = q.shape
+    G = Hq // kc.shape[2]
+    out = torch.empty(B, S, Hq, d, dtype=torch.float64)
+    for b in range(B):
+        P = int(start[b])
+        k = torch.cat([kc[b, :P], kb[b]]).double().repeat_interleave(G, 1)  # [P+S, Hq, d]
+        v = torch.cat([vc[b, :P], vb[b]]).double().repeat_interleave(G, 1)
+        qp = P + torch.arange(S).view(S, 1)
+        kp = torch.cat([torch.arange(P), P + torch.arange(S)]).view(1, -1)
+        ok = torch.ones(S, P + S, dtype=torch.bool)
+        if sliding:
+            ok = (qp - kp < W) & (qp - kp > -W)
+            if causal:
+                ok[:, P:] &= (qp - kp)[:, P:] >= 0
+        s = torch.einsum("shd,thd->hst", q[b].double(), k) / math.sqrt(d)
+        p = s.masked_fill(~ok, -math.inf).softmax(-1)
+        out[b] = torch.einsum("hst,thd->shd", p, v)
+    return out
+
+
+@pytest.mark.parametrize("starts,sliding,causal,n_sm", [
+    ((0, 3), False, False, 1),  # empty context; one split: the kernel writes o itself
+    ((50, 9), True, False, 64),  # window 16 cuts request 0's context; splits + combine
+    ((30, 1), True, True, 64),  # causal inside the block on sliding layers
+    ((130,), False, False, 64),  # several key tiles per split
+])
+def test_block_attention(starts, sliding, causal, n_sm):
+    g = torch.Generator().manual_seed(sum(starts))
+    B, S, Hq, Hkv, d, W = len(starts), 8, 4, 2, 16, 16
+    T = max(starts) + 4
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(torch.bfloat16)
+
+    q, kb, vb = rnd(B, S, Hq, d), rnd(B, S, Hkv, d), rnd(B, S, Hkv, d)
+    kc, vc = rnd(B, T, Hkv, d), rnd(B, T, Hkv, d)
+    for b, p in enumerate(starts):  # never-committed slots hold NaN
+        kc[b, p:] = math.nan
+        vc[b, p:] = math.nan
+    start = torch.tensor(starts)
+    o = block_attention(q, kb, vb, kc, vc, start, sliding, W, causal, n_sm)
+    ref = _attn_reference(q, kb, vb, kc, vc, start, sliding, W, causal)
+    assert torch.isfinite(o).all()
+    assert (o.double() - ref).abs().max().item() < 1e-5
+
+
+# ---------------------------------------------------------------- registry and decode loop
+
+
+def test_registered():
+    from workbench import ops
+
+    register()
+    assert ops.op_spec("drafter").variant(BEST).load() is draft_topk_triton
+
+
+def test_decode_token_exact_with_drafter_kernel(tiny_target):
+    # DDTree with the kernel drafter emits exactly the AR tokens, and the reference loop's
+    from workbench.generate import generate
+
+    register()
+    drafter = build_drafter(tiny_target.cfg, seed=0)
+    prompts = [[5, 6, 7, 8], [20, 21, 22]]
+    ar = generate(tiny_target, prompts=prompts, max_new_tokens=5)
+    ref = generate(tiny_target, drafter, prompts, max_new_tokens=5, budget=6)
+    dd = generate(tiny_target, drafter, prompts, max_new_tokens=5, budget=6,
+                  kernels={"drafter": BEST})
+    assert dd.tokens == ar.tokens == ref.tokens
+
+
+# ---------------------------------------------------------------- GPU (kimi-k2.6 widths)
+
+
+@pytest.fixture(scope="module")
+def kimi_drafter():
+    cfg = ModelConfig.preset("kimi-k2.6")
+    return cfg, _setup(cfg, (1,), seed=0, device="cuda")[:2]
+
+
+def _kimi_case(kimi_drafter, starts, seed):
+    cfg, (drafter, target) = kimi_drafter
+    dc = cfg.drafter
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    B = len(starts)
+    cache = drafter.new_cache(B, max(starts) + dc.block_size + 2)
+    for b, p in enumerate(starts):
+        shape = (dc.num_layers, p, dc.num_kv_heads, dc.head_dim)
+        cache.k[:, b, :p] = torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+        cache.v[:, b, :p] = torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+    bonus = torch.randint(0, cfg.vocab_size, (B,), generator=g, device="cuda")
+    return drafter, target, cache, bonus, torch.tensor(starts, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("starts,k", [
+    ((1024,), 8), ((8192, 1024, 3000, 2049), 32), ((32768,), 16), ((1024,) * 32, 8),
+])
+def test_gpu_real(kimi_drafter, starts, k):
+    args = _kimi_case(kimi_drafter, starts, seed=len(starts))
+    _assert_close_to_reference(args, k)
+
+
+@pytest.mark.gpu
+def test_gpu_bs64_and_graph_replay(kimi_drafter):
+    drafter, target, cache, bonus, start = _kimi_case(kimi_drafter, (2048,) * 64, seed=7)
+    eager = draft_topk_triton(drafter, target, cache, bonus, start, 16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        draft_topk_triton(drafter, target, cache, bonus, start, 16)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")  # no host sync inside the step
+    try:
+        with torch.cuda.graph(graph):
+            out = draft_topk_triton(drafter, target, cache, bonus, start, 16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], eager[0]) and torch.equal(out[1], eager[1])
+    start.add_(5)  # new positions and context lengths, same graph
+    graph.replay()
+    again = draft_topk_triton(drafter, target, cache, bonus, start, 16)
+    assert torch.equal(out[0], again[0]) and torch.equal(out[1], again[1])
