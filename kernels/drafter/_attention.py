@@ -190,7 +190,7 @@ def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, s
     _attn_split_kernel[(B * Hkv, nsplit)](
         *args, S=S, G=G, HEAD_D=d, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N,
         BLOCK_S=max(16, next_pow2(S)), SLIDING=sliding, CAUSAL_BLOCK=causal_block, FINAL=final,
-        DOT_BF16=not INTERPRET, num_warps=4, num_stages=3)
+        DOT_BF16=not INTERPRET, num_warps=8, num_stages=3)
     if not final:
         _combine_kernel[(B * Hkv,)](o, po, pm, pl, *o.stride()[:3], Hkv, nsplit, S=S, G=G,
                                     HEAD_D=d, BLOCK_Q=BLOCK_Q, num_warps=4)

@@ -165,7 +165,7 @@ def lm_head_topk(z: Tensor, w: Tensor, k: int, sort: bool | None = None
     _lm_head_tile_kernel[(triton.cdiv(M, BLOCK_M), NVT)](
         z, w, keys, pm, ps, M, V, D, z.stride(0), w.stride(0), NVT, BLOCK_M=BLOCK_M,
         BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, KC=KC, DOT_BF16=not INTERPRET,
-        SORT=sort or KC > 16, num_warps=4,
+        SORT=sort or KC > 16, num_warps=8,
         num_stages=4)
     C = NVT * KC
     # group size: 2048 keys per program on a GPU; just what is there under the interpreter
