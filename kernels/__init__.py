@@ -34,10 +34,20 @@ def register_variants(variants: dict, descriptions: dict, needs=("triton",)) -> 
 
 
 def register_all() -> list[str]:
-    """Every kernel folder's variants (what `workbench.ops` runs at import)."""
+    """Every kernel folder's variants (what `workbench.ops` runs at import), and the registry
+    preset "optimized": each folder's `BEST` variant for every op the folder registers it for
+    (tree_build's folder also gives the walk)."""
     import importlib
 
-    added = []
+    from workbench.ops.registry import PRESETS
+
+    added, best = [], {}
     for folder in FOLDERS:
-        added += importlib.import_module(f"{__name__}.{folder}").register()
+        mod = importlib.import_module(f"{__name__}.{folder}")
+        added += mod.register()
+        for op, named in mod.VARIANTS.items():
+            choice = getattr(mod, "BEST", None) if op == folder else next(iter(named), None)
+            if choice in named:
+                best[op] = choice
+    PRESETS["optimized"] = best
     return added

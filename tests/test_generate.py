@@ -89,7 +89,7 @@ def test_commit_tree_kv_matches_a_row_loop():
     from workbench.generate import commit_tree_kv
 
     g = torch.Generator().manual_seed(0)
-    layers, B, N, T, C = 2, 3, 5, 16, 4
+    layers, B, T, C = 2, 3, 16, 4
     cache = torch.randn(layers, B, T, C, generator=g)
     prefix = torch.tensor([2, 7, 0])
     acc_idx = torch.tensor([[0, 3, 4, -1, -1], [0, 1, 2, 3, 4], [0, -1, -1, -1, -1]])
@@ -102,3 +102,49 @@ def test_commit_tree_kv_matches_a_row_loop():
             want[:, b, int(prefix[b]) + d] = r
     commit_tree_kv(cache, prefix, acc_idx, acc_len)
     assert torch.equal(cache, want)
+
+
+# -- one CUDA graph per step (workbench/cuda_graph.py) ----------------------------------------
+def test_cuda_graph_needs_greedy_and_a_gpu(tiny_target):
+    with pytest.raises(ValueError, match="cuda_graph: needs greedy"):
+        generate(tiny_target, None, [[1, 2]], max_new_tokens=2, temperature=1.0,
+                 cuda_graph=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda_graph: needs the target on a CUDA device"):
+            generate(tiny_target, None, [[1, 2]], max_new_tokens=2, cuda_graph=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpu_pair():
+    import workbench
+    from workbench.reference.drafter import build_drafter
+
+    target = workbench.build_model("tiny", seed=0, device="cuda")
+    return target, build_drafter(target.cfg, seed=0, device="cuda")
+
+
+GPU_PROMPTS = [[5, 9, 2, 7], [3] * 11, [8, 1]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [None, 1, 8, 16, 32, 64, 128])
+def test_gpu_cuda_graph_step_equals_eager(tiny_gpu_pair, budget):
+    """Every budget 1..128 (and AR) captures and replays, emitting the eager loop's tokens
+    under the same (optimized) kernels."""
+    target, drafter = tiny_gpu_pair
+    kw = dict(max_new_tokens=20, budget=budget, kernels="optimized")
+    eager = generate(target, drafter, GPU_PROMPTS, **kw)
+    graphed = generate(target, drafter, GPU_PROMPTS, cuda_graph=True, **kw)
+    assert graphed.tokens == eager.tokens
+    assert [s["accepted"] for s in graphed.steps] == [s["accepted"] for s in eager.steps]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [8, 128])
+def test_gpu_cuda_graph_ddtree_equals_ar(tiny_gpu_pair, budget):
+    target, drafter = tiny_gpu_pair
+    ar = generate(target, None, GPU_PROMPTS, max_new_tokens=20, kernels="optimized",
+                  cuda_graph=True)
+    dd = generate(target, drafter, GPU_PROMPTS, max_new_tokens=20, budget=budget,
+                  kernels="optimized", cuda_graph=True)
+    assert dd.tokens == ar.tokens

@@ -78,6 +78,10 @@ def cmd_generate(args) -> int:
     if (args.tp or 1) * (args.ep or 1) > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from workbench.dist import generate_main_distributed  # torchrun, or --tp/--ep ranks
 
+        if args.cuda_graph:
+            raise SystemExit("--cuda-graph: the distributed loop (--tp/--ep, torchrun) runs "
+                             "eagerly for now; drop --cuda-graph or run one process")
+
         return generate_main_distributed(args)
     _threads_for_cpu(args.device)
     target, drafter = _load_models(args)
@@ -86,7 +90,7 @@ def cmd_generate(args) -> int:
     res = generate(target, drafter, prompts, max_new_tokens=args.max_new_tokens,
                    budget=args.budget, temperature=args.temperature, seed=args.seed,
                    stop_tokens=args.stop_ids, kernels=_kernels(args.kernels),
-                   progress=not args.json)
+                   progress=not args.json, cuda_graph=args.cuda_graph)
     wall = time.perf_counter() - t0
     if args.json:
         print(json.dumps({**res.to_json(), "wall_s": wall}))
@@ -159,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated token ids; repeat for a batch")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--stop-ids", type=_ids, default=None)
-    g.add_argument("--kernels", help="op=variant[,op=variant] or a named selection")
+    g.add_argument("--kernels", help="op=variant[,op=variant] or a named selection "
+                   "(\"optimized\": every kernel folder's best)")
+    g.add_argument("--cuda-graph", action="store_true",
+                   help="replay each decode step from one CUDA graph (greedy, --kernels "
+                   "optimized, --device cuda)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
     from workbench.dist.__main__ import add_dist_args
 

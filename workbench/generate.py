@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench import ops
+from workbench.cuda_graph import copy_out
 from workbench.reference.tree_mla import pack_anc_bits
 from workbench.tracing import nvtx_range, phase_range
 
@@ -189,17 +190,79 @@ def commit_tree_kv(cache: torch.Tensor, prefix: torch.Tensor, acc_idx: torch.Ten
     cache[:, bi, dst] = rows
 
 
+class _ARStep:
+    """Device part of an AR step: one row per request through the target, then sample."""
+
+    def __init__(self, target, cache, sample):
+        self.target, self.cache, self.sample = target, cache, sample
+
+    def __call__(self, bonus: torch.Tensor, prefix: torch.Tensor) -> dict:
+        B = bonus.shape[0]
+        anc = torch.ones(B, 1, 1, dtype=torch.long, device=bonus.device)  # one row sees itself
+        with _VERIFY:
+            out = self.target(bonus.view(B, 1), prefix.view(B, 1), self.cache, prefix, anc,
+                              record_routing=True)
+            nxt = self.sample(out.logits[:, 0])  # [B]
+        return {"nxt": nxt, "acc_len": torch.ones_like(nxt),
+                "routing": out.stats.get("routing", [])}
+
+
+class _DDTreeStep:
+    """Device part of a DDTree step: draft -> build -> verify -> walk -> KV commit.
+
+    Returns the tree, the accepted path (acc_idx [B, N], acc_len [B], path_tokens [B, N]), the
+    bonus tokens nxt [B], the target features of the path for the drafter (hid [B, N, F],
+    pos [B, N]) and the routing ids per MoE layer. Fixed shapes for a given (B, budget); no
+    host sync when every op selected is a kernel (GraphedStep captures it).
+    """
+
+    def __init__(self, target, drafter, dcache, cache, budget, capture, sample):
+        self.target, self.drafter, self.dcache, self.cache = target, drafter, dcache, cache
+        self.budget, self.capture, self.sample = budget, capture, sample
+        self.k = min(budget, target.cfg.vocab_size)
+
+    def __call__(self, bonus: torch.Tensor, prefix: torch.Tensor) -> dict:
+        dr, n_rows = self.drafter, self.budget + 1
+        with _DRAFT:  # a ReplayDrafter (workbench/replay.py) replays a recorded path
+            draft = getattr(dr, "draft_override", None) or ops.get("drafter")
+            lp, ids = draft(dr, self.target, self.dcache, bonus, prefix, self.k)
+        with _BUILD:
+            tree = ops.get("tree_build")(lp, ids, self.budget, root_tokens=bonus,
+                                         prefix_lens=prefix)
+        with _VERIFY:
+            out = self.target(tree.tokens, tree.positions, self.cache, prefix, tree.anc_bits,
+                              capture=self.capture, record_routing=True)
+            choice = self.sample(out.logits)  # [B, N]: the target's token after each node
+        with _WALK:
+            acc_idx, acc_len, nxt = walk_tree(tree, choice)
+        path = acc_idx.clamp_min(0)
+        o = {"tree": tree, "acc_idx": acc_idx, "acc_len": acc_len, "nxt": nxt,
+             "path_tokens": torch.gather(tree.tokens, 1, path),
+             "routing": out.stats.get("routing", []), "captured": out.captured,
+             "hid": None, "pos": None}
+        with _COMMIT:
+            commit_tree_kv(self.cache, prefix, acc_idx, acc_len)
+            if out.captured is not None:
+                o["hid"] = torch.gather(out.captured, 1, path.unsqueeze(-1).expand(
+                    -1, -1, out.captured.shape[-1]))
+                o["pos"] = prefix.view(-1, 1) + torch.arange(n_rows, device=prefix.device)
+        return o
+
+
 @torch.no_grad()
 def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[int] = 32,
              budget: int | None = None, temperature: float = 0.0, seed: int | None = None,
              stop_tokens: Iterable[int] | None = None, kernels=None,
-             progress: bool = False, on_step=None) -> GenerateResult:
+             progress: bool = False, on_step=None, cuda_graph: bool = False) -> GenerateResult:
     """Greedy or sampled decoding of a batch of prompts; DDTree when `budget` is given.
 
     target: a KimiModel; drafter: a DFlashDrafter (needed for DDTree); prompts: token-id lists
     of any lengths; budget: DDTree node budget B (None = autoregressive); temperature 0 = greedy;
     kernels: op selection for `workbench.ops.use` (e.g. {"tree_build": "triton_v1"}).
     on_step: optional callback(step_stats, kv_cache, prefix_lens) after every decode step.
+    cuda_graph: replay each step's device part (draft, build, verify, walk, KV commit) from
+    one CUDA graph per call (workbench/cuda_graph.py): greedy only, every selected op must be
+    capture-safe (kernels="optimized"); one host sync per step reads the emitted tokens.
     DDTree emits exactly the tokens of autoregressive decoding under the same kernels.
     """
     cfg = target.cfg
@@ -211,13 +274,19 @@ def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[in
             raise ValueError(f"budget: expected an int in [1, 1024] or None, got {budget!r}")
         if drafter is None:
             raise ValueError("drafter: expected a DFlashDrafter when budget is set, got None")
+    if cuda_graph and temperature != 0:
+        raise ValueError(f"cuda_graph: needs greedy decoding (temperature 0), got temperature "
+                         f"{temperature}")
+    if cuda_graph and target.device.type != "cuda":
+        raise ValueError(f"cuda_graph: needs the target on a CUDA device, got {target.device}")
     with ops.use(kernels):
         return _generate(target, drafter if budget else None, prompts, max_new, budget,
-                         temperature, seed, set(stop_tokens or ()), progress, on_step)
+                         temperature, seed, set(stop_tokens or ()), progress, on_step,
+                         cuda_graph)
 
 
 def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop, progress,
-              on_step):
+              on_step, cuda_graph=False):
     from tqdm.auto import tqdm
 
     B, dev = len(prompts), target.device
@@ -240,48 +309,36 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
                             budget)
     bar = tqdm(total=sum(max_new), disable=not progress, desc=result.mode)
     bar.update(sum(len(o) for o in req.out))
+    if budget is None:
+        dstep = _ARStep(target, cache, sample)
+    else:
+        dstep = _DDTreeStep(target, drafter, dcache, cache, budget, capture, sample)
+    if cuda_graph:
+        from workbench.cuda_graph import GraphedStep
+
+        dstep = GraphedStep(dstep, name=f"{result.mode} step (B={B}, budget={budget})")
     step = 0
     while req.any_live:
         t0 = time.perf_counter()
         active = list(req.live)
+        o = dstep(bonus, prefix)  # device part: fixed shapes, no host sync
+        acc_len, nxt = o["acc_len"], o["nxt"]
         if budget is None:
-            anc = torch.ones(B, 1, 1, dtype=torch.long, device=dev)  # one row sees itself
-            with _VERIFY:
-                out = target(bonus.view(B, 1), prefix.view(B, 1), cache, prefix, anc,
-                             record_routing=True)
-                nxt = sample(out.logits[:, 0])
-            acc_len = torch.ones(B, dtype=torch.long, device=dev)
-            emitted = [[int(nxt[b])] for b in range(B)]
+            emitted = [[t] for t in nxt.tolist()]
             rows_valid = torch.ones(B, 1, dtype=torch.bool, device=dev)
             tree_size = [1] * B
         else:
-            k = min(budget, target.cfg.vocab_size)
-            with _DRAFT:  # a ReplayDrafter (workbench/replay.py) replays a recorded path
-                draft = getattr(drafter, "draft_override", None) or ops.get("drafter")
-                lp, ids = draft(drafter, target, dcache, bonus, prefix, k)
-            with _BUILD:
-                tree = ops.get("tree_build")(lp, ids, budget, root_tokens=bonus,
-                                             prefix_lens=prefix)
-            if result.first_tree is None:
-                result.first_tree = tree
-            with _VERIFY:
-                out = target(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
-                             capture=capture, record_routing=True)
-                choice = sample(out.logits)  # [B, N]: the target's token after each node
-            with _WALK:
-                acc_idx, acc_len, nxt = walk_tree(tree, choice)
-            path_tokens = torch.gather(tree.tokens, 1, acc_idx.clamp_min(0))
-            emitted = [path_tokens[b, 1 : int(acc_len[b])].tolist() + [int(nxt[b])]
-                       for b in range(B)]
+            tree = o["tree"]
+            if result.first_tree is None:  # a graph's outputs are overwritten by the next step
+                result.first_tree = copy_out(tree) if cuda_graph else tree
+            lens, path, last = acc_len.tolist(), o["path_tokens"].tolist(), nxt.tolist()
+            emitted = [path[b][1 : lens[b]] + [last[b]] for b in range(B)]
             rows_valid = torch.arange(n_rows, device=dev).view(1, -1) < tree.node_count.view(-1, 1)
             tree_size = tree.node_count.tolist()
-            with _COMMIT:
-                commit_tree_kv(cache, prefix, acc_idx, acc_len)
-                if out.captured is not None:  # drafter context for the accepted tokens
-                    hid = torch.gather(out.captured, 1, acc_idx.clamp_min(0).unsqueeze(-1)
-                                       .expand(-1, -1, out.captured.shape[-1]))
-                    pos = prefix.view(-1, 1) + torch.arange(n_rows, device=dev).view(1, -1)
-                    drafter.materialize(dcache, hid, pos, acc_len)
+            with _COMMIT:  # drafter context for the accepted tokens (host-side lengths)
+                if o["captured"] is not None:
+                    drafter.materialize(dcache, o["hid"], o["pos"], acc_len)
+        out_routing = o["routing"]
         live_t = torch.tensor(active, device=dev)
         rows_valid &= live_t.view(-1, 1)
         taken = [req.emit(b, emitted[b]) if active[b] else 0 for b in range(B)]
@@ -293,7 +350,7 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
         still = torch.tensor(req.live, device=dev)
         prefix = torch.where(still, prefix + acc_len, prefix)
         bonus = torch.where(still, nxt, bonus)
-        experts = _distinct_experts(out.stats.get("routing", []), rows_valid)
+        experts = _distinct_experts(out_routing, rows_valid)
         result.steps.append({
             "step": step, "active": active,
             "accepted": [len(e) if a else 0 for e, a in zip(emitted, active)],
