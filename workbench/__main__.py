@@ -222,7 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         mod, _, fn = _DELEGATED[argv[0]].partition(":")
         return getattr(importlib.import_module(mod), fn)(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    from workbench.ops.registry import UnknownOpError, VariantUnavailable
+
+    try:
+        return args.fn(args)
+    except (ValueError, UnknownOpError, VariantUnavailable) as e:  # bad input: no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
