@@ -1,0 +1,154 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # int4_moe: routed experts in INT4 (W4A16), reference vs the Triton kernel
+#
+# One MoE layer's routed experts: for each token t and slot j < K,
+# `y[t] += w[t, j] * down(silu(gate x) * up x)` of expert `ids[t, j]`, with weights stored as
+# INT4 (group 32, bf16 scales; `reference/int4.py`). Decode is bound by streaming the touched
+# experts' weights (24.77 MB each at Kimi shapes), so the question per T is how many experts a
+# step touches and how close the kernel gets to the copy bandwidth on those bytes.
+# `kernels/int4_moe/` (README there) builds the routing metadata on the GPU (no host sync), fuses
+# the dequant into both GEMMs and sums the K slots in a fixed order. On a CPU the kernel runs
+# under the Triton interpreter: right, but slow, and its timings say nothing about the GPU.
+
+# %% tags=["parameters"]
+T = 24  # tokens
+E = 16  # experts
+K = 4  # top-k
+D = 64  # hidden
+I = 32  # expert FFN width
+SKEW = 1.2  # hot experts: P(expert e) ~ (e + 1)^-SKEW
+SEED = 0
+VARIANT = "triton_v1"
+
+# %%
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+    torch.set_num_threads(1)
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless in CI; JupyterLab shows the figures inline either way
+import matplotlib.pyplot as plt
+import pandas as pd
+
+import workbench
+from workbench import ops
+from workbench.kernels.int4_moe._common import dequant_triton
+from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
+from workbench.reference.int4_moe import Int4Experts, int4_moe
+
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+g = torch.Generator(device=dev).manual_seed(SEED)
+
+# %% [markdown]
+# ## Routing: uniform vs skewed
+# Top-K experts per token, distinct within a row. Uniform routing touches the most experts for a
+# given T (the byte-worst case); real routers are skewed.
+
+# %%
+def route(skew):
+    p = (torch.arange(E, device=dev, dtype=torch.float32) + 1) ** -skew
+    ids = torch.multinomial(p.expand(T, E), K, replacement=False, generator=g)
+    w = torch.rand(T, K, device=dev, generator=g) + 0.05
+    return ids, w / w.sum(-1, keepdim=True) * 2.827
+
+
+routes = {"uniform": route(0.0), "skewed": route(SKEW)}
+fig, ax = plt.subplots(figsize=(6, 3))
+for name, (ids, _) in routes.items():
+    ax.bar(torch.arange(E) + (0.2 if name == "skewed" else -0.2),
+           torch.bincount(ids.flatten().cpu(), minlength=E), width=0.4, label=name)
+ax.set_xlabel("expert")
+ax.set_ylabel("slots routed")
+ax.legend()
+for name, (ids, _) in routes.items():
+    print(f"{name}: {ids.unique().numel()} of {E} experts touched")
+
+# %% [markdown]
+# ## Dequant: the kernel's path equals reference/int4.py bit for bit
+# W = bf16((nibble - 8) * scale): the product is exact in fp32, the one rounding is to bf16.
+
+# %%
+w_float = torch.randn(48, 128, device=dev, generator=g)
+q, s = quantize_int4_g32(w_float)
+packed = pack_int4(q)
+w_ref = dequant_int4_g32(packed, s)
+w_ker = dequant_triton(packed, s)
+assert torch.equal(w_ker.view(torch.int16), w_ref.view(torch.int16))
+print("dequant bitwise equal; quantisation error RMS",
+      f"{(w_ref.float() - w_float).pow(2).mean().sqrt():.4f} of weight RMS "
+      f"{w_float.pow(2).mean().sqrt():.4f}")
+
+# %% [markdown]
+# ## Reference vs kernel
+# Same inputs; the error is measured against the float64 reference in units of its RMS (the
+# harness tolerance: `workbench.ops.cases.tolerance`).
+
+# %%
+def experts():
+    def proj(o, i):
+        packed = torch.randint(-(2**31), 2**31, (E, o, i // 8), device=dev, generator=g,
+                               dtype=torch.int32)
+        scale = (i**-0.5 / 4.64) * (1 + 0.1 * torch.rand(E, o, i // 32, device=dev, generator=g))
+        return packed, scale.bfloat16()
+
+    return Int4Experts(*proj(I, D), *proj(I, D), *proj(D, I))
+
+
+ex = experts()
+x = torch.randn(T, D, device=dev, generator=g).bfloat16()
+rows = []
+for name, (ids, w) in routes.items():
+    ref = int4_moe(x, ids, w, ex)
+    with ops.use(int4_moe=VARIANT):
+        out = ops.get("int4_moe")(x, ids, w, ex)
+    err = (out.double() - ref.double()).abs()
+    rows.append({"routing": name, "max_abs / rms(ref)": (err.max() / ref.double().pow(2).mean()
+                                                          .sqrt()).item(),
+                 "rel_err": (err.norm() / ref.double().norm()).item()})
+    assert (err <= 0.0079 * ref.double().abs() + 0.05 * ref.double().pow(2).mean().sqrt()).all()
+pd.DataFrame(rows)
+
+# %% [markdown]
+# ## Bandwidth vs T on the H200
+# Effective GB/s on touched-expert bytes against the copy-bandwidth floor and the peers, from
+# `traces/int4_moe.csv` (written by `python -m workbench bench int4_moe --shapes real
+# --variants all --peers all` on the H200). Without that file the plot shows the floor only.
+
+# %%
+csv = Path(workbench.__file__).resolve().parents[1] / "traces" / "int4_moe.csv"
+bench = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+fig, ax = plt.subplots(figsize=(6, 3.5))
+if not bench.empty:
+    bench = bench[bench["ok"] == True].copy()  # noqa: E712 (pandas column of bools)
+    bench["T"] = bench["case"].str.extract(r"T=(\d+)").astype(int)
+    for variant, grp in bench.groupby("variant"):
+        grp = grp.groupby("T")["GB/s"].median()
+        ax.plot(grp.index, grp.values, marker="o", label=variant)
+    ax.set_xscale("log")
+else:
+    ts = [1, 9, 17, 33, 65, 128, 512]
+    ax.plot(ts, [4260.0] * len(ts), label="floor: measured H200 copy bandwidth")
+    ax.set_xscale("log")
+ax.set_xlabel("T tokens")
+ax.set_ylabel("GB/s on touched-expert bytes")
+ax.legend(fontsize=7)
