@@ -1,37 +1,59 @@
 #!/usr/bin/env bash
 # One device call that gathers a session's GPU evidence (the device tool returns <= 8 files):
-#   1. the GPU suite (scripts/gpu_suite.sh): pytest -m gpu + bench of the mission ops at REAL
-#      shapes with peers                                             -> $OUT/suite/ (6 files)
-#   2. the tree_build sweep (bs x budget grid, chosen versions)      -> $OUT/extra.log
-#   3. the single-rank full-size emulation (workbench.dist.emulate)  -> $OUT/emulate.csv (+ log)
-# Each stage has its own time limit (seconds, env): SUITE_S, SWEEP_S, EMULATE_S; stages write
-# as they go, so a stage cut short still returns what it finished. Extra suite arguments go in
-# SUITE_ARGS, the sweep's in SWEEP_ARGS, the emulation's in EMULATE_ARGS. Pass the dev box's
-# commit: WORKBENCH_GIT_SHA=<sha> WORKBENCH_GIT_DIRTY=0|1. Back here:
+#   1. `pytest -m gpu` file by file, each with its own time limit   -> $OUT/pytest_gpu.log
+#   2. the GPU suite's benchmarks (scripts/gpu_suite.sh --skip-tests): every mission op at
+#      REAL shapes with its peers                                    -> $OUT/suite/ (4 files)
+#   3. optionally the tree_build sweep (bs x budget grid)            -> $OUT/extra.log
+#   4. optionally the single-rank full-size emulation (workbench.dist.emulate)
+#                                                                    -> $OUT/emulate.csv
+# Time limits (seconds, env): TEST_FILES ("file:limit ..."), SUITE_S, SWEEP_S, EMULATE_S (0
+# skips a stage). Stages write as they go, so one cut short still returns what it finished.
+# Extra arguments: SUITE_ARGS, SWEEP_ARGS, EMULATE_ARGS. Pass the dev box's commit:
+# WORKBENCH_GIT_SHA=<sha> WORKBENCH_GIT_DIRTY=0|1. Back here:
 #     python -m workbench suite --import-results <fetched>/suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the folder that collects the results}
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 stamp() { echo "[gpu_session] $(( $(date +%s) - T0 )) s: $*" | tee -a "$OUT/extra.log"; }
 
-stamp "suite (limit ${SUITE_S:-330} s)"
-# shellcheck disable=SC2086
-OUT="$OUT/suite" timeout "${SUITE_S:-330}" bash scripts/gpu_suite.sh \
-    --total-seconds $(( ${SUITE_S:-330} - 20 )) ${SUITE_ARGS:-}
-stamp "suite rc $?"
-# gpu_suite.sh installed the wheels and made workbench importable: reuse its PYTHONPATH
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".whl/*.whl" >/dev/null; then  # the device README's recipe (nvtx, humming)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/extra.log"
 
-stamp "tree_build sweep (limit ${SWEEP_S:-60} s)"
-# shellcheck disable=SC2086
-timeout "${SWEEP_S:-60}" python3 -m workbench.kernels.tree_build --sweep ${SWEEP_ARGS:-} \
-    >>"$OUT/extra.log" 2>&1
-stamp "sweep rc $?"
+for spec in ${TEST_FILES:-}; do
+  f=${spec%%:*}; lim=${spec##*:}
+  stamp "pytest -m gpu $f (limit $lim s)"
+  timeout "$lim" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 "$f" \
+      >>"$OUT/pytest_gpu.log" 2>&1
+  rc=$?; stamp "pytest $f rc $rc"; echo "[gpu_session] rc $rc: $f" >>"$OUT/pytest_gpu.log"
+done
 
-stamp "emulation (limit ${EMULATE_S:-150} s)"
-# shellcheck disable=SC2086
-timeout "${EMULATE_S:-150}" python3 -m workbench.dist.emulate --preset kimi-k2.6 \
-    --device cuda --csv "$OUT/emulate.csv" ${EMULATE_ARGS:---layouts ep8} >>"$OUT/extra.log" 2>&1
-stamp "emulation rc $?"
+if [ "${SUITE_S:-300}" -gt 0 ]; then
+  stamp "suite benchmarks (limit ${SUITE_S:-300} s)"
+  # shellcheck disable=SC2086
+  OUT="$OUT/suite" timeout "${SUITE_S:-300}" bash scripts/gpu_suite.sh --skip-tests \
+      --total-seconds $(( ${SUITE_S:-300} - 15 )) ${SUITE_ARGS:-}
+  stamp "suite rc $?"
+fi
+
+if [ "${SWEEP_S:-0}" -gt 0 ]; then
+  stamp "tree_build sweep (limit $SWEEP_S s)"
+  # shellcheck disable=SC2086
+  timeout "$SWEEP_S" python3 -m workbench.kernels.tree_build --sweep ${SWEEP_ARGS:-} \
+      >>"$OUT/extra.log" 2>&1
+  stamp "sweep rc $?"
+fi
+
+if [ "${EMULATE_S:-0}" -gt 0 ]; then
+  stamp "emulation (limit $EMULATE_S s)"
+  # shellcheck disable=SC2086
+  timeout "$EMULATE_S" python3 -m workbench.dist.emulate --preset kimi-k2.6 --device cuda \
+      --csv "$OUT/emulate.csv" ${EMULATE_ARGS:---layouts ep8} >>"$OUT/extra.log" 2>&1
+  stamp "emulation rc $?"
+fi
+stamp "done"
