@@ -138,10 +138,12 @@ def int4_moe_cases(shapes, seed, cfg=None, device="cpu", max_experts=None) -> li
 
     def case(T, D, I, E, K, label, why="", route="uniform", experts=None):
         ids = r.distinct(E, K, T)  # [T, K]
+        if route == "skewed":  # Zipf(1.2) expert popularity, hot experts at random indices
+            pop = (torch.arange(E, device=r.device) + 1.0) ** -1.2
+            pop = pop[r.uniform(E).argsort()]
+            ids = torch.multinomial(pop.expand(T, E), K, generator=r.g)  # distinct per row
         if route == "one":
             ids[:, 0] = 2
-        elif route == "dup":
-            ids[1, 1] = ids[1, 0]
         w = r.uniform(T, K) + 0.05
         w = w / w.sum(-1, keepdim=True) * cfg.routed_scaling_factor
         if route != "perm":  # router order: descending weight; "perm" keeps slots unsorted
@@ -161,8 +163,7 @@ def int4_moe_cases(shapes, seed, cfg=None, device="cpu", max_experts=None) -> li
             case(13, 96, 160, 5, 1, "T=13 one-expert", "every token to expert 2 (worst imbalance); "
                  "the other experts hold NaN scales and must not be read into the output; 3 and 5 "
                  "groups of 32", route="one"),
-            case(7, 64, 96, 6, 3, "T=7 duplicate", "token 1 lists one expert in two slots: "
-                 "per-slot results must not be merged", route="dup"),
+            case(7, 64, 96, 6, 3, "T=7 I=96", "three groups of 32 along I; seven tokens"),
             case(31, 64, 32, 16, 4, "T=31 permuted", "T prime; slots not sorted by weight (a kernel "
                  "may not assume router order)", route="perm"),
             case(5, 32, 64, 7, 7, "T=5 K=E=7", "K = E: every expert for every token"),
@@ -175,7 +176,8 @@ def int4_moe_cases(shapes, seed, cfg=None, device="cpu", max_experts=None) -> li
         raise ValueError(f"max_experts: expected >= K = {K}, got {max_experts}")
     ex = _experts(r, E, cfg.hidden_size, cfg.moe_intermediate)  # shared: one layer's experts
     return [case(T, cfg.hidden_size, cfg.moe_intermediate, E, K,
-                 f"T={T} D={cfg.hidden_size} E={E} K={K}", experts=ex) for T in (1, 9, 33, 65)]
+                 f"T={T} E={E} K={K} {route}", experts=ex, route=route)
+            for route in ("uniform", "skewed") for T in (1, 9, 17, 33, 65, 128, 512)]
 
 
 def int4_moe_roofline(c: Case) -> dict:
