@@ -63,10 +63,19 @@ class Rope:
                                       beta_slow)
         self.attn_factor = _yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor,
                                                                               mscale_all_dim)
+        self._inv_freq_on: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        """inv_freq on `device`, copied once: a per-call host->device copy would sync every
+        layer and cannot be captured in a CUDA graph."""
+        t = self._inv_freq_on.get(device)
+        if t is None:
+            t = self._inv_freq_on[device] = self.inv_freq.to(device)
+        return t
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [...] int -> cos, sin [..., dim/2] float32 (angles in float64)."""
-        ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(positions.device)
+        ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq_on(positions.device)
         return ((ang.cos() * self.attn_factor).float(), (ang.sin() * self.attn_factor).float())
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,9 @@
 #   3. optionally the tree_build sweep (bs x budget grid)            -> $OUT/extra.log
 #   4. optionally the single-rank full-size emulation (workbench.dist.emulate)
 #                                                                    -> $OUT/emulate.csv
+#   0. first, optionally, the steps of a plan file STEPS (one "limit_s<TAB>command" a line,
+#      '#' comments; scripts/gpu_plans/ keeps the plans that made committed results)
+#                                                                    -> $OUT/steps.log
 # Time limits (seconds, env): TEST_FILES ("file:limit ..."), SUITE_S, SWEEP_S, EMULATE_S (0
 # skips a stage). Stages write as they go, so one cut short still returns what it finished.
 # Extra arguments: SUITE_ARGS, SWEEP_ARGS, EMULATE_ARGS. Pass the dev box's commit:
@@ -24,6 +27,15 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # the device README's recipe (nvtx,
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/extra.log"
+
+if [ -n "${STEPS:-}" ]; then
+  while IFS=$'\t' read -r lim cmd; do
+    case "$lim" in ''|'#'*) continue;; esac
+    stamp "step (limit $lim s): $cmd"
+    timeout "$lim" bash -c "$cmd" >>"$OUT/steps.log" 2>&1
+    rc=$?; stamp "step rc $rc"; echo "[gpu_session] rc $rc: $cmd" >>"$OUT/steps.log"
+  done <"$STEPS"
+fi
 
 for spec in ${TEST_FILES:-}; do
   f=${spec%%:*}; lim=${spec##*:}

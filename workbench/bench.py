@@ -13,8 +13,9 @@ Per (case, variant or peer):
   3. cold L2: the inputs are cloned into enough sets to cover 2x the L2 and the calls rotate
      through them; if even 32 sets stay under that (tiny inputs), a 2xL2 scratch buffer is
      written before each timed call (outside the events).
-  4. launch-bound calls (eager median < 100 us) are re-timed as CUDA-graph replays when they
-     capture; the eager time stays in `eager_us`. Calls that sync with the host (found with
+  4. calls whose eager median is under 1 ms are re-timed as CUDA-graph replays when they
+     capture (the decode loop replays every step from a graph, and Python launch costs of
+     ~20-80 us per Triton launch would otherwise hide the kernels); the eager time stays in `eager_us`. Calls that sync with the host (found with
      torch's sync debug mode) are never captured: they stay eager, with a note.
 Ceilings are measured in the same process (device-to-device copy, bf16 matmul), so % ceiling
 = max(bytes / copy_bw, flops / matmul_peak) / measured time; x best peer = best peer's time /
@@ -39,7 +40,7 @@ from workbench import ops, traces_io, tracing
 from workbench import peers as peer_registry
 from workbench.ops.registry import REFERENCE, OpSpec
 
-GRAPH_BELOW_US = 100.0  # eager median under this: launch overhead matters, try graph replay
+GRAPH_BELOW_US = 1000.0  # eager median under this: launch overhead matters, try graph replay
 MAX_SETS = 32
 DEFAULT_L2 = 50 * 2**20  # H200 datasheet; torch reports the real value where it can
 
@@ -192,7 +193,7 @@ def time_calls(fn, arg_sets: list[tuple[tuple, dict]], device: str, budget_s: fl
                graph: str = "auto", flush_bytes: int = 0, max_iter: int = 200) -> Timing:
     """Median/p20/p80 of fn(*args, **kwargs) rotating over arg_sets [(args, kwargs), ...].
 
-    graph: "auto" (replay when eager < 100 us and capture works) | "on" | "off".
+    graph: "auto" (replay when eager < GRAPH_BELOW_US and capture works) | "on" | "off".
     """
     calls = [lambda a=a, k=k: fn(*a, **k) for a, k in arg_sets]
     cuda = str(device).startswith("cuda")

@@ -96,7 +96,7 @@ def prepared(drafter) -> Prepared:
             at = layer.self_attn
             qkv.append(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight], 0))
             gu.append(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight], 0))
-        inv = drafter.rope.inv_freq.to(drafter.device)
+        inv = drafter.rope.inv_freq_on(drafter.device)
         p = Prepared(qkv, gu, inv, key)
         _PREPARED[drafter] = p
     return p

@@ -41,7 +41,7 @@ def torch_draft_topk(drafter, target, cache, bonus, start, k, inv_freq=None):
                        torch.full((B, L), c.mask_token_id, dtype=torch.long, device=dev)], 1)
     P = start.view(B, 1).long()
     qpos = P + torch.arange(S, device=dev)  # [B, S]
-    inv_freq = drafter.rope.inv_freq.to(dev) if inv_freq is None else inv_freq
+    inv_freq = drafter.rope.inv_freq_on(dev) if inv_freq is None else inv_freq
     ang = qpos.double().unsqueeze(-1) * inv_freq  # [B, S, d/2], the reference's float64 angles
     cos, sin = ang.cos().float().unsqueeze(2), ang.sin().float().unsqueeze(2)  # [B, S, 1, d/2]
 
@@ -89,7 +89,7 @@ def _args(case):
     from workbench.reference.drafter import draft_topk
 
     args = positional(draft_topk, case)
-    return (*args, args[0].rope.inv_freq.to(args[0].device))
+    return (*args, args[0].rope.inv_freq_on(args[0].device))
 
 
 _COMPILED: dict = {}
