@@ -161,8 +161,10 @@ def test_peer_not_installed_and_broken_peers_report_cleanly(quick):
 
 def test_registered_peers_are_listed_and_explain_themselves():
     assert set(peers.peer_names("int4_moe")) == {"humming", "grouped_mm_bf16"}
-    assert set(peers.peer_names("tree_mla")) == {"sdpa_dense", "flex_attention"}
+    assert set(peers.peer_names("tree_mla")) == {"sdpa_dense", "flex_attention",
+                                                 "sglang_extend_triton"}  # kernels/tree_mla
     assert peers.peer_names("tree_build") == ["cpu_heapq"]
+    assert {"torch_eager", "torch_cuda_graph"} <= set(peers.peer_names("drafter"))
     if not torch.cuda.is_available():
         assert "CUDA" in peers.get_peer("int4_moe", "humming").unavailable_reason()
     with pytest.raises(KeyError, match="known"):
