@@ -1,4 +1,5 @@
-"""tree_mla kernels (kernels/tree_mla/ triton_v1): equal to the dense-mask reference.
+"""tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128): equal to the
+dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -14,11 +15,12 @@ import pytest
 import torch
 
 from workbench.check import compare_outputs
-from workbench.kernels.tree_mla import BEST, _common, register, triton_v1
+from workbench.kernels.tree_mla import BEST, _common, register, triton_v1, triton_v2
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
 
-VERSIONS = {"v1": triton_v1.tree_mla_triton}
+VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
+            "v2_split128": triton_v2.tree_mla_triton_split128}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
@@ -123,13 +125,30 @@ EDGE = {
 }
 
 
+# CPU budget: v1 keeps both seeds; the later versions run one seed each (v2 seed 0,
+# v2_split128 seed 1) and v2_split128 skips split-len-grows (at P = 8300 its partition is v2's)
+EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,)}
+
+
 @pytest.mark.parametrize("name", list(EDGE))
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_edge(name, version, poisoned):
+    if version == "v2_split128" and name == "split-len-grows":
+        pytest.skip("same partition as v2 at this P")
     prefix, tree, kw, _why = EDGE[name]
-    for seed in (0, 1):
+    for seed in EDGE_SEEDS[version]:
         assert_matches_reference(make_case(prefix, tree, seed=seed, **kw, label=name),
                                  VERSIONS[version])
+
+
+@pytest.mark.parametrize("version", ["v2", "v2_split128"])
+def test_v2_idle_split_programs_and_mixed_paths(version, poisoned):
+    # why: T = 3706 sizes the grid for 8 / 16 splits but P = 3 and 0 need one program each
+    # (the others must exit without writing), while P = 700 in the same launch goes through
+    # the partials and the combine: direct and merged requests side by side
+    case = make_case((3, 700, 0), random_parents(6, torch.Generator().manual_seed(11)),
+                     spare=3000, label="idle programs")
+    assert_matches_reference(case, VERSIONS[version])
 
 
 def test_harness_edge_cases(poisoned):
@@ -140,25 +159,29 @@ def test_harness_edge_cases(poisoned):
         assert_matches_reference(case)
 
 
-def test_nan_past_length_never_leaks():
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_nan_past_length_never_leaks(version):
     # why: NaN (and inf) in every slot past P_b + N, and NaN in a request's own unused rows of
     # q: outputs stay finite for every real row
     case = make_case((100, 3), random_parents(9, torch.Generator().manual_seed(6)))
     q, cache, P, anc, scale, C = case.args
     cache[0, 100 + 9:] = float("inf")
-    o, lse = tree_mla_triton(q, cache, P, anc, scale, C)
+    o, lse = VERSIONS[version](q, cache, P, anc, scale, C)
     assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
 
 
-def test_batch_position_invariance():
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_batch_position_invariance(version):
     # why: a request's rows are bitwise the same alone and inside a batch of other requests
-    # (its programs, tiles and split partition depend only on its own P_b)
+    # (its programs, tiles and split partition depend only on its own P_b); v2: the batch
+    # mixes merged (P = 600) and one-split (37, 5) requests
+    fn = VERSIONS[version]
     case = make_case((600, 37, 5), [random_parents(6, torch.Generator().manual_seed(s))
                                     for s in range(3)], seed=3)
     q, cache, P, anc, scale, C = case.args
-    o, lse = tree_mla_triton(*case.args)
+    o, lse = fn(*case.args)
     for b in range(3):
-        ob, lb = tree_mla_triton(q[b:b + 1], cache[b:b + 1], P[b:b + 1], anc[b:b + 1], scale, C)
+        ob, lb = fn(q[b:b + 1], cache[b:b + 1], P[b:b + 1], anc[b:b + 1], scale, C)
         assert torch.equal(ob[0], o[b]) and torch.equal(lb[0], lse[b]), b
 
 
@@ -166,8 +189,14 @@ def test_split_policy_depends_on_prefix_only():
     # why: the policy table in README.md; the grid covers every P <= T from T alone
     assert [_common.num_splits(p) for p in (0, 1, 512, 513, 8192, 8193, 32768)] == \
         [0, 1, 1, 2, 16, 15, 16]
+    # v2_split128's policy (README table): only P < 8192 partitions differently
+    assert [_common.num_splits(p, 128) for p in (0, 1, 128, 129, 1024, 4096, 8192, 32768)] == \
+        [0, 1, 1, 2, 8, 16, 16, 16]
+    assert all(_common.split_len(p, 128) == _common.split_len(p) for p in range(8177, 40000, 61))
     for T in (1, 511, 513, 4096, 40000):
-        assert all(_common.num_splits(p) <= _common.splits_grid(T) for p in range(0, T, 97))
+        for ms in (_common.MIN_SPLIT, 128):
+            assert all(_common.num_splits(p, ms) <= _common.splits_grid(T, ms)
+                       for p in range(0, T, 97))
 
 
 # ---------------------------------------------------------------- errors
@@ -221,6 +250,10 @@ def test_registered_variants():
     assert register() == []  # idempotent
     with ops.use(tree_mla="triton_v1"):
         assert ops.get("tree_mla") is triton_v1.tree_mla_triton
+    with ops.use(tree_mla="triton_v2"):
+        assert ops.get("tree_mla") is triton_v2.tree_mla_triton
+    with ops.use(tree_mla="triton_v2_split128"):
+        assert ops.get("tree_mla") is triton_v2.tree_mla_triton_split128
 
 
 @pytest.mark.parametrize("budget", [None, 5])
@@ -258,18 +291,21 @@ def _gpu_case(B, N, H, ctx, seed, budget_tree=True):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", list(VERSIONS))
 @pytest.mark.parametrize("H", [64, 8])
 @pytest.mark.parametrize("B, N, ctx", [(1, 9, 1024), (1, 17, 4096), (1, 33, 8192),
                                        (1, 65, 32768), (1, 129, 8192), (8, 9, 4096),
                                        (4, 33, 1024), (64, 9, 1024), (16, 129, 1024)])
-def test_gpu_real_shapes(B, N, H, ctx):
+def test_gpu_real_shapes(B, N, H, ctx, version):
     for seed in (0, 1):
-        assert_matches_reference(_gpu_case(B, N, H, ctx, seed))
+        assert_matches_reference(_gpu_case(B, N, H, ctx, seed), VERSIONS[version])
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", list(VERSIONS))
 @pytest.mark.parametrize("budget", [1, 8, 16, 32, 64, 128])
-def test_gpu_cuda_graph_replay_equals_eager(budget):
+def test_gpu_cuda_graph_replay_equals_eager(budget, version):
+    tree_mla_triton = VERSIONS[version]
     case = _gpu_case(4, budget + 1, 64, 4096, seed=budget)
     q, cache, P, anc, scale, C = case.args
     eager = tree_mla_triton(*case.args)
@@ -287,11 +323,13 @@ def test_gpu_cuda_graph_replay_equals_eager(budget):
     want = tree_mla_triton(*case.args)
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
     assert not torch.equal(out[0], eager[0])  # the replay saw the new inputs
-    assert_matches_reference(case)
+    assert_matches_reference(case, tree_mla_triton)
 
 
 @pytest.mark.gpu
-def test_gpu_no_host_sync():
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_gpu_no_host_sync(version):
+    tree_mla_triton = VERSIONS[version]
     case = _gpu_case(2, 33, 64, 4096, seed=5)
     tree_mla_triton(*case.args)
     torch.cuda.set_sync_debug_mode("error")
@@ -302,11 +340,14 @@ def test_gpu_no_host_sync():
 
 
 @pytest.mark.gpu
-def test_gpu_row_result_independent_of_rows_in_launch():
+@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("ctx", [8192, 500])  # 500: v2 finishes every request in one launch
+def test_gpu_row_result_independent_of_rows_in_launch(version, ctx):
     # why: DESIGN.md §7 stretch: a row's result depends on its q, P_b, keys and ancestor set
     # only: the first 9 rows of a 33-row launch equal a 9-row launch bit for bit, and a
     # request's rows equal themselves in a batch of 16
-    big = _gpu_case(16, 33, 64, 8192, seed=9)
+    tree_mla_triton = VERSIONS[version]
+    big = _gpu_case(16, 33, 64, ctx, seed=9)
     q, cache, P, anc, scale, C = big.args
     o, lse = tree_mla_triton(*big.args)
     o9, lse9 = tree_mla_triton(q[:, :9], cache, P, anc[:, :9].clone(), scale, C)

@@ -2,8 +2,12 @@
 folder has the design, the split policy and the version log).
 
 Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp32):
-    triton_v1  two launches: mask-free split-KV prefix pass (heads x rows in M) + tree block
-               with the LSE merge fused in
+    triton_v1  three launches: mask-free split-KV prefix pass (heads x rows in M), masked tree
+               block, LSE combine
+    triton_v2  the tree block folded into the last prefix split; one-split requests write
+               o_lat/lse directly, empty split programs exit at once, combine only where a
+               request has 2+ splits (v1's split policy)
+    triton_v2_split128  triton_v2 with splits of >= 128 keys (more, shorter programs at small P)
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -14,11 +18,19 @@ _MOD = "workbench.kernels.tree_mla"
 # the version the decode-loop test and the notebook use
 BEST = "triton_v1"
 VARIANTS: dict[str, dict[str, str]] = {
-    "tree_mla": {"triton_v1": f"{_MOD}.triton_v1:tree_mla_triton"},
+    "tree_mla": {
+        "triton_v1": f"{_MOD}.triton_v1:tree_mla_triton",
+        "triton_v2": f"{_MOD}.triton_v2:tree_mla_triton",
+        "triton_v2_split128": f"{_MOD}.triton_v2:tree_mla_triton_split128",
+    },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v1"): "Triton cascade: split-KV prefix (heads x rows in M, no mask), "
     "tree block under the ancestor bits + LSE merge",
+    ("tree_mla", "triton_v2"): "Triton: tree block folded into the last prefix split (one-split "
+    "requests finish in one launch), empty splits exit early, combine by the real split count",
+    ("tree_mla", "triton_v2_split128"): "triton_v2 with prefix splits of >= 128 keys: more, "
+    "shorter programs at small contexts (P-only policy, batch invariant)",
 }
 
 

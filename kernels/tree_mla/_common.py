@@ -33,19 +33,20 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def split_len(P: int) -> int:
-    """Host twin of the kernels' split length (tests and the README's table use it)."""
+def split_len(P: int, min_split: int = MIN_SPLIT) -> int:
+    """Host twin of the kernels' split length (tests and the README's table use it);
+    min_split: the policy's shortest split (v1: MIN_SPLIT; v2 also registers 128)."""
     per = -(-P // MAX_SPLITS)
-    return max(MIN_SPLIT, -(-per // BLOCK_N) * BLOCK_N)
+    return max(min_split, -(-per // BLOCK_N) * BLOCK_N)
 
 
-def num_splits(P: int) -> int:
-    return -(-P // split_len(P))
+def num_splits(P: int, min_split: int = MIN_SPLIT) -> int:
+    return -(-P // split_len(P, min_split))
 
 
-def splits_grid(T: int) -> int:
+def splits_grid(T: int, min_split: int = MIN_SPLIT) -> int:
     """Split programs per request in the launch: enough for any P <= T, from the shape only."""
-    return min(MAX_SPLITS, -(-T // MIN_SPLIT))
+    return min(MAX_SPLITS, -(-T // min_split))
 
 
 def _require(ok: bool, name: str, expected: str, actual) -> None:
