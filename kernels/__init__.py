@@ -7,7 +7,7 @@ with one-line `DESCRIPTIONS`, imports no Triton, and exposes `register()` built 
 
 from __future__ import annotations
 
-FOLDERS = ("tree_build", "int4_moe", "tree_mla", "drafter")
+FOLDERS = ("tree_build", "int4_moe", "tree_mla", "drafter", "dense")
 
 
 def register_variants(variants: dict, descriptions: dict, needs=("triton",)) -> list[str]:
@@ -35,8 +35,9 @@ def register_variants(variants: dict, descriptions: dict, needs=("triton",)) -> 
 
 def register_all() -> list[str]:
     """Every kernel folder's variants (what `workbench.ops` runs at import), and the registry
-    preset "optimized": each folder's `BEST` variant for every op the folder registers it for
-    (tree_build's folder also gives the walk)."""
+    presets "optimized" (each mission folder's `BEST`; tree_build's folder also gives the
+    walk: a token-exact loop on the GPU) and "engine" (optimized + the batch-variant
+    engine-style supporting ops of kernels/dense: what the full-size emulation times)."""
     import importlib
 
     from workbench.ops.registry import PRESETS
@@ -45,9 +46,14 @@ def register_all() -> list[str]:
     for folder in FOLDERS:
         mod = importlib.import_module(f"{__name__}.{folder}")
         added += mod.register()
+        if not hasattr(mod, "BEST"):  # kernels/dense: engine-style ops, not token-exact
+            continue
         for op, named in mod.VARIANTS.items():
-            choice = getattr(mod, "BEST", None) if op == folder else next(iter(named), None)
+            choice = mod.BEST if op == folder else next(iter(named), None)
             if choice in named:
                 best[op] = choice
     PRESETS["optimized"] = best
+    from . import dense
+
+    PRESETS["engine"] = {**best, **dense.ENGINE}
     return added

@@ -1,0 +1,37 @@
+"""Supporting ops of the model (rmsnorm, linear, swiglu_mlp, lm_head, moe_route), engine-style.
+
+The references (reference/layers.py, reference/moe_route.py) accumulate in float64 so that a
+row's result never depends on its batch: the loop is token-exact by construction, but at
+Kimi K2.6 size those ops dominate a step (the MLA projections alone are ~100 ms per step in
+float64 on the H200: traces/gpu/session2_final/README.md). `torch_bf16` is what a serving
+engine runs: bf16 cuBLAS GEMMs with fp32 accumulation, fp32 norms. It is NOT batch-invariant
+(cuBLAS picks kernels and split-K by the row count), so it is kept out of the "optimized"
+preset, whose loop is token-exact on the GPU, and sits in the "engine" preset (optimized +
+these), which the full-size emulation uses to time an engine-like step.
+
+Importing this package imports no Triton; `register()` adds the variants to the registry.
+"""
+
+from __future__ import annotations
+
+_MOD = "workbench.kernels.dense.torch_bf16"
+OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route")
+VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
+DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
+    ("rmsnorm", "torch_bf16"): ("fp32 RMSNorm, one pass, rounded once (engine-style)", ()),
+    ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
+                               "(batch-variant)", ()),
+    ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
+                                   "(batch-variant)", ()),
+    ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
+    ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
+                                  "sigmoid + bias top-k and tie rule", ()),
+}
+ENGINE = {op: "torch_bf16" for op in OPS}  # the "engine" preset's part from this folder
+
+
+def register() -> list[str]:
+    """Add this folder's variants to the registry (idempotent); see `register_variants`."""
+    from workbench.kernels import register_variants
+
+    return register_variants(VARIANTS, DESCRIPTIONS)

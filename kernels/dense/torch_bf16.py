@@ -1,0 +1,59 @@
+"""Engine-style supporting ops: the activation dtype in and out, fp32 accumulation in cuBLAS.
+
+Same signatures and output dtypes as the references (reference/layers.py, moe_route.py).
+Inputs may also be fp32/float64 (the distributed proof path hands ACC partials): the weights
+are then cast to the input's dtype, as the reference computes in the input's precision.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _w(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return weight if weight.dtype == x.dtype else weight.to(x.dtype)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] -> [..., D] in x.dtype; fp32 math."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., in] @ weight[out, in]^T -> [..., out] in x.dtype."""
+    return F.linear(x, _w(weight, x))
+
+
+def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+               down: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate x) * up x): [..., D] -> [..., D] in x.dtype."""
+    a = F.silu(F.linear(x, _w(gate, x)).float()) * F.linear(x, _w(up, x)).float()
+    return F.linear(a.to(x.dtype), _w(down, x))
+
+
+def lm_head(h: torch.Tensor, weight: torch.Tensor, chunk: int = 16384) -> torch.Tensor:
+    """h [..., D] -> logits [..., V] fp32, never rounded to bf16 (argmax margins are small).
+
+    CUDA: one cuBLAS GEMM with bf16 inputs and an fp32 output (`torch.mm(..., out_dtype=)`,
+    torch >= 2.8). Elsewhere (CPU smoke runs): fp32 GEMMs over vocab chunks of the weight."""
+    flat = h.reshape(-1, h.shape[-1])
+    if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16) and weight.dtype == h.dtype:
+        out = torch.mm(flat, weight.t(), out_dtype=torch.float32)
+    else:
+        hf = flat.float()
+        out = torch.cat([F.linear(hf, weight[i : i + chunk].float())
+                         for i in range(0, weight.shape[0], chunk)], dim=-1)
+    return out.view(*h.shape[:-1], weight.shape[0])
+
+
+def moe_route(h: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, top_k: int,
+              scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); the reference's rule in fp32."""
+    s = torch.sigmoid(F.linear(h.float(), gate_weight.float()))  # [T, E] fp32
+    choice = s + bias.float()
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    w = s.gather(1, ids)
+    return ids, w / (w.sum(-1, keepdim=True) + 1e-20) * scaling
