@@ -1,7 +1,7 @@
 """Compile the tree_mla kernels for sm_90 on a machine without a GPU; report registers, spills
 and whether the dots became wgmma (DESIGN.md §10).
 
-    python -m workbench.kernels.tree_mla.sm90 [--versions 1] [--heads 64] [--rows 9]
+    python -m workbench.kernels.tree_mla.sm90 [--versions 1,2] [--heads 64] [--rows 9]
 
 Each launcher runs once on CPU tensors with its kernels swapped for recorders, so signatures
 and constexprs are exactly what a CUDA launch passes; then `triton.compile` targets
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     from triton.compiler import ASTSource
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="1")
+    p.add_argument("--versions", default="1,2")
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--rows", type=int, default=9)
     args = p.parse_args(argv)
