@@ -17,7 +17,7 @@ from workbench.kernels.int4_moe._common import dequant_triton
 from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
-VERSIONS = ("triton_v1", "triton_v2")
+VERSIONS = ("triton_v1", "triton_v2", "triton_v3")
 
 
 def _variant(name):
@@ -70,7 +70,7 @@ def test_edge_cases_match_reference(version):
     from workbench.ops.cases import int4_moe_cases
 
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
-    for seed in (0, 1) if version == "triton_v1" else (2,):
+    for seed in (0, 1) if version == "triton_v1" else (2,) if version == "triton_v2" else (3,):
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
@@ -142,6 +142,23 @@ def test_device_side_rejection(version):
     assert torch.allclose(out[ok].float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_v3_split_k_and_padding():
+    # why: D = 288 and I = 96 are not multiples of the 256-wide K tile (masked words, zero-padded
+    # permuted activations); forced K splits (2 for gate/up, 1 then 2... for down) exercise the
+    # ordered split reductions in the SiLU and combine kernels; two runs are bitwise equal
+    from workbench.kernels.int4_moe import triton_v3
+
+    ex = _experts(5, 288, 96, seed=7)
+    ids, w = _routing(3, 5, 2, seed=7)
+    x = torch.randn(3, 288).bfloat16()
+    ref = int4_moe(x, ids, w, ex).float()
+    cfg = dict(KS1=2, TPS1=1, KS2=1, TPS2=1)
+    out = triton_v3.int4_moe_triton(x, ids, w, ex, cfg=cfg)
+    assert torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2), (out.float() - ref).abs().max()
+    assert torch.equal(out, triton_v3.int4_moe_triton(x, ids, w, ex, cfg=cfg))
+    assert triton_v3.tiles(1, 8, 384, 7168, 2048)["KS1"] > 1  # T = 1 at Kimi shapes splits K
+
+
 def test_launcher_errors():
     fn = _variant("triton_v1")
     ex = _experts(4, 64, 32, seed=0)
@@ -210,7 +227,7 @@ def test_repack_planar_bitwise(O, IN):
 
 def test_registered():
     from workbench import ops
-    from workbench.kernels.int4_moe import triton_v1, triton_v2
+    from workbench.kernels.int4_moe import triton_v1, triton_v2, triton_v3
 
     register()
     assert register() == []  # idempotent
@@ -218,6 +235,8 @@ def test_registered():
         assert ops.get("int4_moe") is triton_v1.int4_moe_triton
     with ops.use(int4_moe="triton_v2"):
         assert ops.get("int4_moe") is triton_v2.int4_moe_triton
+    with ops.use(int4_moe="triton_v3"):
+        assert ops.get("int4_moe") is triton_v3.int4_moe_triton
 
 
 # ---------------------------------------------------------------- the decode loop (tiny)

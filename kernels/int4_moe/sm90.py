@@ -1,7 +1,7 @@
 """Compile the int4_moe kernels for sm_90 on a machine without a GPU; report registers, spills,
 whether the MMA is wgmma, and whether the weight loads were pipelined (cp.async).
 
-    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2] [--T 1,9,65,512]
+    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3] [--T 1,9,65,512]
 
 Each launcher runs once on CPU tensors (experts expanded from one expert: shapes and strides
 only) with its kernels swapped for recorders, so the signature and constexprs are what a CUDA
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     from triton.compiler import ASTSource
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="1")
+    p.add_argument("--versions", default="1,3")
     p.add_argument("--T", default="1,9,65,512")
     args = p.parse_args(argv)
     print("version  T    kernel           registers / spills (sm_90a)   wgmma  mma.sync  cp.async")

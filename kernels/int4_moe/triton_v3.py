@@ -115,22 +115,26 @@ def _gemm_kernel(in_ptr, lo_ptr, s_in,
             row = slot // K
         else:
             row = start + r
-        in_off = row[None, :].to(tl.int64) * s_in + w[:, None]  # [32, BM]
+        in_off = row[:, None].to(tl.int64) * s_in + w[None, :]  # [BM, 32]: rows contiguous
         acc = tl.zeros([BN, BM], tl.float32)
         for kt in range(kt0, kt1):
             widx = kt * 32 + w
             wm = nm[:, None] & (widx < words)[None, :]
             p = tl.load(p_row + widx[None, :], mask=wm, other=0, eviction_policy="evict_first")
-            s = tl.load(s_row + (widx // 4)[None, :], mask=wm, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)  # [BN, 32]: 4x reuse, L1
+            g8 = kt * 8 + tl.arange(0, 8)  # the tile's 8 scale groups: 16 B per row
+            s8 = tl.load(s_row + g8[None, :], mask=nm[:, None] & (g8 < words // 4)[None, :],
+                         other=0.0, eviction_policy="evict_first").to(tl.float32)  # [BN, 8]
+            s = tl.reshape(tl.broadcast_to(s8[:, :, None], (BN, 8, 4)), (BN, 32))  # s[n, w // 4]
             for j in tl.static_range(8):
                 wj = _dequant_slab(p, s, j, INTERPRET)  # [BN, 32]
                 off = in_off + kt * _KT + 32 * j
-                xj = tl.load(in_ptr + off, mask=rm[None, :], other=0.0).to(DOT)  # [32, BM]
-                acc = tl.dot(wj, xj, acc)
+                # [BM, 32] loads (16 B vectors, so the pipeliner makes them cp.async), used
+                # transposed: slot rows on the MMA N dim
+                xj = tl.load(in_ptr + off, mask=rm[:, None], other=0.0).to(DOT)
+                acc = tl.dot(wj, tl.trans(xj), acc)
                 if HILO:
-                    lj = tl.load(lo_ptr + off, mask=rm[None, :], other=0.0).to(DOT)
-                    acc = tl.dot(wj, lj, acc)
+                    lj = tl.load(lo_ptr + off, mask=rm[:, None], other=0.0).to(DOT)
+                    acc = tl.dot(wj, tl.trans(lj), acc)
         if OUT_BY_SLOT:
             orow = slot
         else:
