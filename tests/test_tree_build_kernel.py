@@ -1,4 +1,4 @@
-"""tree_build kernels (kernels/tree_build/ triton_v1..v6): bit-identical to the reference.
+"""tree_build kernels (kernels/tree_build/ triton_v1..v7): bit-identical to the reference.
 
 Every kept version is tested (the hypothesis tables and the decode loop use the current best,
 BEST). On CPU the kernels run under the Triton interpreter (conftest.py), a few ms per heap
@@ -28,6 +28,7 @@ from workbench.kernels.tree_build import (
     triton_v4,
     triton_v5,
     triton_v6,
+    triton_v7,
 )
 from workbench.kernels.tree_build.__main__ import FIELDS, tree_mismatches
 from workbench.kernels.tree_build.triton_v1 import walk_commit_triton, walk_tree_triton
@@ -37,7 +38,7 @@ BUILD = {"v1": triton_v1.build_ddtree_triton, "v2": triton_v2.build_ddtree_trito
          "v3": triton_v3.build_ddtree_triton, "v4": triton_v4.build_ddtree_triton,
          "v5": triton_v5.build_ddtree_triton,
          "v5-vectors": lambda *a, **k: triton_v5.build_ddtree_triton(*a, row_stores=False, **k),
-         "v6": triton_v6.build_ddtree_triton}
+         "v6": triton_v6.build_ddtree_triton, "v7": triton_v7.build_ddtree_triton}
 TUPLE_POP = ("v1", "v3", "v4", "v5")  # versions with a tuple-reduction pop (the GPU default)
 build_ddtree_triton = BUILD[BEST.removeprefix("triton_")]
 
@@ -190,8 +191,9 @@ def test_tuple_reduction_pop(depth, budget, version):
                            tuple_reduce=True))
 
 
+@pytest.mark.parametrize("version", ["v6", "v7"])
 @pytest.mark.parametrize("depth, budget", [(3, 20), (10, 24)])
-def test_v6_high_word_ties(depth, budget):
+def test_v6_high_word_ties(depth, budget, version):
     # why: v6 decides a pop on the score key's high int32 word (20 mantissa bits); float32
     # values a few ulps apart differ only in the low word, so its tie branch must narrow by the
     # low word before the rank key. Values: -1 and its float32 neighbours, with exact ties.
@@ -203,7 +205,7 @@ def test_v6_high_word_ties(depth, budget):
     lp = vals[torch.randint(len(vals), (2, depth, 4), generator=gen)]
     lp = lp.sort(-1, descending=True).values
     ids = random_ids(gen, 2, depth, 4)
-    assert_same_tree(*both(lp, ids, budget, version="v6"))
+    assert_same_tree(*both(lp, ids, budget, version=version))
 
 
 def test_batch_of_different_requests():
@@ -298,6 +300,15 @@ def test_property_bitwise_and_walk(case, seed):
 def test_property_bitwise_v6(case):
     # why: v6's pop path differs from BEST's (high-word decision, loads before the branch)
     assert_same_tree(*both(*case, version="v6"))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(tables(max_budget=24))
+def test_property_bitwise_v7(case):
+    # why: v7 computes every successor score when its entry is created, not when it is popped
+    # (-inf guards, -0.0 bits of successors in meta)
+    assert_same_tree(*both(*case, version="v7"))
 
 
 @pytest.mark.slow
@@ -395,7 +406,7 @@ def test_registered_variants():
 
     register()
     assert register() == []  # idempotent
-    for version in (1, 2, 3, 4, 5, 6):
+    for version in (1, 2, 3, 4, 5, 6, 7):
         with ops.use(tree_build=f"triton_v{version}"):
             assert ops.get("tree_build") is BUILD[f"v{version}"]
 

@@ -8,7 +8,9 @@ Versions (README.md has the design and the version log), each bit-identical to
     triton_v4  v3 with the next pop chosen while the reduction runs (lookahead)
     triton_v5  v4 with integer score keys and three scalar row stores per pop (not yet timed)
     triton_v6  v2's redux pop decided on the score's high word, rows in registers, no store in
-               the loop, loads before the tie branch (not yet timed)
+               the loop, loads before the tie branch
+    triton_v7  v6 with each slot carrying its entry's sibling and child keys, precomputed: the
+               float64 work and the loads leave the pop-to-pop chain (not yet timed)
 The walk (`triton_v1.walk_tree_triton`, `walk_commit_triton`) is shared by all of them; so is
 `_common.py` (host checks, allocation, launch arguments, and the @jit helpers outside the pop
 loops).
@@ -22,7 +24,7 @@ _MOD = "workbench.kernels.tree_build"
 # test and the notebook use it
 BEST = "triton_v2"
 VARIANTS = {
-    "tree_build": {f"triton_v{v}": f"{_MOD}.triton_v{v}:build_ddtree_triton" for v in (1, 2, 3, 4, 5, 6)},
+    "tree_build": {f"triton_v{v}": f"{_MOD}.triton_v{v}:build_ddtree_triton" for v in (1, 2, 3, 4, 5, 6, 7)},
     "tree_walk": {"triton_v1": f"{_MOD}.triton_v1:walk_tree_triton"},
 }
 DESCRIPTIONS = {
@@ -32,6 +34,7 @@ DESCRIPTIONS = {
     ("tree_build", "triton_v4"): "v3 with the next pop chosen while the reduction runs",
     ("tree_build", "triton_v5"): "v4 with integer score keys and three row stores per pop",
     ("tree_build", "triton_v6"): "v2's redux pop on the score's high word, no store in the loop",
+    ("tree_build", "triton_v7"): "v6 with successor keys precomputed per slot (float64 off the chain)",
     ("tree_walk", "triton_v1"): "Triton greedy walk, one warp per request, no host sync",
 }
 

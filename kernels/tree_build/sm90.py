@@ -1,6 +1,6 @@
 """Compile every tree_build version for sm_90 on a machine without a GPU; report registers.
 
-    python -m workbench.kernels.tree_build.sm90 [--versions 1,2,3,4,5]
+    python -m workbench.kernels.tree_build.sm90 [--versions 1,2,3,4,5,6,7]
 
 Each launcher is run once on CPU tensors with its kernel swapped for a recorder, so the
 signature and constexprs are exactly what a CUDA launch would pass; then `triton.compile`
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from workbench.reference.tree_build import topk_logprobs
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="1,2,3,4,5")
+    p.add_argument("--versions", default="1,2,3,4,5,6,7")
     args = p.parse_args(argv)
     print("version  L  budget  registers / spills (sm_90a, ptxas -v)  PTX: shfl redux")
     for v in args.versions.split(","):
