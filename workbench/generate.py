@@ -10,6 +10,7 @@ Legend: B requests, N rows per request (budget + 1 in DDTree), L draft depth, K 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,8 +22,25 @@ from workbench.cuda_graph import copy_out
 from workbench.reference.tree_mla import pack_anc_bits
 from workbench.tracing import nvtx_range, phase_range
 
-_DRAFT, _BUILD, _VERIFY, _WALK, _COMMIT = (nvtx_range(phase_range(p)) for p in (
-    "draft", "build", "verify", "walk", "commit"))  # ddtree/<phase> ranges (no-ops unprofiled)
+PHASES = ("draft", "build", "verify", "walk", "commit")
+_RANGES = {p: nvtx_range(phase_range(p)) for p in PHASES}  # ddtree/<phase> (no-ops unprofiled)
+_DRAFT, _BUILD, _VERIFY, _WALK, _COMMIT = (_RANGES[p] for p in PHASES)
+
+
+class _Phases:
+    """phase(name) -> the NVTX range, and the timer's span too when one is given (a timer has
+    .phase(name), a context manager: workbench.loopbench.PhaseTimer, eager loops only)."""
+
+    def __init__(self, timer=None):
+        self.timer = timer
+
+    @contextlib.contextmanager
+    def _both(self, name):
+        with _RANGES[name], self.timer.phase(name):
+            yield
+
+    def __call__(self, name: str):
+        return _RANGES[name] if self.timer is None else self._both(name)
 
 PREFILL_CHUNK = 128  # rows per prefill forward: the tree_mla kernels' N limit
 
@@ -32,9 +50,10 @@ class GenerateResult:
     tokens: list[list[int]]  # new tokens per request (stop token included when hit)
     steps: list[dict] = field(default_factory=list)  # one dict per decode step
     prompt_lens: list[int] = field(default_factory=list)
-    mode: str = "ar"
-    budget: int | None = None
+    mode: str = "ar"  # "ar", "ddtree", or "ddtree-replay" (acceptance replay: NOT the
+    budget: int | None = None  # target's tokens, see workbench/acceptance.py)
     first_tree: object = None  # the DDTree of step 0 (for drawing), None in AR mode
+    acceptance: str | None = None  # the replay trace's label in "ddtree-replay" mode
 
     @property
     def accepted(self) -> list[int]:
@@ -62,7 +81,8 @@ class GenerateResult:
 
     def to_json(self) -> dict:
         return {
-            "mode": self.mode, "budget": self.budget, "tokens": self.tokens,
+            "mode": self.mode, "budget": self.budget, "acceptance": self.acceptance,
+            "tokens": self.tokens,
             "accepted_per_step": [[a for a, live in zip(s["accepted"], s["active"]) if live]
                                   for s in self.steps],
             "tokens_per_step": self.tokens_per_step,
@@ -193,13 +213,14 @@ def commit_tree_kv(cache: torch.Tensor, prefix: torch.Tensor, acc_idx: torch.Ten
 class _ARStep:
     """Device part of an AR step: one row per request through the target, then sample."""
 
-    def __init__(self, target, cache, sample):
+    def __init__(self, target, cache, sample, phase=None):
         self.target, self.cache, self.sample = target, cache, sample
+        self.phase = phase or _Phases()
 
     def __call__(self, bonus: torch.Tensor, prefix: torch.Tensor) -> dict:
         B = bonus.shape[0]
         anc = torch.ones(B, 1, 1, dtype=torch.long, device=bonus.device)  # one row sees itself
-        with _VERIFY:
+        with self.phase("verify"):
             out = self.target(bonus.view(B, 1), prefix.view(B, 1), self.cache, prefix, anc,
                               record_routing=True)
             nxt = self.sample(out.logits[:, 0])  # [B]
@@ -214,33 +235,41 @@ class _DDTreeStep:
     bonus tokens nxt [B], the target features of the path for the drafter (hid [B, N, F],
     pos [B, N]) and the routing ids per MoE layer. Fixed shapes for a given (B, budget); no
     host sync when every op selected is a kernel (GraphedStep captures it).
+    replay: a workbench.acceptance.ReplayWalk that replaces the walk (accepted lengths drawn
+    from a trace, not the target's greedy choice); its outputs add max_accept [B].
     """
 
-    def __init__(self, target, drafter, dcache, cache, budget, capture, sample):
+    def __init__(self, target, drafter, dcache, cache, budget, capture, sample, replay=None,
+                 phase=None):
         self.target, self.drafter, self.dcache, self.cache = target, drafter, dcache, cache
         self.budget, self.capture, self.sample = budget, capture, sample
         self.k = min(budget, target.cfg.vocab_size)
+        self.replay, self.phase = replay, phase or _Phases()
 
     def __call__(self, bonus: torch.Tensor, prefix: torch.Tensor) -> dict:
-        dr, n_rows = self.drafter, self.budget + 1
-        with _DRAFT:  # a ReplayDrafter (workbench/replay.py) replays a recorded path
+        dr, n_rows, phase = self.drafter, self.budget + 1, self.phase
+        with phase("draft"):  # a ReplayDrafter (workbench/replay.py) replays a recorded path
             draft = getattr(dr, "draft_override", None) or ops.get("drafter")
             lp, ids = draft(dr, self.target, self.dcache, bonus, prefix, self.k)
-        with _BUILD:
+        with phase("build"):
             tree = ops.get("tree_build")(lp, ids, self.budget, root_tokens=bonus,
                                          prefix_lens=prefix)
-        with _VERIFY:
+        with phase("verify"):
             out = self.target(tree.tokens, tree.positions, self.cache, prefix, tree.anc_bits,
                               capture=self.capture, record_routing=True)
             choice = self.sample(out.logits)  # [B, N]: the target's token after each node
-        with _WALK:
-            acc_idx, acc_len, nxt = walk_tree(tree, choice)
+        max_accept = None
+        with phase("walk"):
+            if self.replay is None:
+                acc_idx, acc_len, nxt = walk_tree(tree, choice)
+            else:  # acceptance replay: lengths drawn from a trace (workbench/acceptance.py)
+                acc_idx, acc_len, nxt, max_accept = self.replay(tree, choice)
         path = acc_idx.clamp_min(0)
         o = {"tree": tree, "acc_idx": acc_idx, "acc_len": acc_len, "nxt": nxt,
              "path_tokens": torch.gather(tree.tokens, 1, path),
              "routing": out.stats.get("routing", []), "captured": out.captured,
-             "hid": None, "pos": None}
-        with _COMMIT:
+             "hid": None, "pos": None, "max_accept": max_accept}
+        with phase("commit"):
             commit_tree_kv(self.cache, prefix, acc_idx, acc_len)
             if out.captured is not None:
                 o["hid"] = torch.gather(out.captured, 1, path.unsqueeze(-1).expand(
@@ -253,7 +282,8 @@ class _DDTreeStep:
 def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[int] = 32,
              budget: int | None = None, temperature: float = 0.0, seed: int | None = None,
              stop_tokens: Iterable[int] | None = None, kernels=None,
-             progress: bool = False, on_step=None, cuda_graph: bool = False) -> GenerateResult:
+             progress: bool = False, on_step=None, cuda_graph: bool = False,
+             acceptance=None, timer=None) -> GenerateResult:
     """Greedy or sampled decoding of a batch of prompts; DDTree when `budget` is given.
 
     target: a KimiModel; drafter: a DFlashDrafter (needed for DDTree); prompts: token-id lists
@@ -264,6 +294,11 @@ def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[in
     one CUDA graph per call (workbench/cuda_graph.py): greedy only, every selected op must be
     capture-safe (kernels="optimized"); one host sync per step reads the emitted tokens.
     DDTree emits exactly the tokens of autoregressive decoding under the same kernels.
+    acceptance: a workbench.acceptance.AcceptanceTrace (or a path to its JSON): ACCEPTANCE
+    REPLAY, a benchmark mode: the walk accepts lengths drawn from the trace (seeded by `seed`)
+    along the tree's deepest path, so the tokens are NOT the target's; mode "ddtree-replay".
+    timer: an object with .phase(name) -> context manager around each phase of each step
+    (workbench.loopbench.PhaseTimer: CUDA events / wall clock); eager loops only.
     """
     cfg = target.cfg
     prompts = _check_prompts(prompts, cfg.vocab_size)
@@ -279,14 +314,23 @@ def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[in
                          f"{temperature}")
     if cuda_graph and target.device.type != "cuda":
         raise ValueError(f"cuda_graph: needs the target on a CUDA device, got {target.device}")
+    if acceptance is not None:
+        from workbench.acceptance import AcceptanceTrace
+
+        if budget is None:
+            raise ValueError("acceptance: replay needs a DDTree budget, got budget=None")
+        if not isinstance(acceptance, AcceptanceTrace):
+            acceptance = AcceptanceTrace.load(acceptance)
+    if timer is not None and cuda_graph:
+        raise ValueError("timer: phase timing needs the eager loop, got cuda_graph=True")
     with ops.use(kernels):
         return _generate(target, drafter if budget else None, prompts, max_new, budget,
                          temperature, seed, set(stop_tokens or ()), progress, on_step,
-                         cuda_graph)
+                         cuda_graph, acceptance, timer)
 
 
 def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop, progress,
-              on_step, cuda_graph=False):
+              on_step, cuda_graph=False, acceptance=None, timer=None):
     from tqdm.auto import tqdm
 
     B, dev = len(prompts), target.device
@@ -305,14 +349,22 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
     for b in range(B):
         req.emit(b, [int(first[b])])
 
-    result = GenerateResult([], [], [len(p) for p in prompts], "ddtree" if budget else "ar",
-                            budget)
+    mode = "ar" if budget is None else "ddtree" if acceptance is None else "ddtree-replay"
+    result = GenerateResult([], [], [len(p) for p in prompts], mode, budget)
     bar = tqdm(total=sum(max_new), disable=not progress, desc=result.mode)
     bar.update(sum(len(o) for o in req.out))
+    phase = _Phases(timer)
     if budget is None:
-        dstep = _ARStep(target, cache, sample)
+        dstep = _ARStep(target, cache, sample, phase)
     else:
-        dstep = _DDTreeStep(target, drafter, dcache, cache, budget, capture, sample)
+        replay = None
+        if acceptance is not None:
+            from workbench.acceptance import ReplayWalk
+
+            replay = ReplayWalk(acceptance, budget, B, max_len, dev, 0 if seed is None else seed)
+            result.acceptance = acceptance.label(budget)
+        dstep = _DDTreeStep(target, drafter, dcache, cache, budget, capture, sample, replay,
+                            phase)
     if cuda_graph:
         from workbench.cuda_graph import GraphedStep
 
@@ -335,7 +387,7 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
             emitted = [path[b][1 : lens[b]] + [last[b]] for b in range(B)]
             rows_valid = torch.arange(n_rows, device=dev).view(1, -1) < tree.node_count.view(-1, 1)
             tree_size = tree.node_count.tolist()
-            with _COMMIT:  # drafter context for the accepted tokens (host-side lengths)
+            with phase("commit"):  # drafter context for the accepted tokens (host lengths)
                 if o["captured"] is not None:
                     drafter.materialize(dcache, o["hid"], o["pos"], acc_len)
         out_routing = o["routing"]
@@ -358,6 +410,10 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
             "distinct_experts_mean": sum(experts) / max(len(experts), 1),
             "time_s": time.perf_counter() - t0,
         })
+        if o.get("max_accept") is not None:  # replay: what the tree's deepest path allowed
+            result.steps[-1]["max_accept"] = o["max_accept"].tolist()
+        if timer is not None and hasattr(timer, "end_step"):
+            timer.end_step()
         if on_step is not None:
             on_step(result.steps[-1], cache, prefix)
         step += 1

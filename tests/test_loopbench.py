@@ -1,0 +1,63 @@
+"""Loop benchmark: the CLI runs on CPU in seconds, rows add up, floors follow the physics."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from workbench.generate import PHASES
+from workbench.loopbench import main, model_sizes, phase_floors
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_target):
+    from workbench.reference.drafter import build_drafter
+
+    return tiny_target, build_drafter(tiny_target.cfg, seed=0)
+
+
+def test_cli_smoke_tiny_replay(tmp_path, capsys):
+    csv = tmp_path / "loop.csv"
+    rc = main(["--preset", "tiny", "--budgets", "ar,4", "--batches", "1,2", "--steps", "2",
+               "--warmup", "1", "--ctx", "8", "--acceptance", "tau=3.5@8", "--csv", str(csv)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "ACCEPTANCE REPLAY" in out and "best_measured" in out
+    df = pd.read_csv(csv)
+    assert len(df) == 4 and set(df["mode"]) == {"ar", "ddtree-replay"}
+    rep = df[df["mode"] == "ddtree-replay"]
+    assert rep["acceptance"].str.contains("replay tau 3.50 \\(trace budget 8\\)").all()
+    assert (df[df["mode"] == "ar"]["tau"] == 1.0).all() and (rep["tau"] >= 1.0).all()
+    for col in ["step_ms", "floor_step_ms", "tokens_per_s", "tokens_per_s_floor"]:
+        assert (df[col] > 0).all() and df[col].map(math.isfinite).all(), col
+    # the phases (eager, timed) fit in the step; AR has a verify phase only
+    phases = df[[f"{p}_ms" for p in PHASES]].sum(axis=1)
+    assert (phases <= df["step_ms"] * 1.01).all()
+    ar = df[df["mode"] == "ar"]
+    assert (ar["verify_ms"] > 0).all() and (ar[["draft_ms", "build_ms", "commit_ms"]] == 0).all().all()
+    assert (rep[[f"{p}_ms" for p in PHASES]] > 0).all().all()
+    assert df.groupby("C")["best_budget_for_C"].sum().eq(1).all()  # one best per C
+    assert {"git_sha", "gpu", "torch", "command", "model", "kernels"} <= set(df.columns)
+    # distinct experts per layer measured: at least top-k, at most E
+    assert (df["experts_per_layer"] >= 4).all() and (df["experts_per_layer"] <= 16).all()
+
+
+def test_floors_follow_experts_budget_and_bandwidth(tiny_pair):
+    target, drafter = tiny_pair
+    sizes = model_sizes(target, drafter)
+    cfg = target.cfg
+    moe = cfg.num_layers - cfg.first_k_dense
+    assert sizes["moe_layers"] == moe
+    # INT4 expert: 3 matrices of D x I at 4 bits + a bf16 scale per 32 weights
+    D, inter = cfg.hidden_size, cfg.moe_intermediate
+    assert sizes["bytes_per_expert"] == 3 * D * inter // 2 + 3 * D * inter // 32 * 2
+    kw = dict(sizes=sizes, tflops=1e9)  # bytes-bound: the copy term decides
+    few = phase_floors(target, drafter, 1, 8, 64, 4.0, **kw)
+    many = phase_floors(target, drafter, 1, 8, 64, 16.0, **kw)
+    extra = 12 * moe * sizes["bytes_per_expert"] / 4.26e12 * 1e3
+    assert math.isclose(many["verify"] - few["verify"], extra, rel_tol=1e-9)
+    assert phase_floors(target, drafter, 1, 32, 64, 4.0, **kw)["verify"] > few["verify"]
+    half = phase_floors(target, drafter, 1, 8, 64, 4.0, bw_tbs=2.13, **kw)
+    assert math.isclose(half["verify"], 2 * few["verify"])
+    assert set(phase_floors(target, drafter, 1, None, 64, 4.0, **kw)) == {"verify"}
+    assert set(few) == set(PHASES)
