@@ -123,3 +123,24 @@ assert (proj.step_ms > proj.compute_ms).all()
 nv, pc = proj[proj.link == "NVLink4"], proj[proj.link == "PCIe5x16"]
 assert (pc.comm_ms.values > nv.comm_ms.values).all()  # same bytes, slower link
 proj.pivot_table(index=["C", "mode"], columns=["layout", "link"], values="tokens_per_s")
+
+# %% [markdown]
+# ## The H200 run at full size
+# The same emulation at `kimi-k2.6` size on one H200 (`traces/emulate_engine.csv`; command and
+# reading in `traces/gpu/session2_final/README.md`). The emulated rank still runs eagerly with a
+# device sync per phase per layer, so these step times are host launch overhead, not GPU work:
+# they are the harness's numbers until the rank's step is graph-captured.
+
+# %%
+from pathlib import Path
+
+h200 = Path(workbench.__file__).resolve().parent.parent / "traces" / "emulate_engine.csv"
+if h200.exists():
+    full = pd.read_csv(h200)
+    assert set(full.layout) == {"EP8", "TP8"} and full.step_ms.gt(0).all()
+    print(full.gpu.iloc[0], "| git", full.git_sha.iloc[0][:7], "| kernels", full.kernels.iloc[0])
+    table = full.pivot_table(index=["C", "mode"], columns=["layout", "link"],
+                               values="tokens_per_s").round(1)
+else:
+    table = "traces/emulate_engine.csv not in this checkout"
+table
