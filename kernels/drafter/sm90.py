@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from workbench.kernels.tree_build.sm90 import ptxas_report
+from workbench.kernels._sm90 import ptxas_report
 
 
 def _sig(names_types: str) -> dict:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
-import subprocess
-import tempfile
 
 import torch
+
+from workbench.kernels._sm90 import ptxas_report
 
 _DTYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.int64: "*i64",
            torch.int32: "*i32", torch.int8: "*i8"}
@@ -69,22 +68,6 @@ def capture(module, *args) -> list:
         sig.update({name: "constexpr" for name in kw})
         out.append((kernel, {n: sig[n] for n in kernel.arg_names}, kw, opts))
     return out
-
-
-def ptxas_report(ptx: str) -> str:
-    import triton
-
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        res = subprocess.run([exe, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
-                             capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
-    return f"{regs.group(1) if regs else '?'} regs, {spill.group(1) if spill else '?'} B spill"
 
 
 def kimi_like(T: int, E=384, D=7168, I=2048, K=8):

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
-import subprocess
-import tempfile
 
 import torch
+
+from workbench.kernels._sm90 import ptxas_report
 
 _DTYPES = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf16",
            torch.float16: "*fp16", torch.int64: "*i64", torch.int32: "*i32"}
@@ -54,22 +53,6 @@ def capture(module, *args, **kwargs) -> tuple[dict, dict, int]:
     for name in kw:
         sig[name] = "constexpr"
     return {n: sig[n] for n in names}, kw, num_warps
-
-
-def ptxas_report(ptx: str) -> str:
-    import triton
-
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        res = subprocess.run([exe, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
-                             capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
-    return f"{regs.group(1) if regs else '?'} regs, {spill.group(1) if spill else '?'} B spill"
 
 
 def main(argv=None) -> int:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
-import subprocess
-import tempfile
 
 import torch
+
+from workbench.kernels._sm90 import ptxas_stats
 
 _DTYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
            torch.int64: "*i64", torch.int32: "*i32"}
@@ -75,22 +74,6 @@ def capture(module, *args) -> list[tuple]:
     return out
 
 
-def ptxas_report(ptx: str) -> tuple[str, str]:
-    import triton
-
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        res = subprocess.run([exe, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
-                             capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
-    return regs.group(1) if regs else "?", spill.group(1) if spill else "?"
-
-
 def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: sm_90 compilation needs JIT kernels")
@@ -117,7 +100,7 @@ def main(argv=None) -> int:
                                 target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": warps, "num_stages": stages})
             ptx = ck.asm["ptx"]
-            regs, spill = ptxas_report(ptx)
+            regs, spill = ptxas_stats(ptx)
             print(f"v{v:<6} {fn.__name__:<20} {warps:>5} {stages:>6} {regs:>4} {spill:>8} "
                   f"{ptx.count('wgmma.mma_async'):>5} {ptx.count('mma.sync'):>8} "
                   f"{ck.metadata.shared:>7} {ptx.count('cp.async.cg'):>8}")
