@@ -179,12 +179,18 @@ def _run(target, drafter, prompts, budget, n_steps, kernels, trace, seed, timer=
 def bench_config(target, drafter, budget: int | None, C: int, ctx: int = 32, steps: int = 6,
                  warmup: int = 2, kernels=None, trace=None, cuda_graph: bool = False,
                  bw_tbs: float = H200_COPY_TBS, tflops: float = H200_BF16_TFLOPS,
-                 seed: int = 0, sizes: dict | None = None) -> dict:
-    """One row: measured phases, step, tau, experts, floors, tokens/s (see module docstring)."""
+                 seed: int = 0, sizes: dict | None = None, prompts=None) -> dict:
+    """One row: measured phases, step, tau, experts, floors, tokens/s (see module docstring).
+
+    prompts: token-id lists to cycle through (the last `ctx` tokens of each); default C
+    random prompts of ctx tokens (real acceptance needs real text: a trained pair's prompts)."""
     dev = target.device
-    g = torch.Generator().manual_seed(seed)
-    V = target.cfg.vocab_size
-    prompts = torch.randint(3, V, (C, ctx), generator=g).tolist()
+    if prompts is None:
+        g = torch.Generator().manual_seed(seed)
+        prompts = torch.randint(3, target.cfg.vocab_size, (C, ctx), generator=g).tolist()
+    else:
+        prompts = [list(prompts[i % len(prompts)])[-ctx:] for i in range(C)]
+        ctx = max(len(p) for p in prompts)
     timer = PhaseTimer(dev)
     eager = _run(target, drafter, prompts, budget, warmup + steps, kernels, trace, seed, timer)
     kept = slice(warmup, None)
