@@ -61,3 +61,16 @@ def test_floors_follow_experts_budget_and_bandwidth(tiny_pair):
     assert math.isclose(half["verify"], 2 * few["verify"])
     assert set(phase_floors(target, drafter, 1, None, 64, 4.0, **kw)) == {"verify"}
     assert set(few) == set(PHASES)
+
+
+@pytest.mark.gpu
+def test_gpu_loopbench_graph_and_events(tmp_path):
+    """On the GPU: CUDA-event phases, a graph-replayed step time, replay rows labelled."""
+    csv = tmp_path / "loop.csv"
+    assert main(["--preset", "tiny", "--budgets", "ar,8,64", "--batches", "1,8", "--steps", "4",
+                 "--kernels", "optimized", "--cuda-graph", "--acceptance", "tau=4.48@8",
+                 "--csv", str(csv)]) == 0
+    df = pd.read_csv(csv)
+    assert df["gpu"].str.contains("H200|NVIDIA").all()
+    assert (df["graph_step_ms"] > 0).all() and (df["graph_step_ms"] < df["step_ms"] * 2).all()
+    assert (df[df["mode"] == "ddtree-replay"]["tau"] > 2.0).all()
