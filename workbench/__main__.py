@@ -8,6 +8,8 @@
     trace      torch.profiler trace of an op or a decode, plus the ncu/nsys commands
     suite      the H200 run: gpu tests, benchmarks, sanitizer; results to traces/
     train      train the small target + DFlash drafter pair
+    loopbench  decode-loop step time by phase, roofline floors, tokens/s per budget and C
+    acceptance record or make acceptance traces for the replay walk (labelled replay)
     info       presets and registered ops
 """
 
@@ -199,6 +201,8 @@ _DELEGATED = {
     "trace": "workbench.trace:trace_main",
     "suite": "workbench.suite:suite_main",
     "train": "workbench.train.__main__:main",
+    "loopbench": "workbench.loopbench:main",
+    "acceptance": "workbench.acceptance:main",
 }
 
 
