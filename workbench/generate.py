@@ -24,7 +24,6 @@ from workbench.tracing import nvtx_range, phase_range
 
 PHASES = ("draft", "build", "verify", "walk", "commit")
 _RANGES = {p: nvtx_range(phase_range(p)) for p in PHASES}  # ddtree/<phase> (no-ops unprofiled)
-_DRAFT, _BUILD, _VERIFY, _WALK, _COMMIT = (_RANGES[p] for p in PHASES)
 
 
 class _Phases:
@@ -50,8 +49,10 @@ class GenerateResult:
     tokens: list[list[int]]  # new tokens per request (stop token included when hit)
     steps: list[dict] = field(default_factory=list)  # one dict per decode step
     prompt_lens: list[int] = field(default_factory=list)
-    mode: str = "ar"  # "ar", "ddtree", or "ddtree-replay" (acceptance replay: NOT the
-    budget: int | None = None  # target's tokens, see workbench/acceptance.py)
+    # "ar", "ddtree", or "ddtree-replay" (acceptance replay: NOT the target's tokens, see
+    # workbench/acceptance.py)
+    mode: str = "ar"
+    budget: int | None = None
     first_tree: object = None  # the DDTree of step 0 (for drawing), None in AR mode
     acceptance: str | None = None  # the replay trace's label in "ddtree-replay" mode
 
