@@ -283,3 +283,213 @@ def test_gpu_bs64_and_graph_replay(kimi_drafter):
     assert bool(torch.isfinite(again[0]).all())
     assert torch.equal(out[0], again[0]) and torch.equal(out[1], again[1])
     assert not torch.equal(out[0], eager[0])  # the replay did see the new lengths
+
+
+# ---------------------------------------------------------------- context materialisation
+# materialize_v1 vs `DFlashDrafter.materialize`: K/V written at positions[b, i] for i < count[b].
+# Both caches start NaN-poisoned (new_cache), so a slot the kernel writes that the reference
+# does not (a row past count, a dropped position) shows as a finite value where NaN is expected.
+# K passes 5 bf16 roundings (fc, hidden norm, k GEMM, k norm, RoPE), V 3: the tolerance is
+# 6 sigma of that noise on the values' RMS, as for the draft step's logits (on CPU the tiny
+# sums are exact in fp32, so the interpreter usually matches bitwise).
+
+
+def _mat_inputs(drafter, B, N, T, seed, device="cpu"):
+    """(target_hidden [B, N, F] bf16, positions [B, N] int64: a random permutation of slots)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    Fin = drafter.fc.weight.shape[1]
+    hidden = torch.randn(B, N, Fin, generator=g, device=device).to(torch.bfloat16)
+    pos = torch.stack([torch.randperm(T, generator=g, device=device)[:N] for _ in range(B)])
+    return hidden, pos
+
+
+def _assert_cache_matches(ref, out, n_round=(5, 3)):
+    for name, a, b, m in (("k", ref.k, out.k, n_round[0]), ("v", ref.v, out.v, n_round[1])):
+        nan = a.isnan()
+        assert torch.equal(nan, b.isnan()), f"cache.{name}: written slots differ from the reference"
+        if nan.all():
+            continue
+        a, b = a.float()[~nan], b.float()[~nan]
+        sigma = math.sqrt(m) * BF16_U * a.pow(2).mean().sqrt().item()
+        err = (a - b).abs().max().item()
+        assert err <= 6 * sigma, f"cache.{name}: max |d| {err:.3g} > 6 sigma {6 * sigma:.3g}"
+
+
+def _hostile_tail(hidden, pos, count, T):
+    """Rows past count: NaN features, positions on slots the valid rows write (a write would
+    overwrite them with NaN) or outside the cache (a write would go out of bounds)."""
+    hidden, pos = hidden.clone(), pos.clone()
+    for b, n in enumerate(count.tolist()):
+        if n < hidden.shape[1]:
+            hidden[b, n:] = math.nan
+            pos[b, n:] = pos[b, 0] if n > 0 else -1
+            pos[b, -1] = T + 3
+    return hidden, pos
+
+
+@pytest.mark.parametrize("B,N,T,counts,why", [
+    (2, 6, 12, (0, 0), "count 0 everywhere: nothing is written, the cache stays NaN"),
+    (2, 6, 12, (6, 6), "count = N: every row"),
+    (3, 9, 40, (0, 9, 4), "mixed counts in one batch (none, all, some)"),
+    (1, 1, 1, (1,), "one row into a one-slot cache (budget-1 commit, slot 0 = slot T - 1)"),
+    (4, 8, 23, (8, 3, 1, 7), "prime T, block-size N (the loop's commit width)"),
+])
+def test_materialize_edge(tiny, B, N, T, counts, why):
+    from workbench.kernels.drafter.materialize_v1 import materialize_triton
+
+    drafter = build_drafter(tiny, seed=1)
+    hidden, pos = _mat_inputs(drafter, B, N, T, seed=B * N + T)
+    count = torch.tensor(counts)
+    hidden, pos = _hostile_tail(hidden, pos, count, T)
+    ref, out = drafter.new_cache(B, T), drafter.new_cache(B, T)
+    drafter.materialize(ref, hidden, pos, count)
+    materialize_triton(drafter, out, hidden, pos, count)
+    _assert_cache_matches(ref, out)
+
+
+def test_materialize_window_edge(tiny):
+    # why: positions straddling the sliding window (W = 16: slots 14..17) and the cache's last
+    # slot T - 1, written by two calls as the loop does (prefill chunk, then one commit)
+    from workbench.kernels.drafter.materialize_v1 import materialize
+
+    drafter = build_drafter(tiny, seed=2)
+    W, T = tiny.drafter.sliding_window, 20
+    hidden, _ = _mat_inputs(drafter, 2, 6, T, seed=5)
+    ref, out = drafter.new_cache(2, T), drafter.new_cache(2, T)
+    for p0, counts in ((W - 2, (4, 2)), (T - 6, (6, 1))):  # rows p0 .. p0 + 5; ends at T - 1
+        pos = (p0 + torch.arange(6)).expand(2, 6).contiguous()
+        count = torch.tensor(counts)
+        drafter.materialize(ref, hidden, pos, count)
+        materialize(drafter, out, hidden, pos, count)
+    assert not out.k[:, 0, T - 1].isnan().any() and not out.k[:, 0, W].isnan().any()
+    _assert_cache_matches(ref, out)
+
+
+def test_materialize_strided_inputs_and_kept_slots(tiny):
+    # why: non-contiguous target_hidden (a slice of the captured features), int32 positions and
+    # count, and a cache already holding finite context: only the rows' slots may change
+    from workbench.kernels.drafter.materialize_v1 import materialize_triton
+
+    drafter = build_drafter(tiny, seed=3)
+    B, N, T = 2, 5, 16
+    wide, pos = _mat_inputs(drafter, B, 2 * N, T, seed=9)
+    hidden = wide[:, ::2]  # [B, N, F], stride 2 along N
+    pos = pos[:, :N].to(torch.int32)
+    count = torch.tensor([3, 5], dtype=torch.int32)
+    ref = drafter.new_cache(B, T)
+    g = torch.Generator().manual_seed(4)
+    ref.k.copy_(torch.randn(ref.k.shape, generator=g).to(torch.bfloat16))
+    ref.v.copy_(torch.randn(ref.v.shape, generator=g).to(torch.bfloat16))
+    out = type(ref)(ref.k.clone(), ref.v.clone())
+    before = out.k.clone()
+    drafter.materialize(ref, hidden, pos, count)
+    materialize_triton(drafter, out, hidden, pos, count)
+    _assert_cache_matches(ref, out)
+    written = torch.zeros(B, T, dtype=torch.bool)
+    for b, n in enumerate(count.tolist()):
+        written[b, pos[b, :n].long()] = True
+    assert torch.equal(out.k[:, ~written], before[:, ~written])  # bitwise untouched
+
+
+def test_materialize_drops_out_of_range_positions(tiny):
+    # why: positions are not validated (a sync); a valid row outside [0, T) is skipped, the
+    # others are written (the reference raises instead: compare with the row left out)
+    from workbench.kernels.drafter.materialize_v1 import materialize_triton
+
+    drafter = build_drafter(tiny, seed=4)
+    B, N, T = 2, 4, 10
+    hidden, pos = _mat_inputs(drafter, B, N, T, seed=6)
+    pos[0, 3], pos[1, 3] = T, -1  # the last valid row of each request
+    ref, out = drafter.new_cache(B, T), drafter.new_cache(B, T)
+    drafter.materialize(ref, hidden, pos, torch.tensor([3, 3]))
+    materialize_triton(drafter, out, hidden, pos, torch.tensor([4, 4]))
+    _assert_cache_matches(ref, out)
+
+
+def test_materialize_errors(tiny):
+    from workbench.kernels.drafter.materialize_v1 import materialize_triton
+
+    drafter = build_drafter(tiny, seed=0)
+    cache = drafter.new_cache(1, 4)
+    h, pos = _mat_inputs(drafter, 1, 2, 4, seed=0)
+    cnt = torch.tensor([2])
+    with pytest.raises(ValueError, match=r"target_hidden: expected \[B, N, 128\]"):
+        materialize_triton(drafter, cache, h[..., :-1], pos, cnt)
+    with pytest.raises(ValueError, match="target_hidden: expected bfloat16"):
+        materialize_triton(drafter, cache, h.float(), pos, cnt)
+    with pytest.raises(ValueError, match=r"positions: expected shape \(1, 2\)"):
+        materialize_triton(drafter, cache, h, pos[:, :1], cnt)
+    with pytest.raises(ValueError, match="count: expected an integer dtype"):
+        materialize_triton(drafter, cache, h, pos, cnt.float())
+    with pytest.raises(ValueError, match="cache.v"):
+        materialize_triton(drafter, type(cache)(cache.k, cache.v[:, :, :2]), h, pos, cnt)
+
+
+def test_decode_token_exact_with_materialize_kernel(tiny_target):
+    # the loop with the kernel drafter AND the kernel materialisation (bound on the instance:
+    # the loop calls drafter.materialize) emits exactly the AR tokens
+    import types
+
+    from workbench.generate import generate
+    from workbench.kernels.drafter.materialize_v1 import materialize_triton
+
+    register()
+    drafter = build_drafter(tiny_target.cfg, seed=0)
+    drafter.materialize = types.MethodType(materialize_triton, drafter)
+    prompts = [[5, 6, 7, 8], [20, 21, 22]]
+    ar = generate(tiny_target, prompts=prompts, max_new_tokens=5)
+    dd = generate(tiny_target, drafter, prompts, max_new_tokens=5, budget=6,
+                  kernels={"drafter": BEST})
+    assert dd.tokens == ar.tokens
+
+
+@pytest.mark.gpu
+def test_gpu_materialize_real_and_graph_replay(kimi_drafter):
+    # kimi-k2.6 widths (F 43008, 6 layers, 8 kv heads of 128), bs 64 x block_size rows
+    from workbench.kernels.drafter.materialize_v1 import materialize_triton
+
+    cfg, (drafter, _) = kimi_drafter
+    B, N, T = 64, cfg.drafter.block_size, 4096
+    hidden, pos = _mat_inputs(drafter, B, N, T, seed=11, device="cuda")
+    pos = torch.where(pos == T - 1, pos[:, -1:], pos)  # swap T - 1 to the last row: the
+    pos[:, -1] = T - 1  # cache's last slot, written where count = N; slots stay distinct
+    count = (torch.arange(B, device="cuda") % (N + 1))  # 0..N, mixed
+    hidden, pos = _hostile_tail(hidden, pos, count, T)
+    ref, eager = drafter.new_cache(B, T), drafter.new_cache(B, T)
+    drafter.materialize(ref, hidden, pos, count)
+    materialize_triton(drafter, eager, hidden, pos, count)  # also builds the stacked weights
+    _assert_cache_matches(ref, eager)
+
+    def same(a, b):
+        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+    out = drafter.new_cache(B, T)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        materialize_triton(drafter, out, hidden, pos, count)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")  # no host sync inside the materialisation
+    try:
+        with torch.cuda.graph(graph):
+            materialize_triton(drafter, out, hidden, pos, count)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for t in out:
+        t.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert same(out.k, eager.k) and same(out.v, eager.v)
+    # new features, positions and counts in the same buffers: the replay follows them
+    hidden2, pos2 = _mat_inputs(drafter, B, N, T, seed=12, device="cuda")
+    hidden.copy_(hidden2)
+    pos.copy_(pos2)
+    count.copy_((count + 3) % (N + 1))
+    for t in out:
+        t.fill_(math.nan)
+    graph.replay()
+    again = drafter.new_cache(B, T)
+    materialize_triton(drafter, again, hidden, pos, count)
+    assert same(out.k, again.k) and same(out.v, again.v)
+    assert not same(out.k, eager.k)

@@ -2,8 +2,9 @@
 
     python -m workbench.kernels.drafter.sm90      (TRITON_INTERPRET must be unset)
 
-Signatures are those triton_v1's launchers pass at kimi-k2.6 drafter widths (d 128, G 8, S 8,
-D 7168, F 18432); `ptxas -v` of the wheel (kernels/tree_build/sm90.py) reads the resources.
+Signatures are those triton_v1's and materialize_v1's launchers pass at kimi-k2.6 drafter widths
+(d 128, G 8, S 8, D 7168, F 18432); `ptxas -v` of the wheel (kernels/tree_build/sm90.py) reads
+the resources.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def kernels():
     from . import _attention as at
     from . import _fused as fu
     from . import _lm_head_topk as lh
+    from . import materialize_v1 as mv
 
     i32 = "i32"
     attn_sig = _sig("q_ptr:*bf16 kb_ptr:*bf16 vb_ptr:*bf16 kc_ptr:*bf16 vc_ptr:*bf16 "
@@ -65,6 +67,13 @@ def kernels():
     sig = _sig("gu_ptr:*bf16 h_ptr:*bf16 F:i32 s_gu:i32 s_h:i32")
     out.append(("silu * up", fu._silu_mul_kernel, {**sig, "BLOCK": "constexpr"},
                 dict(BLOCK=2048), 4))
+    # cache strides per layer / request exceed 2^31 elements at bs 64 x 32k: i64 there
+    sig = _sig("kv_ptr:*bf16 kw_ptr:*bf16 cos_ptr:*fp32 sin_ptr:*fp32 pos_ptr:*i64 "
+               "cnt_ptr:*i64 ck_ptr:*bf16 cv_ptr:*bf16 N:i32 T:i32 HKV:i32 s_kv:i32 sk_l:i64 "
+               "sk_b:i64 sk_t:i32 sk_h:i32 sv_l:i64 sv_b:i64 sv_t:i32 sv_h:i32 eps:fp32")
+    const = dict(BLOCK_H=8, HALF=64, RNE_BITS=False)
+    out.append(("materialize k-norm+RoPE+scatter", mv._kv_scatter_kernel,
+                {**sig, **{k: "constexpr" for k in const}}, const, 4))
     return out
 
 
