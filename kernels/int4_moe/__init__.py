@@ -6,6 +6,8 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v2  v1 on a one-time repacked planar layout (one scale per 32-input slab), evict_first
     triton_v3  weight-streaming rework: per (expert, N tile, K split) programs, BM 16, split-K,
                I2F-free dequant, activations permuted to the checkpoint's nibble planes
+    triton_v4  v3 with scales and activations pipelined (cp.async), hi+lo in one MMA operand,
+               <= 168 registers (3 CTAs / SM, ~81 KB of weights in flight per SM)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -17,7 +19,7 @@ _MOD = "workbench.kernels.int4_moe"
 # the version the decode-loop test and the notebook use
 BEST = "triton_v1"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (1, 2, 3)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (1, 2, 3, 4)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -27,6 +29,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v3"): "weight-streaming rework: (expert, N tile, K split) programs read "
     "each weight slice once for all the expert's slots (BM 16), split-K with ordered reductions, "
     "I2F-free exact dequant on the checkpoint layout (activations permuted instead), 6 launches",
+    ("int4_moe", "triton_v4"): "v3 with every K-loop load pipelined (weights, scales, activations "
+    "as cp.async: unmasked main K loop, peeled tail), hi+lo in one MMA operand, maxnreg 168: "
+    "3 CTAs/SM, ~81 KB of weight loads in flight per SM",
 }
 
 

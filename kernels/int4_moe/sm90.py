@@ -1,12 +1,20 @@
 """Compile the int4_moe kernels for sm_90 on a machine without a GPU; report registers, spills,
 whether the MMA is wgmma, and whether the weight loads were pipelined (cp.async).
 
-    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3] [--T 1,9,65,512]
+    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3,4] [--T 1,9,65,512] [--no-spec]
 
 Each launcher runs once on CPU tensors (experts expanded from one expert: shapes and strides
 only) with its kernels swapped for recorders, so the signature and constexprs are what a CUDA
 launch at Kimi shapes passes; then `triton.compile` targets GPUTarget("cuda", 90, 32) and the
 wheel's `ptxas -v` reads registers and spills. Must run without TRITON_INTERPRET.
+
+Specialization: a CUDA launch marks 16-byte-aligned pointers and integers divisible by 16 as
+`tt.divisibility = 16` and turns integers equal to 1 into constants (Triton's own
+`native_specialize_impl`); the capture does the same by default, so vector widths (and with
+them which loads become cp.async) are the launch's. `--no-spec` compiles without it (the
+numbers this tool printed before v4: every load looked unaligned, bf16 loads scalar).
+Columns: smem is the CTA's dynamic shared memory (Triton's metadata); cp.async counts the
+PTX's cp.async instructions (weights, scales, activations if pipelined).
 """
 
 from __future__ import annotations
@@ -31,8 +39,12 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((self.kernel, args, kwargs))
 
 
-def capture(module, *args) -> list:
-    """[(kernel, signature, constexprs, options)] of every launch `module.int4_moe_triton` makes."""
+def capture(module, *args, spec: bool = True) -> list:
+    """[(kernel, signature, constexprs, attrs, options)] of every launch `module.int4_moe_triton`
+    makes; spec: specialize like a CUDA launch (alignment / divisibility 16, ints equal to 1)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
     from workbench.kernels.int4_moe import _common
 
     calls, saved = [], {}
@@ -58,15 +70,22 @@ def capture(module, *args) -> list:
             module.repack = repack
     out = []
     for kernel, pos, kw in calls:
-        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
-        sig = {}
-        for name, value in zip(kernel.arg_names, pos):
+        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
+        sig, attrs = {}, {}
+        for i, (name, value) in enumerate(zip(kernel.arg_names, pos)):
             if isinstance(value, torch.Tensor):
                 sig[name] = _DTYPES[value.dtype]
             else:
                 sig[name] = "i32" if -(2**31) <= int(value) < 2**31 else "i64"
+            if spec:
+                ty, key = native_specialize_impl(BaseBackend, value, False, True, True)
+                if ty == "constexpr":
+                    sig[name] = "constexpr"
+                    kw[name] = key
+                elif key == "D":
+                    attrs[(i,)] = [["tt.divisibility", 16]]
         sig.update({name: "constexpr" for name in kw})
-        out.append((kernel, {n: sig[n] for n in kernel.arg_names}, kw, opts))
+        out.append((kernel, {n: sig[n] for n in kernel.arg_names}, kw, attrs, opts))
     return out
 
 
@@ -94,18 +113,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--versions", default="1,3")
     p.add_argument("--T", default="1,9,65,512")
+    p.add_argument("--no-spec", action="store_true", help="no launch specialization")
     args = p.parse_args(argv)
-    print("version  T    kernel           registers / spills (sm_90a)   wgmma  mma.sync  cp.async")
+    print("version  T    kernel           registers / spills (sm_90a)   wgmma  mma.sync  cp.async"
+          "  smem B")
     for v in args.versions.split(","):
         module = importlib.import_module(f"workbench.kernels.int4_moe.triton_v{v}")
         for T in map(int, args.T.split(",")):
-            for kernel, sig, const, opts in capture(module, *kimi_like(T)):
-                ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const),
+            for kernel, sig, const, attrs, opts in capture(module, *kimi_like(T),
+                                                           spec=not args.no_spec):
+                ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const,
+                                              attrs=attrs),
                                     target=GPUTarget("cuda", 90, 32), options=opts)
                 ptx = ck.asm["ptx"]
                 print(f"v{v:<7} {T:<4} {kernel.__name__:<16} {ptxas_report(ptx):<29} "
                       f"{ptx.count('wgmma.mma_async'):>5} {ptx.count('mma.sync'):>9} "
-                      f"{ptx.count('cp.async'):>9}")
+                      f"{ptx.count('cp.async'):>9} {ck.metadata.shared:>7}")
     return 0
 
 
