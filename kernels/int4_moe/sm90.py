@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     from triton.compiler import ASTSource
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="1,3")
+    p.add_argument("--versions", default="3,4")
     p.add_argument("--T", default="1,9,65,512")
     p.add_argument("--no-spec", action="store_true", help="no launch specialization")
     args = p.parse_args(argv)
