@@ -1,5 +1,5 @@
-"""tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128): equal to the
-dense-mask reference.
+"""tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3):
+equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from workbench.check import compare_outputs
-from workbench.kernels.tree_mla import BEST, _common, register, triton_v1, triton_v2
+from workbench.kernels.tree_mla import BEST, _common, register, triton_v1, triton_v2, triton_v3
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
 
 VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
-            "v2_split128": triton_v2.tree_mla_triton_split128}
+            "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
@@ -127,7 +127,7 @@ EDGE = {
 
 # CPU budget: v1 keeps both seeds; the later versions run one seed each (v2 seed 0,
 # v2_split128 seed 1) and v2_split128 skips split-len-grows (at P = 8300 its partition is v2's)
-EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,)}
+EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1)}
 
 
 @pytest.mark.parametrize("name", list(EDGE))
@@ -141,7 +141,7 @@ def test_edge(name, version, poisoned):
                                  VERSIONS[version])
 
 
-@pytest.mark.parametrize("version", ["v2", "v2_split128"])
+@pytest.mark.parametrize("version", ["v2", "v2_split128", "v3"])
 def test_v2_idle_split_programs_and_mixed_paths(version, poisoned):
     # why: T = 3706 sizes the grid for 8 / 16 splits but P = 3 and 0 need one program each
     # (the others must exit without writing), while P = 700 in the same launch goes through
@@ -149,6 +149,23 @@ def test_v2_idle_split_programs_and_mixed_paths(version, poisoned):
     case = make_case((3, 700, 0), random_parents(6, torch.Generator().manual_seed(11)),
                      spare=3000, label="idle programs")
     assert_matches_reference(case, VERSIONS[version])
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_v3_tile_paths(tma, poisoned, monkeypatch):
+    # why: v3's three prefix paths side by side: P < 64 (prefix in the masked loop, tiles
+    # aligned below -P), P = 64 (one TMA tile), P = 65 and 520 (a split's last tile shifted
+    # back to end at the split's end: P = 520's second split holds 8 keys, its tile reaches
+    # into split 0's keys, which must count 0), P = 1100 (3 splits); NaN past P + N. The TMA
+    # and pointer paths load the same rows under the same masks: bitwise equal
+    case = make_case((63, 64, 65, 520, 0, 1100),
+                     random_parents(5, torch.Generator().manual_seed(12)), label="v3 paths")
+    assert triton_v3._tma_ok(case.args[1], case.args[5])
+    out = assert_matches_reference(case, triton_v3.tree_mla_triton)
+    if not tma:
+        monkeypatch.setattr(triton_v3, "_tma_ok", lambda *a: False)
+        ptr = triton_v3.tree_mla_triton(*case.args)
+        assert torch.equal(ptr[0], out[0]) and torch.equal(ptr[1], out[1])
 
 
 def test_harness_edge_cases(poisoned):
@@ -254,6 +271,8 @@ def test_registered_variants():
         assert ops.get("tree_mla") is triton_v2.tree_mla_triton
     with ops.use(tree_mla="triton_v2_split128"):
         assert ops.get("tree_mla") is triton_v2.tree_mla_triton_split128
+    with ops.use(tree_mla="triton_v3"):
+        assert ops.get("tree_mla") is triton_v3.tree_mla_triton
 
 
 @pytest.mark.parametrize("budget", [None, 5])

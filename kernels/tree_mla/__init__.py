@@ -8,6 +8,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                o_lat/lse directly, empty split programs exit at once, combine only where a
                request has 2+ splits (v1's split policy)
     triton_v2_split128  triton_v2 with splits of >= 128 keys (more, shorter programs at small P)
+    triton_v3  triton_v2 with TMA prefix tiles (two bulk copies a tile instead of 18 cp.async a
+               thread; no register spills in the prefix loop), short prefixes in the masked loop
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -22,6 +24,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v1": f"{_MOD}.triton_v1:tree_mla_triton",
         "triton_v2": f"{_MOD}.triton_v2:tree_mla_triton",
         "triton_v2_split128": f"{_MOD}.triton_v2:tree_mla_triton_split128",
+        "triton_v3": f"{_MOD}.triton_v3:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -31,6 +34,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "requests finish in one launch), empty splits exit early, combine by the real split count",
     ("tree_mla", "triton_v2_split128"): "triton_v2 with prefix splits of >= 128 keys: more, "
     "shorter programs at small contexts (P-only policy, batch invariant)",
+    ("tree_mla", "triton_v3"): "triton_v2 with the prefix K tiles loaded by TMA (host-built "
+    "descriptors, each split's last tile shifted back to end inside the prefix: no row mask, "
+    "no per-thread cp.async), short prefixes through the masked tree loop",
 }
 
 

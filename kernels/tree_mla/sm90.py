@@ -1,7 +1,7 @@
 """Compile the tree_mla kernels for sm_90 on a machine without a GPU; report registers, spills
-and whether the dots became wgmma (DESIGN.md §10).
+and whether the dots became wgmma and the loads TMA (DESIGN.md §10).
 
-    python -m workbench.kernels.tree_mla.sm90 [--versions 1,2] [--heads 64] [--rows 9]
+    python -m workbench.kernels.tree_mla.sm90 [--versions 1,2,3] [--heads 64] [--rows 9]
 
 Each launcher runs once on CPU tensors with its kernels swapped for recorders, so signatures
 and constexprs are exactly what a CUDA launch passes; then `triton.compile` targets
@@ -16,6 +16,7 @@ import importlib
 import os
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from workbench.kernels._sm90 import ptxas_stats
 
@@ -57,7 +58,10 @@ def capture(module, *args) -> list[tuple]:
             # divisible by 16 get the divisibility hint (what lets loads vectorise)
             sig, attrs = {}, {}
             for i, (name, value) in enumerate(zip(fn.arg_names, pos)):
-                if isinstance(value, torch.Tensor):
+                if isinstance(value, TensorDescriptor):  # v3's TMA descriptors
+                    block = ",".join(map(str, value.block_shape))
+                    sig[name] = f"tensordesc<{_DTYPES[value.base.dtype][1:]}[{block}]>"
+                elif isinstance(value, torch.Tensor):
                     sig[name] = _DTYPES[value.dtype]
                     attrs[(i,)] = [["tt.divisibility", 16]]
                 elif isinstance(value, float):
@@ -82,7 +86,7 @@ def main(argv=None) -> int:
     from triton.compiler import ASTSource
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="1,2")
+    p.add_argument("--versions", default="1,2,3")
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--rows", type=int, default=9)
     args = p.parse_args(argv)
@@ -91,7 +95,8 @@ def main(argv=None) -> int:
     kv = torch.zeros(B, T, C + R, dtype=torch.bfloat16)
     P = torch.zeros(B, dtype=torch.int64)
     anc = torch.zeros(B, N, -(-N // 64), dtype=torch.int64)
-    print("version kernel               warps stages regs spill(B) wgmma mma.sync smem(B) cp.async")
+    print("version kernel               warps stages regs spill(B) wgmma mma.sync smem(B) cp.async"
+          " tma")
     for v in args.versions.split(","):
         module = importlib.import_module(f"workbench.kernels.tree_mla.triton_v{v}")
         for fn, _grid, sig, const, attrs, warps, stages in capture(module, q, kv, P, anc,
@@ -103,7 +108,8 @@ def main(argv=None) -> int:
             regs, spill = ptxas_stats(ptx)
             print(f"v{v:<6} {fn.__name__:<20} {warps:>5} {stages:>6} {regs:>4} {spill:>8} "
                   f"{ptx.count('wgmma.mma_async'):>5} {ptx.count('mma.sync'):>8} "
-                  f"{ck.metadata.shared:>7} {ptx.count('cp.async.cg'):>8}")
+                  f"{ck.metadata.shared:>7} {ptx.count('cp.async.cg'):>8} "
+                  f"{ptx.count('cp.async.bulk.tensor'):>3}")
     return 0
 
 
