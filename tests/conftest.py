@@ -17,10 +17,43 @@ if not HAS_CUDA:
     torch.set_num_threads(1)
 
 
+def _default_versions() -> dict[str, set[str]]:
+    """{op: {BEST, newest}}: the kernel versions whose CPU tests the default run keeps."""
+    import importlib
+    import re
+
+    from workbench.kernels import FOLDERS
+
+    def number(name: str) -> int:
+        m = re.fullmatch(r"triton_v(\d+)", name)
+        return int(m.group(1)) if m else -1
+
+    keep = {}
+    for folder in FOLDERS:
+        mod = importlib.import_module(f"workbench.kernels.{folder}")
+        names = list(mod.VARIANTS.get(folder, {}))
+        if getattr(mod, "BEST", None) and names:
+            keep[folder] = {mod.BEST, max(names, key=number)}
+    return keep
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the `extended` marks below must exist
 def pytest_collection_modifyitems(config, items):
+    """GPU tests skip without CUDA. In tests/test_<op>_kernel.py, a CPU test parametrised by
+    `version` is `extended` (opt-in: pytest -m extended) unless the version is the folder's
+    BEST or its newest: the interpreter is slow and every numbered version is kept."""
+    keep = _default_versions()
     for item in items:
-        if "gpu" in item.keywords and not HAS_CUDA:
-            item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+        if "gpu" in item.keywords:
+            if not HAS_CUDA:
+                item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+            continue
+        op = item.module.__name__.rpartition(".")[2].removeprefix("test_").removesuffix("_kernel")
+        version = getattr(getattr(item, "callspec", None), "params", {}).get("version")
+        if op in keep and isinstance(version, str):
+            name = version if version.startswith("triton_") else f"triton_{version}"
+            if name not in keep[op]:
+                item.add_marker(pytest.mark.extended)
 
 
 @pytest.fixture
