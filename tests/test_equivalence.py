@@ -132,8 +132,12 @@ def test_reference_passes_real_cases_at_tiny_widths(op):
 @pytest.mark.parametrize("op, opts", [("tree_build", {}), ("moe_route", {}), ("rmsnorm", {}),
                                       ("linear", {}), ("int4_moe", {"max_experts": 8})])
 def test_reference_passes_kimi_real_cases_on_cpu(op, opts):
-    # full Kimi widths (int4_moe with 8 of its 384 experts); ~90 s on two cores
-    df = check(op, shapes="real", seeds=1, device="cpu", **opts)
+    # full Kimi widths (int4_moe with 8 of its 384 experts, its T <= 9 cases: the larger T
+    # are the GPU's; the float64 reference spends minutes on them on two cores)
+    cases = GENERATORS[op]("real", 0, device="cpu", **opts)
+    if op == "int4_moe":
+        cases = [c for c in cases if c.dims["T"] <= 9]
+    df = check(op, cases=cases, device="cpu")
     assert df["pass"].all(), _failures(df)
 
 
