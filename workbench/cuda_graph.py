@@ -31,23 +31,21 @@ class GraphCaptureError(RuntimeError):
     """The step could not be captured (an op synchronised with the host, or similar)."""
 
 
-def _copy_out(obj):
+def copy_out(obj):
     """A tree of tensors (tuples, lists, dicts, dataclasses) with every tensor cloned."""
     import dataclasses
 
     if isinstance(obj, torch.Tensor):
         return obj.clone()
     if isinstance(obj, dict):
-        return {k: _copy_out(v) for k, v in obj.items()}
+        return {k: copy_out(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_copy_out(v) for v in obj)
+        return type(obj)(copy_out(v) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _copy_out(getattr(obj, f.name))
+        return dataclasses.replace(obj, **{f.name: copy_out(getattr(obj, f.name))
                                            for f in dataclasses.fields(obj)})
     return obj
 
-
-copy_out = _copy_out
 
 
 class GraphedStep:
