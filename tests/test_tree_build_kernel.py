@@ -22,23 +22,13 @@ from hypothesis import strategies as st
 from workbench.kernels.tree_build import (
     BEST,
     register,
-    triton_v1,
-    triton_v2,
-    triton_v3,
-    triton_v4,
-    triton_v5,
-    triton_v6,
-    triton_v7,
 )
-from workbench.kernels.tree_build.__main__ import FIELDS, tree_mismatches
+from workbench.kernels.tree_build.__main__ import BUILDERS, FIELDS, tree_mismatches
 from workbench.kernels.tree_build.triton_v1 import walk_commit_triton, walk_tree_triton
 from workbench.reference.tree_build import build_ddtree, topk_logprobs, walk_tree
 
-BUILD = {"v1": triton_v1.build_ddtree_triton, "v2": triton_v2.build_ddtree_triton,
-         "v3": triton_v3.build_ddtree_triton, "v4": triton_v4.build_ddtree_triton,
-         "v5": triton_v5.build_ddtree_triton,
-         "v5-vectors": lambda *a, **k: triton_v5.build_ddtree_triton(*a, row_stores=False, **k),
-         "v6": triton_v6.build_ddtree_triton, "v7": triton_v7.build_ddtree_triton}
+# the sweep's builders (one map of the versions), without its two timing ablations
+BUILD = {k: f for k, f in BUILDERS.items() if k not in ("v2-noprefetch", "v3-builtin")}
 TUPLE_POP = ("v1", "v3", "v4", "v5")  # versions with a tuple-reduction pop (the GPU default)
 build_ddtree_triton = BUILD[BEST.removeprefix("triton_")]
 
