@@ -12,8 +12,11 @@ mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu: not found"; exit 3; }
 "$NCU" --version | tail -1
-# --nvtx-include "ddtree@ddtree/verify/": push/pop range ddtree/verify in domain ddtree.
-"$NCU" --clock-control none --nvtx --nvtx-include "ddtree@ddtree/verify/" \
+# The filter comes from workbench.tracing.ncu_filter: '/' inside a range name must be escaped
+# (an unescaped "ddtree@ddtree/verify/" matched no kernel on the H200, session 3).
+FILTER=$(python3 -c "from workbench.tracing import ncu_filter; print(ncu_filter('ddtree/verify'))")
+echo "ncu filter: $FILTER"
+"$NCU" --clock-control none --nvtx --nvtx-include "$FILTER" \
     --launch-skip "${SKIP:-0}" --launch-count "${COUNT:-300}" \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
     -f -o "$OUT/ncu_verify" \

@@ -373,17 +373,20 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
     meta = traces_io.run_metadata(device, command)
     budget = max_seconds / max(1, len(cases) * (len(vnames) + len(plist)))
     ref_fn = spec.variant(REFERENCE).load()
-    checked = {}
-    if check:
-        for v in vnames:
+    frames = []
+    for i, case in enumerate(cases):
+        # Checked case by case, just before its timing (not all cases up front): a float64
+        # reference at REAL shapes takes seconds per case, and a run cut by its time limit
+        # must still leave the rows of the cases it finished (appended per case below).
+        print(f"[bench] {spec.name} case {i + 1}/{len(cases)}: {case.label}", file=sys.stderr)
+        checked = {}
+        for v in vnames if check else ():
             if v != REFERENCE and spec.variant(v).unavailable_reason() is None:
                 try:
-                    checked[v] = _module_check(spec, v, cases, device)
+                    checked[v] = _module_check(spec, v, [case], device)
                 except Exception as e:  # a broken checker must not hide the direct compare
                     checked[v] = None
                     print(f"workbench.check raised for {v}: {e!r}; direct compare", file=sys.stderr)
-    frames = []
-    for case in cases:
         rows = []
         roof = spec.roofline(case) if spec.roofline is not None else {}
         nbytes, flops = float(roof.get("bytes", math.nan)), float(roof.get("flops", math.nan))
