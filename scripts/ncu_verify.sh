@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute report of ONE DDTree verify step (issue #12): the `small` preset (4 Kimi-width
-# layers, synthetic weights), kernels="optimized", budget ${BUDGET:-8}, C=1, eager (ncu replays
+# layers, synthetic weights), kernels=${KERNELS:-engine} (optimized kernels + cuBLAS bf16 dense ops), budget ${BUDGET:-8}, C=1, eager (ncu replays
 # each kernel; a graph would be profiled as one launch). Only kernels inside the loop's NVTX
 # range ddtree/verify are profiled (domain "ddtree", the `nvtx` wheel): the first COUNT of them
 # (the kernels are the same every step; compiles launch none). Writes $OUT/ncu_verify.ncu-rep and a per-kernel CSV summary.
@@ -21,7 +21,7 @@ echo "ncu filter: $FILTER"
     --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
     -f -o "$OUT/ncu_verify" \
     python3 -m workbench generate --preset small --device cuda --budget "${BUDGET:-8}" \
-        --kernels optimized --max-new-tokens 12 --prompt-ids 1,2,3,4,5,6,7,8
+        --kernels "${KERNELS:-engine}" --max-new-tokens 12 --prompt-ids 1,2,3,4,5,6,7,8
 rc=$?
 [ -f "$OUT/ncu_verify.ncu-rep" ] && "$NCU" --import "$OUT/ncu_verify.ncu-rep" --csv \
     --page details --print-units base >"$OUT/ncu_verify_details.csv"
