@@ -104,6 +104,19 @@ def _compiled(mode: str):
     return load
 
 
+class _Captured:
+    """A captured step and its static outputs, opaque to the harness: `clone_inputs` deep-copies
+    tensors in a prepared call (for cold-L2 sets), and a cloned `out` would be the capture-time
+    buffer contents (never computed: capture runs no kernel), not what the replay writes."""
+
+    def __init__(self, graph, out):
+        self.graph, self.out = graph, out
+
+    def replay(self):
+        self.graph.replay()
+        return self.out
+
+
 def _graph_prepare(case):
     """Capture the eager step on the case's own (static) tensors; the timed call replays."""
     args = _args(case)
@@ -116,12 +129,11 @@ def _graph_prepare(case):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = torch_draft_topk(*args)
-    return (g, out)
+    return (_Captured(g, out),)
 
 
-def _replay(g, out):
-    g.replay()
-    return out
+def _replay(captured):
+    return captured.replay()
 
 
 _CMP_DOC = ("plain PyTorch bf16 drafter step (SDPA + dense mask, full fp32 logits, "
