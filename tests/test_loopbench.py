@@ -74,3 +74,29 @@ def test_gpu_loopbench_graph_and_events(tmp_path):
     assert df["gpu"].str.contains("H200|NVIDIA").all()
     assert (df["graph_step_ms"] > 0).all() and (df["graph_step_ms"] < df["step_ms"] * 2).all()
     assert (df[df["mode"] == "ddtree-replay"]["tau"] > 2.0).all()
+
+
+def test_profile_ranks_the_step_and_writes_per_config(tmp_path, tiny_pair):
+    from workbench.loopbench import profile_config
+
+    target, drafter = tiny_pair
+    rows = profile_config(target, drafter, 4, 1, ctx=8, steps=2, warmup=1, top=5)
+    assert 2 <= len(rows) <= 6 and rows[-1]["kernel"].startswith("(other")
+    us = [r["us_per_step"] for r in rows[:-1]]
+    assert us == sorted(us, reverse=True) and all(u > 0 for u in us)
+    assert abs(sum(r["pct"] for r in rows) - 100.0) < 1e-6
+    txt = tmp_path / "prof.txt"
+    assert main(["--preset", "tiny", "--budgets", "ar", "--batches", "1", "--steps", "2",
+                 "--warmup", "1", "--ctx", "8", "--profile", str(txt)]) == 0
+    body = txt.read_text()
+    assert "## C=1 AR" in body and "us_per_step" in body
+
+
+def test_profile_rejects_bad_step_counts(tiny_pair):
+    from workbench.loopbench import profile_config
+
+    target, drafter = tiny_pair
+    with pytest.raises(ValueError, match="steps: expected >= 1, got 0"):
+        profile_config(target, drafter, None, 1, ctx=8, steps=0)
+    with pytest.raises(ValueError, match="warmup: expected >= 1, got 0"):
+        profile_config(target, drafter, None, 1, ctx=8, warmup=0)

@@ -228,6 +228,70 @@ def bench_config(target, drafter, budget: int | None, C: int, ctx: int = 32, ste
     return row
 
 
+def profile_config(target, drafter, budget: int | None, C: int, ctx: int = 32, steps: int = 3,
+                   warmup: int = 2, kernels=None, trace=None, seed: int = 0,
+                   top: int = 25) -> list[dict]:
+    """Where one configuration's eager step spends its time: torch.profiler over `steps`
+    decode steps after `warmup` (prefill and compiles excluded), kernels grouped by name.
+    Rows {kernel, calls_per_step, us_per_step, pct}, largest first (`top` of them, then one
+    "(other)" row). On a GPU: device time of CUDA kernels; on a CPU: self CPU time of ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, v in (("steps", steps), ("warmup", warmup)):  # warm-up >= 1: compiles stay out
+        if v < 1:
+            raise ValueError(f"{name}: expected >= 1, got {v}")
+    dev = target.device
+    cuda = dev.type == "cuda"
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, target.cfg.vocab_size, (C, ctx), generator=g).tolist()
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+    seen = []
+
+    def on_step(s, cache, prefix):
+        seen.append(s)
+        if len(seen) == warmup:
+            if cuda:
+                torch.cuda.synchronize(dev)
+            prof.start()
+        elif len(seen) == warmup + steps:
+            if cuda:
+                torch.cuda.synchronize(dev)
+            prof.stop()
+            raise _Enough
+
+    depth = 1 if budget is None else drafter.cfg.depth + 1
+    with contextlib.suppress(_Enough):
+        generate(target, drafter if budget else None, prompts,
+                 max_new_tokens=(warmup + steps + 2) * depth + 1, budget=budget,
+                 kernels=kernels, seed=seed, on_step=on_step,
+                 acceptance=trace if budget else None)
+    if len(seen) < warmup + steps:
+        raise RuntimeError(f"profile: the loop ended after {len(seen)} steps, "
+                           f"expected {warmup + steps} (raise max_new_tokens or lower steps)")
+    cuda_type = torch.autograd.DeviceType.CUDA
+    per: dict[str, list[float]] = {}
+    for e in prof.key_averages():
+        if cuda:
+            t = e.self_device_time_total if e.device_type == cuda_type else 0.0
+        else:
+            t = e.self_cpu_time_total
+        if t > 0:
+            acc = per.setdefault(e.key, [0, 0.0])
+            acc[0] += e.count
+            acc[1] += t
+    total = sum(v[1] for v in per.values()) or 1.0
+    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
+    rows = [{"kernel": k, "calls_per_step": n / steps, "us_per_step": t / steps,
+             "pct": 100.0 * t / total} for k, (n, t) in ranked[:top]]
+    rest = ranked[top:]
+    if rest:
+        t = sum(v[1] for _, v in rest)
+        rows.append({"kernel": f"(other: {len(rest)} names)",
+                     "calls_per_step": sum(v[0] for _, v in rest) / steps,
+                     "us_per_step": t / steps, "pct": 100.0 * t / total})
+    return rows
+
+
 def loopbench(target, drafter, budgets=(None, 8, 16, 32, 64), batches=(1, 8, 32, 64),
               kernels=None, trace=None, cuda_graph=False, progress=print, on_rows=None,
               **kw) -> list[dict]:
@@ -298,6 +362,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--csv", help="write the rows here (with run provenance)")
+    p.add_argument("--profile", metavar="TXT",
+                   help="instead of timing: torch.profiler of each configuration's eager "
+                        "steps, the top kernels by device time per step, written to TXT")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -327,9 +394,13 @@ def main(argv=None) -> int:
         if a.csv:
             pd.DataFrame([{**r, **meta} for r in rows]).to_csv(a.csv, index=False)
 
+    budgets = [None if x == "ar" else int(x) for x in a.budgets.split(",")]
+    batches = [int(x) for x in a.batches.split(",")]
+    if a.profile:
+        return _profile_main(a, target, drafter, budgets, batches, _kernels(a.kernels), trace,
+                             meta)
     rows = loopbench(target, drafter,
-                     [None if x == "ar" else int(x) for x in a.budgets.split(",")],
-                     [int(x) for x in a.batches.split(",")], kernels=_kernels(a.kernels),
+                     budgets, batches, kernels=_kernels(a.kernels),
                      trace=trace, cuda_graph=a.cuda_graph, on_rows=save, ctx=a.ctx,
                      steps=a.steps, warmup=a.warmup, bw_tbs=a.bw_tbs, tflops=a.tflops,
                      seed=a.seed)
@@ -346,6 +417,29 @@ def main(argv=None) -> int:
     if a.csv:
         print(f"wrote {a.csv}")
     return 0 if all(math.isfinite(r["step_ms"]) for r in rows) else 1
+
+
+def _profile_main(a, target, drafter, budgets, batches, kernels, trace, meta) -> int:
+    import pandas as pd
+
+    out = [f"# loopbench --profile: top kernels per eager decode step ({a.steps} steps after "
+           f"{a.warmup} warm-up), model {meta['model']}, kernels {meta['kernels']}, "
+           f"ctx {a.ctx}", "# " + ", ".join(f"{k} {meta[k]}" for k in ("gpu", "torch", "git_sha")
+                                             if k in meta), ""]
+    for C in batches:
+        for b in budgets:
+            rows = profile_config(target, drafter, b, C, ctx=a.ctx, steps=a.steps,
+                                  warmup=a.warmup, kernels=kernels, trace=trace, seed=a.seed)
+            total = sum(r["us_per_step"] for r in rows)
+            out += [f"## C={C} {'AR' if b is None else f'DDTree budget {b}'}: "
+                    f"{total / 1e3:.3f} ms of kernels per step",
+                    pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.1f}",
+                                                 max_colwidth=70), ""]
+            with open(a.profile, "w") as f:  # rewritten per configuration: a cut run keeps them
+                f.write("\n".join(out) + "\n")
+            print("\n".join(out[-3:]))
+    print(f"wrote {a.profile}")
+    return 0
 
 
 def _accepts_device() -> bool:
