@@ -359,3 +359,8 @@ def test_emulation_projects_tp8_and_ep8_over_both_links():
         want = CFG.num_layers + 1 + moe_layers * per_moe + 1 + (0 if mode == "AR" else 2)
         assert r["collectives"] == want, (lay, mode, r["collectives"])
     assert by[("TP8", 1, "DDTree-8", "NVLink4")]["tokens_per_s"] > 0
+    for r in rows:  # the kernel-sum (graph-replay) estimate: profiled, named, priced alike
+        assert 0 < r["kernel_ms"] and r["top_kernels"]
+        assert r["kernel_step_ms"] == pytest.approx(r["kernel_ms"] + r["comm_ms"])
+        assert r["kernel_tokens_per_s"] == pytest.approx(
+            r["C"] * r["tau"] / (r["kernel_step_ms"] / 1e3))

@@ -228,6 +228,24 @@ def bench_config(target, drafter, budget: int | None, C: int, ctx: int = 32, ste
     return row
 
 
+def kernel_times(prof, cuda: bool) -> dict[str, list]:
+    """{name: [calls, µs]} of a finished torch.profiler run: on a GPU the device time of CUDA
+    kernels (their sum is what a graph replay of the same work costs, give or take the
+    inter-kernel gaps), on a CPU the self time of ops."""
+    cuda_type = torch.autograd.DeviceType.CUDA
+    per: dict[str, list] = {}
+    for e in prof.key_averages():
+        if cuda:
+            t = e.self_device_time_total if e.device_type == cuda_type else 0.0
+        else:
+            t = e.self_cpu_time_total
+        if t > 0:
+            acc = per.setdefault(e.key, [0, 0.0])
+            acc[0] += e.count
+            acc[1] += t
+    return per
+
+
 def profile_config(target, drafter, budget: int | None, C: int, ctx: int = 32, steps: int = 3,
                    warmup: int = 2, kernels=None, trace=None, seed: int = 0,
                    top: int = 25) -> list[dict]:
@@ -268,17 +286,7 @@ def profile_config(target, drafter, budget: int | None, C: int, ctx: int = 32, s
     if len(seen) < warmup + steps:
         raise RuntimeError(f"profile: the loop ended after {len(seen)} steps, "
                            f"expected {warmup + steps} (raise max_new_tokens or lower steps)")
-    cuda_type = torch.autograd.DeviceType.CUDA
-    per: dict[str, list[float]] = {}
-    for e in prof.key_averages():
-        if cuda:
-            t = e.self_device_time_total if e.device_type == cuda_type else 0.0
-        else:
-            t = e.self_cpu_time_total
-        if t > 0:
-            acc = per.setdefault(e.key, [0, 0.0])
-            acc[0] += e.count
-            acc[1] += t
+    per = kernel_times(prof, cuda)
     total = sum(v[1] for v in per.values()) or 1.0
     ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
     rows = [{"kernel": k, "calls_per_step": n / steps, "us_per_step": t / steps,

@@ -182,6 +182,28 @@ def _timed(fn, comm: StandInComm, repeats: int):
     return statistics.median(walls)
 
 
+def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
+    """One more call of fn() under torch.profiler: the SUM of its kernels' device times
+    (`kernel_s`) and its `top` kernels. The eager wall above is host-launch-bound (one Python
+    op at a time, ~10^4 launches a step at full size); a CUDA graph of the step would replay
+    in about the kernel sum, so this is the emulated rank's graph-replay estimate. The comm
+    log of this call is not used (read the timed calls' log before). CPU: the ops' self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from workbench.loopbench import kernel_times
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    comm.log.sync()
+    with profile(activities=acts) as prof:
+        fn()
+        comm.log.sync()
+    per = kernel_times(prof, cuda)
+    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernel_s": sum(v[1] for v in per.values()) * 1e-6,
+            "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}" for k, v in ranked)}
+
+
 @torch.no_grad()
 def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: int,
             budget: int | None, repeats: int = 3, seed: int = 0) -> dict:
@@ -200,9 +222,12 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     times: dict[str, float] = {}
     if budget is None:
         anc = torch.ones(batch, 1, 1, dtype=torch.long, device=dev)
-        wall = _timed(lambda: model(bonus.view(-1, 1), prefix.view(-1, 1), cache, prefix, anc),
-                      comm, repeats)
-        return {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
+        def ar_step():
+            model(bonus.view(-1, 1), prefix.view(-1, 1), cache, prefix, anc)
+
+        wall = _timed(ar_step, comm, repeats)
+        out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
+        return {**out, **_kernel_time(ar_step, comm, dev)}
     dcache = drafter.new_cache(batch, ctx + n + 1)
     for t in dcache:
         for layer in t:
@@ -224,7 +249,8 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
                             torch.full((batch,), min(n, ACCEPTED), device=dev))
 
     wall = _timed(step, comm, repeats)
-    return {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
+    out = {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
+    return {**out, **_kernel_time(step, comm, dev)}
 
 
 def _phases(comm: StandInComm) -> dict:
@@ -238,11 +264,17 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
     priced = comm.priced(link)
     comm_s = sum(priced.values())
     step = meas["wall_s"] + comm_s
-    row = {k: v * 1e3 for k, v in meas.items() if k.endswith("_s") and k != "wall_s"}
+    row = {k: v * 1e3 for k, v in meas.items()
+           if k.endswith("_s") and k not in ("wall_s", "kernel_s")}
     row = {k.replace("_s", "_ms"): v for k, v in row.items()}
+    kernel = meas.get("kernel_s", math.nan)
     return {**row, "compute_ms": meas["wall_s"] * 1e3, "comm_ms": comm_s * 1e3,
             "comm_MB": sum(c[2] for c in meas["calls"]) / 1e6, "collectives": len(meas["calls"]),
-            "step_ms": step * 1e3, "tokens_per_s": batch * tau / step}
+            "step_ms": step * 1e3, "tokens_per_s": batch * tau / step,
+            # graph-replay estimate: the step's kernels back to back, plus the same comm
+            "kernel_ms": kernel * 1e3, "kernel_step_ms": (kernel + comm_s) * 1e3,
+            "kernel_tokens_per_s": batch * tau / (kernel + comm_s),
+            "top_kernels": meas.get("top_kernels", "")}
 
 
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
@@ -317,7 +349,8 @@ def main(argv=None) -> int:
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    device=device, repeats=a.repeats, kernels=_kernels(a.kernels), on_rows=save)
     df = pd.DataFrame(rows)
-    cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s"]
+    cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
+            "kernel_ms", "kernel_step_ms", "kernel_tokens_per_s"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     return 0 if all(math.isfinite(r["step_ms"]) for r in rows) else 1
 
