@@ -1,4 +1,5 @@
-"""Small dense ops the model uses: RMSNorm, linear, SwiGLU MLP. Wide math, bf16 in and out.
+"""Small dense ops the model uses: RMSNorm, linear, SwiGLU MLP, LM head and the two per-head
+projections of absorbed MLA. Wide math, bf16 in and out.
 
 Every reference op computes in high precision and rounds its result once to the activation
 dtype (bf16), the same boundary an optimized kernel has, so swapping one op changes only that
@@ -45,3 +46,15 @@ def lm_head(h: torch.Tensor, weight: torch.Tensor, chunk: int = 16384) -> torch.
     hf = h.to(ACC)
     return torch.cat([F.linear(hf, weight[i : i + chunk].to(ACC)).float()
                       for i in range(0, weight.shape[0], chunk)], dim=-1)
+
+
+def mla_q_absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """Absorbed MLA query: q_lat[h] = q_nope[h] W_UK[h], per head.
+    q_nope [B, N, H, dn], w_uk [H, dn, C] -> [B, N, H, C] in q_nope.dtype (float64 accumulate)."""
+    return torch.einsum("bnhd,hdc->bnhc", q_nope.to(ACC), w_uk.to(ACC)).to(q_nope.dtype)
+
+
+def mla_v_up(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """Absorbed MLA output back to value heads: o[h] = o_lat[h] W_UV[h]^T, per head.
+    o_lat [B, N, H, C], w_uv [H, dv, C] -> [B, N, H, dv] in o_lat.dtype (float64 accumulate)."""
+    return torch.einsum("bnhc,hdc->bnhd", o_lat.to(ACC), w_uv.to(ACC)).to(o_lat.dtype)

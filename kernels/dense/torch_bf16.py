@@ -57,3 +57,19 @@ def moe_route(h: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, to
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
     w = s.gather(1, ids)
     return ids, w / (w.sum(-1, keepdim=True) + 1e-20) * scaling
+
+
+def mla_q_absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q_nope [B, N, H, dn] x W_UK [H, dn, C] -> [B, N, H, C]: one batched cuBLAS GEMM over
+    the heads, in q_nope.dtype with fp32 accumulation."""
+    B, N, H, dn = q_nope.shape
+    x = q_nope.reshape(B * N, H, dn).transpose(0, 1)  # [H, BN, dn]
+    return torch.bmm(x, _w(w_uk, q_nope)).transpose(0, 1).reshape(B, N, H, w_uk.shape[-1])
+
+
+def mla_v_up(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """o_lat [B, N, H, C] x W_UV [H, dv, C]^T -> [B, N, H, dv]: one batched GEMM, as above."""
+    B, N, H, C = o_lat.shape
+    x = o_lat.reshape(B * N, H, C).transpose(0, 1)  # [H, BN, C]
+    out = torch.bmm(x, _w(w_uv, o_lat).transpose(1, 2))  # [H, BN, dv]
+    return out.transpose(0, 1).reshape(B, N, H, w_uv.shape[1])
