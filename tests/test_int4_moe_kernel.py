@@ -17,7 +17,7 @@ from workbench.kernels.int4_moe._common import dequant_triton
 from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
-VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4")
+VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -74,12 +74,14 @@ def test_edge_cases_match_reference(version):
     from workbench.ops.cases import int4_moe_cases
 
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
-    seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,)}
+    seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
+             "triton_v5": (5,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
-@pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4"])
+@pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
+                                     "triton_v5"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -165,26 +167,28 @@ def test_v3_split_k_and_padding():
     assert triton_v3.tiles(1, 8, 384, 7168, 2048)["KS1"] > 1  # T = 1 at Kimi shapes splits K
 
 
+@pytest.mark.parametrize("version", [pytest.param("triton_v4", marks=_SLOW), "triton_v5"])
 @pytest.mark.parametrize("BM2", [8, 16])
-def test_v4_split_k_tail_and_hilo(BM2):
+def test_split_k_tail_and_hilo(version, BM2):
     # why: D = 288 is one full 256-input tile plus a masked tail (the tail is peeled out of the
     # pipelined loop), I = 96 is a tail only; forced K splits exercise the ordered split sums;
     # BM2 8 and 16: the down GEMM's hi + lo halves share one MMA operand of 2 * BM2 columns;
     # T = 20 on 5 experts puts up to 20 slots on one expert (> BM2: the slot-chunk loop);
-    # two runs are bitwise equal
-    from workbench.kernels.int4_moe import triton_v4
+    # two runs are bitwise equal (v4 and v5 share the launcher; v5's K order differs)
+    import importlib
 
+    mod = importlib.import_module(f"workbench.kernels.int4_moe.{version}")
     ex = _experts(5, 288, 96, seed=8)
     ids, w = _routing(20, 5, 2, seed=8)
     x = torch.randn(20, 288).bfloat16()
     ref = int4_moe(x, ids, w, ex).float()
     cfg = dict(KS1=2, TPS1=1, KS2=1, TPS2=1, BM2=BM2)
-    out = triton_v4.int4_moe_triton(x, ids, w, ex, cfg=cfg)
+    out = mod.int4_moe_triton(x, ids, w, ex, cfg=cfg)
     assert torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2), (out.float() - ref).abs().max()
-    assert torch.equal(out, triton_v4.int4_moe_triton(x, ids, w, ex, cfg=cfg))
-    c = triton_v4.tiles(1, 8, 384, 7168, 2048)
+    assert torch.equal(out, mod.int4_moe_triton(x, ids, w, ex, cfg=cfg))
+    c = mod.tiles(1, 8, 384, 7168, 2048)
     assert c["KS1"] > 1 and c["BM2"] == 8 and c["maxnreg"] <= 168  # Kimi T = 1: split K
-    assert triton_v4.tiles(512, 8, 384, 7168, 2048)["BM2"] == 16
+    assert mod.tiles(512, 8, 384, 7168, 2048)["BM2"] == 16
 
 
 def test_launcher_errors():
@@ -233,6 +237,128 @@ def test_dequant_bitwise_quantized_weights():
                        dequant_int4_g32(packed, s).view(torch.int16))
 
 
+# v5's packed dequant: lop3((p >> 4j), 0x000F000F, 0x43004300) -> bf16x2 (128 + q_j, 128 + q_j+4),
+# sub.rn.bf16x2 136, mul.rn.bf16x2 (s, s). Inline PTX does not run on CPU: the arithmetic is
+# emulated here bit by bit (IEEE round-to-nearest-even to bf16 from the exact float64 value,
+# subnormals and overflow included, independently of the reference's fp32 route), then
+# compared with the reference for every bf16 scale; the asm itself is checked on the GPU.
+_BF16_MAX = (2 - 2**-7) * 2.0**127
+
+
+def _bf16_bits_to_f64(bits):
+    import numpy as np
+
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _round_bf16_f64(v):
+    """exact float64 values -> the nearest bf16 values (ties to even), as float64."""
+    import numpy as np
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        _, e = np.frexp(v)  # |v| = m 2^e, 0.5 <= m < 1: 8 significant bits -> spacing 2^(e-8)
+        ulp = np.ldexp(1.0, np.maximum(e - 8, -133))  # bf16 subnormal spacing 2^-133
+        r = np.rint(v / ulp) * ulp  # rint: ties to even; v / ulp is exact
+        return np.where(np.isfinite(v) & (np.abs(r) > _BF16_MAX), np.copysign(np.inf, v), r)
+
+
+def _emulate_v5_pairs(words):
+    """uint32 words [...] -> for j = 0..3 the (lo, hi) bf16 values after lop3 + sub.rn.bf16x2
+    (float64 arrays [..., 4, 2]); asserts the intermediate steps are exact."""
+    import numpy as np
+
+    out = np.empty(words.shape + (4, 2))
+    for j in range(4):
+        t = ((words >> np.uint32(4 * j)) & np.uint32(0x000F000F)) | np.uint32(0x43004300)
+        for h in range(2):
+            q = (words >> np.uint32(4 * j + 16 * h)) & np.uint32(0xF)
+            half = _bf16_bits_to_f64((t >> np.uint32(16 * h)) & np.uint32(0xFFFF))
+            assert (half == 128.0 + q).all()  # 0x4300 | q is 128 + q
+            d = _round_bf16_f64(half - _bf16_bits_to_f64(np.array(0x4308)))  # 136
+            assert (d == q.astype(np.float64) - 8).all()  # the subtraction is exact
+            out[..., j, h] = d
+    return out
+
+
+def _assert_bf16_equal(a, b):
+    """bitwise, NaN payloads aside (a NaN scale gives NaN either way)."""
+    nan = a.isnan()
+    assert torch.equal(nan, b.isnan())
+    assert torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16))
+
+
+def test_v5_dequant_trick_emulated_every_scale():
+    # every bf16 bit pattern as a scale (subnormal, huge, inf, NaN) x all 16 nibble values at
+    # both halves of every pair: the emulated lop3 / sub / mul path equals the reference bitwise
+    import numpy as np
+
+    scale = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)[:, None]
+    nib = (torch.arange(32) % 16).reshape(4, 8)  # word w nibble j = (8 w + j) % 16
+    word = (nib.long() << (4 * torch.arange(8))).sum(-1)  # [4] < 2^32
+    packed = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32).expand(2**16, 4)
+    ref = dequant_int4_g32(packed, scale)  # [65536, 32] bf16
+    pairs = _emulate_v5_pairs(packed.numpy().view(np.uint32))  # [65536, 4 w, 4 j, 2 h]
+    s = scale.float().double().numpy()[:, :, None, None]  # [65536, 1, 1, 1], one group
+    with np.errstate(invalid="ignore"):
+        w = _round_bf16_f64(pairs * s)  # mul.rn.bf16x2: one rounding of the exact product
+    # pair (w, j, h) is input 8 w + j + 4 h
+    emu = torch.from_numpy(w.transpose(0, 1, 3, 2).reshape(2**16, 32)).float().bfloat16()
+    _assert_bf16_equal(emu, ref)
+
+
+def test_v5_dequant_k_order_emulated():
+    # random words: the K order of v5's slabs (slab j position 2w + h = input 8w + j + 4h of
+    # the 256-input tile) put back in input order is the reference's W, bit for bit
+    import numpy as np
+
+    from workbench.kernels.int4_moe.triton_v5 import KT
+
+    g = torch.Generator().manual_seed(5)
+    O, IN = 6, 512
+    packed = torch.randint(-(2**31), 2**31, (O, IN // 8), generator=g, dtype=torch.int32)
+    scale = (torch.randn(O, IN // 32, generator=g)
+             * 10.0 ** torch.randint(-40, 38, (O, IN // 32), generator=g)).bfloat16()
+    pairs = _emulate_v5_pairs(packed.numpy().view(np.uint32))  # [O, words, j, h]
+    s = scale.float().double().numpy().repeat(4, 1)[:, :, None, None]  # word w: group w // 4
+    slab = _round_bf16_f64(pairs * s).reshape(O, IN // KT, 32, 4, 2)  # [O, tile, w, j, h]
+    w = torch.from_numpy(slab.transpose(0, 1, 3, 2, 4).reshape(O, IN)).float().bfloat16()
+    src = [KT * t + 8 * ((r % 64) // 2) + r // 64 + 4 * (r % 2)  # the kernels' _src
+           for t in range(IN // KT) for r in range(KT)]
+    ref = dequant_int4_g32(packed, scale)
+    _assert_bf16_equal(w, ref[:, src])
+
+
+@pytest.mark.parametrize("O, IN", [(37, 256), (64, 512)])
+def test_v5_dequant_bitwise(O, IN):
+    # v5's K-tile dequant kernel (interpreter: the fp32 twin of the asm; GPU: the asm), scales
+    # across the bf16 range incl. subnormals, scattered back to input order
+    from workbench.kernels.int4_moe.triton_v5 import dequant
+
+    g = torch.Generator().manual_seed(O)
+    packed = torch.randint(-(2**31), 2**31, (O, IN // 8), generator=g, dtype=torch.int32)
+    scale = (torch.randn(O, IN // 32, generator=g)
+             * 10.0 ** torch.randint(-42, 38, (O, IN // 32), generator=g)).bfloat16()
+    _assert_bf16_equal(dequant(packed, scale), dequant_int4_g32(packed, scale))
+
+
+@pytest.mark.gpu
+def test_v5_dequant_asm_every_scale():
+    # the inline-PTX dequant on the H200: every bf16 bit pattern as a scale x every nibble value
+    # at every nibble position, bitwise equal to the reference
+    from workbench.kernels.int4_moe.triton_v5 import dequant
+
+    rows = torch.arange(2**16 // 8)  # 8192 rows x 8 groups = every bf16 pattern once
+    scale = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    scale = scale.reshape(-1, 8)
+    i = torch.arange(256)
+    nib = (i[None, :] + rows[:, None]) % 16  # row r: input i holds (i + r) % 16
+    word = (nib.reshape(-1, 32, 8).long() << (4 * torch.arange(8))).sum(-1)
+    packed = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    ref = dequant_int4_g32(packed, scale)
+    out = dequant(packed.cuda(), scale.cuda()).cpu()
+    _assert_bf16_equal(out, ref)
+
+
 @pytest.mark.parametrize("O, IN", [(5, 256), (3, 96), (4, 544)])
 def test_repack_planar_bitwise(O, IN):
     # v2's layout: nibble j of word w in a 256-input tile is input 32 j + w, IN padded to 256
@@ -255,7 +381,7 @@ def test_repack_planar_bitwise(O, IN):
 
 def test_registered():
     from workbench import ops
-    from workbench.kernels.int4_moe import triton_v1, triton_v2, triton_v3, triton_v4
+    from workbench.kernels.int4_moe import triton_v1, triton_v2, triton_v3, triton_v4, triton_v5
 
     register()
     assert register() == []  # idempotent
@@ -267,6 +393,8 @@ def test_registered():
         assert ops.get("int4_moe") is triton_v3.int4_moe_triton
     with ops.use(int4_moe="triton_v4"):
         assert ops.get("int4_moe") is triton_v4.int4_moe_triton
+    with ops.use(int4_moe="triton_v5"):
+        assert ops.get("int4_moe") is triton_v5.int4_moe_triton
 
 
 # ---------------------------------------------------------------- the decode loop (tiny)

@@ -2,6 +2,7 @@
 whether the MMA is wgmma, and whether the weight loads were pipelined (cp.async).
 
     python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3,4] [--T 1,9,65,512] [--no-spec]
+                                              [--sass]
 
 Each launcher runs once on CPU tensors (experts expanded from one expert: shapes and strides
 only) with its kernels swapped for recorders, so the signature and constexprs are what a CUDA
@@ -15,13 +16,21 @@ them which loads become cp.async) are the launch's. `--no-spec` compiles without
 numbers this tool printed before v4: every load looked unaligned, bf16 loads scalar).
 Columns: smem is the CTA's dynamic shared memory (Triton's metadata); cp.async counts the
 PTX's cp.async instructions (weights, scales, activations if pipelined).
+`--sass` adds, for each GEMM, the instruction mix of its innermost loop that issues HGMMA (the
+pipelined K loop; nvdisasm from the Triton wheel): SASS instructions per iteration, per weight
+(one K tile of BN x KT weights per iteration over the CTA's threads; versions with a KT), and
+the opcodes that make up most of it. Issue model: README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import os
+import re
+import subprocess
+import tempfile
 
 import torch
 
@@ -103,6 +112,34 @@ def kimi_like(T: int, E=384, D=7168, I=2048, K=8):
                                                                           *proj(D, I))
 
 
+def loop_mix(cubin: bytes) -> collections.Counter:
+    """Opcode counts of the shortest backward-branch loop that contains an HGMMA (empty when
+    there is none: no wgmma, or nvdisasm missing)."""
+    import triton
+
+    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        lines = subprocess.run([exe, "-c", f.name], capture_output=True, text=True).stdout
+    except OSError:
+        return collections.Counter()
+    finally:
+        os.unlink(f.name)
+    lines = lines.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              if (m := re.match(r"^(\.L_x_\d+):", line.strip()))}
+    best = None
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)]:i + 1]
+            if any("HGMMA" in b for b in body) and (best is None or len(body) < len(best)):
+                best = body
+    ops = (re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", b) for b in best or ())
+    return collections.Counter(m.group(1) for m in ops if m)
+
+
 def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: sm_90 compilation needs JIT kernels")
@@ -114,6 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--versions", default="3,4")
     p.add_argument("--T", default="1,9,65,512")
     p.add_argument("--no-spec", action="store_true", help="no launch specialization")
+    p.add_argument("--sass", action="store_true", help="main-loop SASS instruction mix")
     args = p.parse_args(argv)
     print("version  T    kernel           registers / spills (sm_90a)   wgmma  mma.sync  cp.async"
           "  smem B")
@@ -129,6 +167,14 @@ def main(argv=None) -> int:
                 print(f"v{v:<7} {T:<4} {kernel.__name__:<16} {ptxas_report(ptx):<29} "
                       f"{ptx.count('wgmma.mma_async'):>5} {ptx.count('mma.sync'):>9} "
                       f"{ptx.count('cp.async'):>9} {ck.metadata.shared:>7}")
+                mix = loop_mix(ck.asm["cubin"]) if args.sass and "gemm" in kernel.__name__ else {}
+                if mix:
+                    total = sum(mix.values())
+                    kt = getattr(module, "KT", None)
+                    per = (f"{total / (const['BN'] * kt / (32 * opts['num_warps'])):.2f} / weight"
+                           if kt and "BN" in const else "")
+                    top = ", ".join(f"{op} {n}" for op, n in mix.most_common(8))
+                    print(f"{'':13} main loop: {total} SASS / iteration {per}; {top}")
     return 0
 
 
