@@ -1,5 +1,5 @@
-"""tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3):
-equal to the dense-mask reference.
+"""tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
+triton_v4, triton_v4_split512): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -15,12 +15,21 @@ import pytest
 import torch
 
 from workbench.check import compare_outputs
-from workbench.kernels.tree_mla import BEST, _common, register, triton_v1, triton_v2, triton_v3
+from workbench.kernels.tree_mla import (
+    BEST,
+    _common,
+    register,
+    triton_v1,
+    triton_v2,
+    triton_v3,
+    triton_v4,
+)
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
 
 VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
-            "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton}
+            "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton,
+            "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
@@ -125,23 +134,24 @@ EDGE = {
 }
 
 
-# CPU budget: v1 keeps both seeds; the later versions run one seed each (v2 seed 0,
-# v2_split128 seed 1) and v2_split128 skips split-len-grows (at P = 8300 its partition is v2's)
-EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1)}
+# CPU budget: v1, v3 and v4 keep both seeds; v2 runs seed 0, the policy twins (v2_split128,
+# v4_split512) seed 1 and skip split-len-grows (at P = 8300 their partition is v2's / v4's)
+EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1), "v4": (0, 1),
+              "v4_split512": (1,)}
 
 
 @pytest.mark.parametrize("name", list(EDGE))
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_edge(name, version, poisoned):
-    if version == "v2_split128" and name == "split-len-grows":
-        pytest.skip("same partition as v2 at this P")
+    if version in ("v2_split128", "v4_split512") and name == "split-len-grows":
+        pytest.skip("same partition as its base version at this P")
     prefix, tree, kw, _why = EDGE[name]
     for seed in EDGE_SEEDS[version]:
         assert_matches_reference(make_case(prefix, tree, seed=seed, **kw, label=name),
                                  VERSIONS[version])
 
 
-@pytest.mark.parametrize("version", ["v2", "v2_split128", "v3"])
+@pytest.mark.parametrize("version", ["v2", "v2_split128", "v3", "v4"])
 def test_v2_idle_split_programs_and_mixed_paths(version, poisoned):
     # why: T = 3706 sizes the grid for 8 / 16 splits but P = 3 and 0 need one program each
     # (the others must exit without writing), while P = 700 in the same launch goes through
@@ -166,6 +176,38 @@ def test_v3_tile_paths(tma, poisoned, monkeypatch):
         monkeypatch.setattr(triton_v3, "_tma_ok", lambda *a: False)
         ptr = triton_v3.tree_mla_triton(*case.args)
         assert torch.equal(ptr[0], out[0]) and torch.equal(ptr[1], out[1])
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_v4_part_paths(tma, poisoned, monkeypatch):
+    # why: v4's paths side by side in one launch (T = 2108 sizes the grid for 8 parts): P < 64
+    # (one part, masked loop, direct write), P = 64 and 256 (one 256-key split carrying the
+    # tree: direct write), P = 300 (2 splits, the second's 44 keys in a tile shifted back into
+    # split 0), P = 2048 (8 short splits, tree on the last), P = 2100 (long regime: 5 splits of
+    # 512 + the tree's own part, merged last); NaN past P + N. TMA and pointer paths bitwise
+    case = make_case((63, 64, 256, 300, 2048, 2100),
+                     random_parents(5, torch.Generator().manual_seed(13)), H=2,
+                     label="v4 paths")
+    assert [triton_v4.num_parts(p) for p in (63, 64, 256, 300, 2048, 2100)] == \
+        [(0, 1), (1, 1), (1, 1), (2, 2), (8, 8), (5, 6)]
+    out = assert_matches_reference(case, triton_v4.tree_mla_triton)
+    if not tma:
+        monkeypatch.setattr(triton_v4, "_tma_ok", lambda *a: False)
+        ptr = triton_v4.tree_mla_triton(*case.args)
+        assert torch.equal(ptr[0], out[0]) and torch.equal(ptr[1], out[1])
+
+
+def test_v4_split_policy_depends_on_prefix_only():
+    # why: README's v4 policy table; the grid (from T alone) covers every P <= T
+    assert [triton_v4.split_len(p) for p in (1, 2048, 2049, 8192, 16384, 16385, 32768)] == \
+        [256, 256, 512, 512, 512, 576, 1024]
+    assert [triton_v4.num_parts(p)[1] for p in (0, 63, 64, 1024, 2048, 4096, 8192, 32768)] == \
+        [1, 1, 1, 4, 8, 9, 17, 33]
+    assert [triton_v4.num_parts(p, 512)[1] for p in (1024, 2048, 2049)] == [2, 4, 6]
+    for T in (1, 63, 64, 1027, 2048, 2049, 2600, 4099, 16387, 40000):
+        for short in (triton_v4.SHORT_LEN, 512):
+            assert all(triton_v4.num_parts(p, short)[1] <= triton_v4.parts_grid(T, short)
+                       for p in range(0, T + 1, 1 if T < 5000 else 37))
 
 
 def test_harness_edge_cases(poisoned):
@@ -273,6 +315,10 @@ def test_registered_variants():
         assert ops.get("tree_mla") is triton_v2.tree_mla_triton_split128
     with ops.use(tree_mla="triton_v3"):
         assert ops.get("tree_mla") is triton_v3.tree_mla_triton
+    with ops.use(tree_mla="triton_v4"):
+        assert ops.get("tree_mla") is triton_v4.tree_mla_triton
+    with ops.use(tree_mla="triton_v4_split512"):
+        assert ops.get("tree_mla") is triton_v4.tree_mla_triton_split512
 
 
 @pytest.mark.parametrize("budget", [None, 5])

@@ -10,6 +10,11 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     triton_v2_split128  triton_v2 with splits of >= 128 keys (more, shorter programs at small P)
     triton_v3  triton_v2 with TMA prefix tiles (two bulk copies a tile instead of 18 cp.async a
                thread; no register spills in the prefix loop), short prefixes in the masked loop
+    triton_v4  triton_v3 under a policy of short splits at short contexts (256 keys up to
+               P = 2048) and up to 32 splits past it, the tree in its own part there, and the
+               combine launched as a programmatic dependent (PDL)
+    triton_v4_split512  triton_v4 with v3's 512-key splits up to P = 2048 (the control for
+               the short splits' partial traffic where M is large)
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -25,6 +30,8 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v2": f"{_MOD}.triton_v2:tree_mla_triton",
         "triton_v2_split128": f"{_MOD}.triton_v2:tree_mla_triton_split128",
         "triton_v3": f"{_MOD}.triton_v3:tree_mla_triton",
+        "triton_v4": f"{_MOD}.triton_v4:tree_mla_triton",
+        "triton_v4_split512": f"{_MOD}.triton_v4:tree_mla_triton_split512",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -37,6 +44,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v3"): "triton_v2 with the prefix K tiles loaded by TMA (host-built "
     "descriptors, each split's last tile shifted back to end inside the prefix: no row mask, "
     "no per-thread cp.async), short prefixes through the masked tree loop",
+    ("tree_mla", "triton_v4"): "triton_v3 with P-only splits of 256 keys up to P = 2048 and up "
+    "to 32 splits past it (tree block in a part of its own there), combine launched with PDL",
+    ("tree_mla", "triton_v4_split512"): "triton_v4 with 512-key splits up to P = 2048 (v3's "
+    "partition there: fewer partials where M is large)",
 }
 
 

@@ -1,7 +1,7 @@
 """Compile the tree_mla kernels for sm_90 on a machine without a GPU; report registers, spills
 and whether the dots became wgmma and the loads TMA (DESIGN.md §10).
 
-    python -m workbench.kernels.tree_mla.sm90 [--versions 1,2,3] [--heads 64] [--rows 9]
+    python -m workbench.kernels.tree_mla.sm90 [--versions 1,2,3,4] [--heads 64] [--rows 9]
 
 Each launcher runs once on CPU tensors with its kernels swapped for recorders, so signatures
 and constexprs are exactly what a CUDA launch passes; then `triton.compile` targets
@@ -51,8 +51,12 @@ def capture(module, *args) -> list[tuple]:
         for _, grid, pos, kw in recs[n].calls:
             kw = dict(kw)
             warps, stages = kw.pop("num_warps"), kw.pop("num_stages", 3)
+            kw.pop("launch_pdl", None)  # a launch option, not a kernel argument
             if "UPCAST" in kw:
                 kw["UPCAST"] = False  # the CUDA value
+            if "USE_PDL" in kw:  # v4: griddepcontrol on CUDA whenever a combine is launched
+                kw["USE_PDL"] = "_combine_kernel" in {c[0] for r in recs.values()
+                                                      for c in r.calls}
             fn = kernels[n]
             # the JIT's specialisation: ints equal to 1 become constexprs, pointers and ints
             # divisible by 16 get the divisibility hint (what lets loads vectorise)
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
     from triton.compiler import ASTSource
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="1,2,3")
+    p.add_argument("--versions", default="1,2,3,4")
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--rows", type=int, default=9)
     args = p.parse_args(argv)
@@ -96,7 +100,7 @@ def main(argv=None) -> int:
     P = torch.zeros(B, dtype=torch.int64)
     anc = torch.zeros(B, N, -(-N // 64), dtype=torch.int64)
     print("version kernel               warps stages regs spill(B) wgmma mma.sync smem(B) cp.async"
-          " tma")
+          " tma gdc")
     for v in args.versions.split(","):
         module = importlib.import_module(f"workbench.kernels.tree_mla.triton_v{v}")
         for fn, _grid, sig, const, attrs, warps, stages in capture(module, q, kv, P, anc,
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
             print(f"v{v:<6} {fn.__name__:<20} {warps:>5} {stages:>6} {regs:>4} {spill:>8} "
                   f"{ptx.count('wgmma.mma_async'):>5} {ptx.count('mma.sync'):>8} "
                   f"{ck.metadata.shared:>7} {ptx.count('cp.async.cg'):>8} "
-                  f"{ptx.count('cp.async.bulk.tensor'):>3}")
+                  f"{ptx.count('cp.async.bulk.tensor'):>3} {ptx.count('griddepcontrol'):>3}")
     return 0
 
 
