@@ -371,3 +371,49 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
         y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1), r.bad, out,
         D, K=K, KS=c["KS2"], BD=BD, INTERPRET=INTERPRET, num_warps=4)
     return out
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA, for sweeps and the ablation:
+
+        python -m workbench.kernels.int4_moe.triton_v5 [--T 1,9,33,128,512]
+            [--cfgs "base;nodequant;stages=3;BM1=8,BM2=8"]
+
+    a config is `base`, `nodequant` (INT4_MOE_V5_ABLATE: no dequant, wrong outputs) or
+    comma-separated `tiles` overrides. No correctness check (the bench and the tests do that);
+    warm L2 is fine here: every T touches >= 198 MB of experts, 4x the H200's L2."""
+    import argparse
+    import functools
+
+    from workbench.bench import time_calls
+    from workbench.ops.cases import _experts, _Rand
+
+    p = argparse.ArgumentParser(description=_main.__doc__.splitlines()[0])
+    p.add_argument("--T", default="1,9,33,128,512")
+    p.add_argument("--cfgs", default="base;nodequant")
+    p.add_argument("--seconds", type=float, default=1.0, help="timing budget per row")
+    a = p.parse_args(argv)
+    E, D, I, K = 384, 7168, 2048, 8
+    r = _Rand(0, "cuda")
+    ex = _experts(r, E, D, I)  # 9.5 GB
+    per_expert = sum(t[0].numel() * t.element_size() for t in ex)
+    print("T     config                 us      TB/s (touched experts)  graph")
+    for T in map(int, a.T.split(",")):
+        ids = r.distinct(E, K, T)
+        w = r.uniform(T, K) + 0.05
+        x = r.normal(T, D)
+        touched = ids.unique().numel() * per_expert
+        for name in a.cfgs.split(";"):
+            cfg = {} if name in ("base", "nodequant") else {
+                k: int(v) for k, v in (kv.split("=") for kv in name.split(","))}
+            os.environ["INT4_MOE_V5_ABLATE"] = "nodequant" if name == "nodequant" else ""
+            fn = functools.partial(int4_moe_triton, cfg=cfg)
+            t = time_calls(fn, [((x, ids, w, ex), {})], "cuda", a.seconds, "on")
+            print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
+                  flush=True)
+    os.environ.pop("INT4_MOE_V5_ABLATE", None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
