@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     from triton.compiler import ASTSource
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="3,4")
+    p.add_argument("--versions", default="4,5")
     p.add_argument("--T", default="1,9,65,512")
     p.add_argument("--no-spec", action="store_true", help="no launch specialization")
     p.add_argument("--sass", action="store_true", help="main-loop SASS instruction mix")
