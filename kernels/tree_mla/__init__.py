@@ -12,7 +12,7 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                thread; no register spills in the prefix loop), short prefixes in the masked loop
     triton_v4  triton_v3 under a policy of short splits at short contexts (256 keys up to
                P = 2048) and up to 32 splits past it, the tree in its own part there, and the
-               combine launched as a programmatic dependent (PDL)
+               combine launched as a programmatic dependent (PDL), Q by TMA
     triton_v4_split512  triton_v4 with v3's 512-key splits up to P = 2048 (the control for
                the short splits' partial traffic where M is large)
 
@@ -45,7 +45,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "descriptors, each split's last tile shifted back to end inside the prefix: no row mask, "
     "no per-thread cp.async), short prefixes through the masked tree loop",
     ("tree_mla", "triton_v4"): "triton_v3 with P-only splits of 256 keys up to P = 2048 and up "
-    "to 32 splits past it (tree block in a part of its own there), combine launched with PDL",
+    "to 32 splits past it (tree block in a part of its own there), combine launched with PDL, "
+    "Q by TMA",
     ("tree_mla", "triton_v4_split512"): "triton_v4 with 512-key splits up to P = 2048 (v3's "
     "partition there: fewer partials where M is large)",
 }

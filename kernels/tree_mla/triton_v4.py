@@ -22,6 +22,9 @@ Policy (depends on P only, like v1-v3: batch invariant; host twin split_len() be
                  = max(512, ceil(ceil(P / 32) / 64) * 64)  P >  2048 (5..32 splits)
 `triton_v4_split512` (tree_mla_triton_split512) is the same kernel with 512-key splits up to
 P = 2048 (v3's partition there): the control for the short splits' extra partials at large M.
+Q comes in by TMA as well where q is contiguous and K takes the TMA path (two bulk copies of
+[64, C] and [64, R] from q viewed [B * M, D], instead of 18 pointer loads a thread and a
+register -> shared-memory pass); otherwise v1's masked pointer loads (same values, bitwise).
 Legend: _common.py. Softmax in base 2.
 """
 
@@ -90,7 +93,7 @@ def _parts(P, SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.co
 
 
 @triton.jit
-def _attn_kernel(q_ptr, kv_ptr, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_ptr,
+def _attn_kernel(q_ptr, kv_ptr, qc_desc, qr_desc, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_ptr,
                  opart_ptr, lpart_ptr,
                  sqb, sqn, sqh, sqd, skb, skt, skd, s_plen, sab, san, saw,
                  T, N, H, M, S_GRID, qk_scale,
@@ -98,7 +101,7 @@ def _attn_kernel(q_ptr, kv_ptr, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED_BLOCK_N: tl.constexpr,
                  SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.constexpr,
                  MAX_SPLITS: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                 USE_TMA: tl.constexpr, USE_PDL: tl.constexpr):
+                 USE_TMA: tl.constexpr, USE_PDL: tl.constexpr, Q_TMA: tl.constexpr):
     if USE_PDL:  # let the combine's programs launch as this grid drains (it waits for us)
         gdc_launch_dependents()
     t = tl.program_id(0)
@@ -109,7 +112,15 @@ def _attn_kernel(q_ptr, kv_ptr, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_
     if t < n_parts:  # the grid covers parts_grid(T); the rest exit before any load
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows of request b
         row_ok = rows < M
-        qc, qr = _load_q(q_ptr, b, rows, H, M, sqb, sqn, sqh, sqd, C, R, CP, RP, UPCAST)
+        if Q_TMA:  # one bulk copy into shared memory, in flight with the first K tiles
+            row0 = (b * M + mb * BLOCK_M).to(tl.int32)
+            qc = qc_desc.load([row0, 0])
+            qr = qr_desc.load([row0, C])
+            if UPCAST:
+                qc = qc.to(tl.float32)
+                qr = qr.to(tl.float32)
+        else:
+            qc, qr = _load_q(q_ptr, b, rows, H, M, sqb, sqn, sqh, sqd, C, R, CP, RP, UPCAST)
         kv_b = kv_ptr + b * skb
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
         l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
@@ -250,6 +261,17 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         kr_desc = TensorDescriptor(kv_cache, shape, strides, [1, BLOCK_N, RP])
     else:
         kc_desc = kr_desc = kv_cache  # unused (USE_TMA=False)
+    # Q by TMA too where q is contiguous: request b's rows m = node * H + head are rows
+    # b * M + m of q viewed [B * M, D]; a block's rows past M read the next request's q (or
+    # TMA's zero fill past B * M): row-local garbage, never stored
+    q_tma = (use_tma and q.is_contiguous() and q.data_ptr() % 16 == 0
+             and D * q.element_size() % 16 == 0)
+    if q_tma:
+        q2 = q.view(B * M, D)
+        qc_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, C])
+        qr_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, RP])
+    else:
+        qc_desc = qr_desc = q
     interp = _common.interpreting()
     # PDL (griddepcontrol) is sm_90+ inline PTX: not in the interpreter
     use_pdl = not interp and G > 1
@@ -257,12 +279,12 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     policy = dict(SHORT_UPTO=SHORT_UPTO, SHORT_LEN=short_len, LONG_MIN=LONG_MIN,
                   MAX_SPLITS=MAX_SPLITS, BLOCK_N=BLOCK_N)
     _attn_kernel[(G, m_blocks, B)](
-        q, kv_cache, kc_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
+        q, kv_cache, qc_desc, qr_desc, kc_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
         *q.stride(), *kv_cache.stride(), prefix_lens.stride(0), *anc_bits.stride(),
         T, N, H, M, G, float(softmax_scale) * LOG2E,
         C=C, R=D - C, CP=CP, RP=RP, BLOCK_M=BLOCK_M, MASKED_BLOCK_N=MASKED_BLOCK_N,
         UPCAST=interp, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        USE_TMA=use_tma, USE_PDL=use_pdl, **policy, num_warps=8 if CP >= 256 else 4,
+        USE_TMA=use_tma, USE_PDL=use_pdl, Q_TMA=q_tma, **policy, num_warps=8 if CP >= 256 else 4,
         num_stages=2)
     if G > 1:
         block_c = min(CP, 128)
