@@ -178,21 +178,24 @@ def test_v3_tile_paths(tma, poisoned, monkeypatch):
         assert torch.equal(ptr[0], out[0]) and torch.equal(ptr[1], out[1])
 
 
-@pytest.mark.parametrize("tma", [True, False])
-def test_v4_part_paths(tma, poisoned, monkeypatch):
+@pytest.mark.parametrize("loads", ["tma", "q_pointers", "pointers"])
+def test_v4_part_paths(loads, poisoned, monkeypatch):
     # why: v4's paths side by side in one launch (T = 2108 sizes the grid for 8 parts): P < 64
     # (one part, masked loop, direct write), P = 64 and 256 (one 256-key split carrying the
     # tree: direct write), P = 300 (2 splits, the second's 44 keys in a tile shifted back into
     # split 0), P = 2048 (8 short splits, tree on the last), P = 2100 (long regime: 5 splits of
-    # 512 + the tree's own part, merged last); NaN past P + N. TMA and pointer paths bitwise
+    # 512 + the tree's own part, merged last); NaN past P + N. Q and K by TMA, Q by pointers
+    # (TREE_MLA_V4_ABLATE=qtma), both by pointers: bitwise the same
     case = make_case((63, 64, 256, 300, 2048, 2100),
                      random_parents(5, torch.Generator().manual_seed(13)), H=2,
                      label="v4 paths")
     assert [triton_v4.num_parts(p) for p in (63, 64, 256, 300, 2048, 2100)] == \
         [(0, 1), (1, 1), (1, 1), (2, 2), (8, 8), (5, 6)]
     out = assert_matches_reference(case, triton_v4.tree_mla_triton)
-    if not tma:
-        monkeypatch.setattr(triton_v4, "_tma_ok", lambda *a: False)
+    if loads != "tma":
+        monkeypatch.setenv("TREE_MLA_V4_ABLATE", "qtma")
+        if loads == "pointers":
+            monkeypatch.setattr(triton_v4, "_tma_ok", lambda *a: False)
         ptr = triton_v4.tree_mla_triton(*case.args)
         assert torch.equal(ptr[0], out[0]) and torch.equal(ptr[1], out[1])
 

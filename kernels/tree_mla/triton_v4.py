@@ -25,10 +25,14 @@ P = 2048 (v3's partition there): the control for the short splits' extra partial
 Q comes in by TMA as well where q is contiguous and K takes the TMA path (two bulk copies of
 [64, C] and [64, R] from q viewed [B * M, D], instead of 18 pointer loads a thread and a
 register -> shared-memory pass); otherwise v1's masked pointer loads (same values, bitwise).
+TREE_MLA_V4_ABLATE=pdl,qtma (either or both) turns those two off: a timing ablation, and a way
+around a driver that will not capture PDL edges; results are the same bits (CPU test).
 Legend: _common.py. Softmax in base 2.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -264,8 +268,9 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     # Q by TMA too where q is contiguous: request b's rows m = node * H + head are rows
     # b * M + m of q viewed [B * M, D]; a block's rows past M read the next request's q (or
     # TMA's zero fill past B * M): row-local garbage, never stored
+    ablate = os.environ.get("TREE_MLA_V4_ABLATE", "").split(",")  # timing ablations only
     q_tma = (use_tma and q.is_contiguous() and q.data_ptr() % 16 == 0
-             and D * q.element_size() % 16 == 0)
+             and D * q.element_size() % 16 == 0 and "qtma" not in ablate)
     if q_tma:
         q2 = q.view(B * M, D)
         qc_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, C])
@@ -274,7 +279,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         qc_desc = qr_desc = q
     interp = _common.interpreting()
     # PDL (griddepcontrol) is sm_90+ inline PTX: not in the interpreter
-    use_pdl = not interp and G > 1
+    use_pdl = not interp and G > 1 and "pdl" not in ablate
     pdl = {} if interp else {"launch_pdl": use_pdl}
     policy = dict(SHORT_UPTO=SHORT_UPTO, SHORT_LEN=short_len, LONG_MIN=LONG_MIN,
                   MAX_SPLITS=MAX_SPLITS, BLOCK_N=BLOCK_N)
