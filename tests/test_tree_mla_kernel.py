@@ -117,6 +117,9 @@ EDGE = {
                         "P > MIN_SPLIT * MAX_SPLITS: split length 576, 15 splits"),
     "chain-129": ((5,), chain(129), {"H": 1}, "deepest tree: 3 mask words, bit 63 set"),
     "star-65": ((70,), star(65), {"H": 2}, "every node a child of the root; 2 words"),
+    "chain-129-prefix": ((100, 64), chain(129), {"H": 1},
+                         "3 mask words after prefixes on the TMA path (P = 64: one tile; "
+                         "P = 100: the last tile shifted back)"),
     "padding-rows": ((9, 0), [[-1, 0, 1, 1, -1, -1], [-1, 0, -1, -1, -1, -1]], {},
                      "rows past node_count have no parent: they see only themselves"),
     "real-widths": ((70, 3), random_parents(5, torch.Generator().manual_seed(2)),
