@@ -1,4 +1,5 @@
-"""The DFlash block drafter (Qwen3-style layers over projected target features): the `drafter` op.
+"""The DFlash block drafter (Qwen3-style layers over projected target features): the `drafter` op
+(`draft_topk`) and the `drafter_materialize` op (`materialize`, the context K/V of committed tokens).
 
 Per round (notes/ddtree.md §1.2): the block [bonus, MASK x L] at positions P..P+L attends to
 itself and to the drafter's cache of committed context K/V; rows 1..L go through the TARGET's
@@ -208,6 +209,15 @@ def draft_topk(drafter: DFlashDrafter, target, cache: DrafterCache, bonus: torch
     z = drafter.forward_block(cache, block, start, target)  # [B, L+1, D]
     logits = ops.get("lm_head")(z[:, 1:], target.lm_head.weight)  # [B, L, V] fp32
     return topk_logprobs(logits, k)
+
+
+def materialize(drafter: DFlashDrafter, cache: DrafterCache, target_hidden: torch.Tensor,
+                positions: torch.Tensor, count: torch.Tensor) -> None:
+    """The `drafter_materialize` op: `drafter.materialize(cache, target_hidden, positions, count)`
+    (written in place, returns None): rows j < count[b] of target_hidden [B, n, nT*D] become
+    context K/V at slot positions[b, j] of every layer; later rows are ignored. The decode loop
+    calls it through the registry (workbench/generate.py) for every committed path and prompt."""
+    drafter.materialize(cache, target_hidden, positions, count)
 
 
 # -- seeded synthetic weights (the scheme of workbench/weights.py) ------------------------------

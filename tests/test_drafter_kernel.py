@@ -205,9 +205,12 @@ def test_block_attention(starts, sliding, causal, n_sm):
 
 def test_registered():
     from workbench import ops
+    from workbench.kernels.drafter.materialize_v1 import materialize_triton
 
     register()
     assert ops.op_spec("drafter").variant(BEST).load() is draft_topk_triton
+    assert ops.op_spec("drafter_materialize").variant("triton_v1").load() is materialize_triton
+    assert ops.PRESETS["optimized"]["drafter_materialize"] == "triton_v1"
 
 
 def test_decode_token_exact_with_drafter_kernel(tiny_target):
@@ -425,22 +428,108 @@ def test_materialize_errors(tiny):
         materialize_triton(drafter, type(cache)(cache.k, cache.v[:, :, :2]), h, pos, cnt)
 
 
-def test_decode_token_exact_with_materialize_kernel(tiny_target):
-    # the loop with the kernel drafter AND the kernel materialisation (bound on the instance:
-    # the loop calls drafter.materialize) emits exactly the AR tokens
-    import types
-
-    from workbench.generate import generate
+@pytest.fixture
+def materialize_spy(monkeypatch):
+    """Variant 'spy' of drafter_materialize: materialize_v1, recording each call's row count N
+    and whether it ran inside a decode step (the step's commit phase) or outside (prefill)."""
+    from workbench import generate as gen
+    from workbench import ops
     from workbench.kernels.drafter.materialize_v1 import materialize_triton
+
+    calls, in_step = [], {"on": False}
+
+    def spy(drafter, cache, hidden, pos, count):
+        calls.append((hidden.shape[1], in_step["on"]))
+        return materialize_triton(drafter, cache, hidden, pos, count)
+
+    step_call = gen._DDTreeStep.__call__
+
+    def traced(self, *a):
+        in_step["on"] = True
+        try:
+            return step_call(self, *a)
+        finally:
+            in_step["on"] = False
+
+    monkeypatch.setitem(ops.op_spec("drafter_materialize").variants, "spy",
+                        ops.Variant("spy", spy, needs=("triton",)))
+    monkeypatch.setattr(gen._DDTreeStep, "__call__", traced)
+    return calls
+
+
+@pytest.mark.parametrize("budget", [3, 12])  # path rows budget + 1 = 4 < block_size; 8 < 13
+def test_decode_token_exact_with_materialize_op(tiny_target, materialize_spy, budget):
+    # the registry's drafter_materialize kernel, selected alone, runs in the step's commit phase
+    # on min(budget + 1, block_size) path rows (and on the prefill chunks) and changes no token:
+    # DDTree == AR == the reference loop (host-side reference materialisation)
+    from workbench.generate import generate
+
+    drafter = build_drafter(tiny_target.cfg, seed=0)
+    prompts = [[5, 6, 7, 8], [20, 21, 22]]
+    ar = generate(tiny_target, prompts=prompts, max_new_tokens=6)
+    ref = generate(tiny_target, drafter, prompts, max_new_tokens=6, budget=budget)
+    assert not materialize_spy  # the reference loop never calls the kernel
+    dd = generate(tiny_target, drafter, prompts, max_new_tokens=6, budget=budget,
+                  kernels={"drafter_materialize": "spy"})
+    assert dd.tokens == ar.tokens == ref.tokens
+    rows = min(budget + 1, tiny_target.cfg.drafter.block_size)
+    steps = [n for n, inside in materialize_spy if inside]
+    assert steps == [rows] * len(dd.steps), materialize_spy  # once per step, inside it
+    assert [n for n, inside in materialize_spy if not inside] == [4]  # the one prefill chunk
+
+
+def test_decode_token_exact_with_both_drafter_kernels(tiny_target):
+    # the kernel draft step AND the in-step kernel materialisation: still the AR tokens
+    from workbench.generate import generate
 
     register()
     drafter = build_drafter(tiny_target.cfg, seed=0)
-    drafter.materialize = types.MethodType(materialize_triton, drafter)
     prompts = [[5, 6, 7, 8], [20, 21, 22]]
     ar = generate(tiny_target, prompts=prompts, max_new_tokens=5)
     dd = generate(tiny_target, drafter, prompts, max_new_tokens=5, budget=6,
-                  kernels={"drafter": BEST})
+                  kernels={"drafter": BEST, "drafter_materialize": "triton_v1"})
     assert dd.tokens == ar.tokens
+
+
+def test_acceptance_replay_with_materialize_op(tiny_target):
+    # replay mode (lengths from a trace, NOT the target's tokens): the in-step kernel writes the
+    # drafter context the host-side reference writes (bitwise on tiny), so the drafts, trees
+    # and emitted tokens are the reference loop's
+    from workbench.acceptance import AcceptanceTrace
+    from workbench.generate import generate
+
+    drafter = build_drafter(tiny_target.cfg, seed=0)
+    trace = AcceptanceTrace.from_mean(4.48, 8, drafter.cfg.depth)
+    kw = dict(max_new_tokens=12, budget=8, acceptance=trace, seed=5)
+    prompts = [[5, 9, 2, 7], [3] * 11]
+    ref = generate(tiny_target, drafter, prompts, **kw)
+    got = generate(tiny_target, drafter, prompts, kernels={"drafter_materialize": "triton_v1"},
+                   **kw)
+    assert got.mode == ref.mode == "ddtree-replay"
+    assert got.tokens == ref.tokens
+    assert [s["accepted"] for s in got.steps] == [s["accepted"] for s in ref.steps]
+    assert ref.tokens_per_step > 1.0  # multi-token paths were committed
+
+
+@pytest.mark.slow
+def test_trained_pair_accepts_the_same_paths_with_materialize_op():
+    # the shipped trained pair's drafter IS accepted (multi-token commits, ~2 tokens/step at
+    # budget 8), so the committed context decides the next drafts: the in-step kernel must give
+    # the reference loop's accepted lengths step by step, not only its (lossless) tokens
+    from workbench.generate import generate
+    from workbench.train import TRAINED_DIR, load_pair, pair_present
+
+    if not pair_present(TRAINED_DIR):
+        pytest.skip("no trained pair in workbench/assets/trained")
+    target, drafter, tok = load_pair()
+    prompts = [tok.encode(text).ids for text in ("import os\n\n\ndef main(argv):\n    ",
+                                                  "for i in range(10):\n    if i % 2 == 0:\n")]
+    kw = dict(max_new_tokens=12, budget=8)
+    ref = generate(target, drafter, prompts, **kw)
+    got = generate(target, drafter, prompts, kernels={"drafter_materialize": "triton_v1"}, **kw)
+    assert got.tokens == ref.tokens
+    assert [s["accepted"] for s in got.steps] == [s["accepted"] for s in ref.steps]
+    assert ref.tokens_per_step > 1.5, ref.tokens_per_step
 
 
 @pytest.mark.gpu

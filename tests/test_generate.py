@@ -148,3 +148,45 @@ def test_gpu_cuda_graph_ddtree_equals_ar(tiny_gpu_pair, budget):
     dd = generate(target, drafter, GPU_PROMPTS, max_new_tokens=20, budget=budget,
                   kernels="optimized", cuda_graph=True)
     assert dd.tokens == ar.tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [1, 8, 32])
+def test_gpu_cuda_graph_with_materialize_in_step_equals_eager(tiny_gpu_pair, budget):
+    """drafter_materialize's kernel inside the captured step (commit phase): the graphed loop
+    emits the eager loop's tokens, and the eager loop with the reference materialisation on
+    the host (the same kernels otherwise) emits them too."""
+    from workbench import ops
+
+    target, drafter = tiny_gpu_pair
+    opt = dict(ops.PRESETS["optimized"])
+    assert opt["drafter_materialize"] == "triton_v1"
+    kw = dict(max_new_tokens=24, budget=budget)
+    eager = generate(target, drafter, GPU_PROMPTS, kernels=opt, **kw)
+    graphed = generate(target, drafter, GPU_PROMPTS, kernels=opt, cuda_graph=True, **kw)
+    host = generate(target, drafter, GPU_PROMPTS, kernels={**opt, "drafter_materialize":
+                                                             "reference"}, **kw)
+    assert graphed.tokens == eager.tokens == host.tokens
+    assert [s["accepted"] for s in graphed.steps] == [s["accepted"] for s in eager.steps]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [8, 32])
+def test_gpu_trained_pair_graph_with_materialize_in_step_equals_eager(budget):
+    """The shipped trained pair: its drafter is accepted (multi-token commits), so a wrong or
+    stale in-graph context would show as different accepted lengths; graphed == eager, with
+    the optimized kernels (drafter_materialize=triton_v1 among them)."""
+    from workbench.train import TRAINED_DIR, load_pair, pair_present
+
+    if not pair_present(TRAINED_DIR):
+        pytest.skip("no trained pair in workbench/assets/trained")
+    target, drafter, tok = load_pair(device="cuda")
+    prompts = [tok.encode(text).ids for text in (  # Python, the pair's training language
+        "import os\n\n\ndef main(argv):\n    ", "class Point:\n    def __init__(self, x, y):\n",
+        "for i in range(10):\n    if i % 2 == 0:\n        ")]
+    kw = dict(max_new_tokens=32, budget=budget, kernels="optimized")
+    eager = generate(target, drafter, prompts, **kw)
+    graphed = generate(target, drafter, prompts, cuda_graph=True, **kw)
+    assert graphed.tokens == eager.tokens
+    assert [s["accepted"] for s in graphed.steps] == [s["accepted"] for s in eager.steps]
+    assert eager.tokens_per_step > 1.5, eager.tokens_per_step  # the context was committed

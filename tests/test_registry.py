@@ -35,8 +35,8 @@ def twins(monkeypatch):
 
 
 def test_every_op_has_its_harness_hooks():
-    for op in ["int4_moe", "tree_mla", "tree_build", "drafter", "rmsnorm", "linear",
-               "swiglu_mlp", "moe_route", "lm_head"]:
+    for op in ["int4_moe", "tree_mla", "tree_build", "drafter", "tree_walk",
+               "drafter_materialize", "rmsnorm", "linear", "swiglu_mlp", "moe_route", "lm_head"]:
         spec = ops.op_spec(op)
         assert spec.make_inputs and spec.compare and spec.roofline, op
         assert ops.REFERENCE in spec.variants
@@ -127,3 +127,19 @@ def test_generate_kernels_selects_the_op(twins, tiny_target):
     assert twins["rmsnorm"] > 0 and twins["linear"] == 0
     assert got == want
     assert ops.selected("rmsnorm") == ops.REFERENCE  # the selection ended with the call
+
+
+def test_drafter_materialize_is_one_op_in_the_presets_and_flips_alone():
+    # the loop's context materialisation: reference = the drafter's own method, the kernel
+    # folder's variant in "optimized" and "engine", selectable without touching `drafter`
+    from workbench.reference.drafter import materialize
+
+    spec = ops.op_spec("drafter_materialize")
+    assert spec.variant(ops.REFERENCE).load() is materialize
+    assert "triton_v1" in spec.variants and "triton" in spec.variant("triton_v1").needs
+    for preset in ("optimized", "engine"):
+        assert ops.PRESETS[preset]["drafter_materialize"] == "triton_v1"
+    if spec.variant("triton_v1").unavailable_reason() is None:
+        with ops.use(drafter_materialize="triton_v1"):
+            assert ops.selected("drafter_materialize") == "triton_v1"
+            assert ops.selected("drafter") == ops.REFERENCE

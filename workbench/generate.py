@@ -4,13 +4,16 @@ One loop for both modes (gpt-fast style: plain step functions, host-side control
     prefill   chunks of <= 128 prompt rows per forward (causal chain masks; padding rows see
               only themselves), first token from each prompt's last row
     ar_step   one row per request
-    ddtree    draft -> build -> verify -> walk -> commit (DESIGN.md §5)
+    ddtree    draft -> build -> verify -> walk -> commit (DESIGN.md §5); the commit's drafter
+              context goes through the `drafter_materialize` op: inside the step (and its CUDA
+              graph) for a kernel variant, on the host after the step for the reference
 Legend: B requests, N rows per request (budget + 1 in DDTree), L draft depth, K top-k.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -181,8 +184,30 @@ def _prefill(target, drafter, dcache, cache, prompts, capture):
             if valid[b] > 0 and c0 + int(valid[b]) == len(prompts[b]):
                 last[b] = out.logits[b, int(valid[b]) - 1]
         if drafter is not None and out.captured is not None:
-            drafter.materialize(dcache, out.captured, pos, valid)
+            materializer(drafter)(dcache, out.captured, pos, valid)
     return torch.stack(last)
+
+
+def materializer(drafter):
+    """The loop's drafter-context call (cache, target_hidden, positions, count): the registry's
+    `drafter_materialize` op for a DFlashDrafter; a wrapper's own `materialize` otherwise (the
+    ReplayDrafter's does nothing, the distributed DistDrafter's logs its time)."""
+    from workbench.reference.drafter import DFlashDrafter
+
+    if isinstance(drafter, DFlashDrafter):
+        return functools.partial(ops.get("drafter_materialize"), drafter)
+    return drafter.materialize
+
+
+def in_step_materializer(drafter):
+    """The materialisation `_DDTreeStep` runs in its commit phase (inside the step's CUDA graph),
+    or None when the loop calls it on the host after the step: a wrapper drafter, or the
+    reference op (it reads lengths on the host, which a graph capture forbids)."""
+    from workbench.reference.drafter import DFlashDrafter
+
+    if isinstance(drafter, DFlashDrafter) and ops.selected("drafter_materialize") != ops.REFERENCE:
+        return materializer(drafter)
+    return None
 
 
 def _distinct_experts(routing: list[torch.Tensor], rows_valid: torch.Tensor) -> list[int]:
@@ -233,19 +258,24 @@ class _DDTreeStep:
     """Device part of a DDTree step: draft -> build -> verify -> walk -> KV commit.
 
     Returns the tree, the accepted path (acc_idx [B, N], acc_len [B], path_tokens [B, N]), the
-    bonus tokens nxt [B], the target features of the path for the drafter (hid [B, N, F],
-    pos [B, N]) and the routing ids per MoE layer. Fixed shapes for a given (B, budget); no
-    host sync when every op selected is a kernel (GraphedStep captures it).
+    bonus tokens nxt [B], the target features of the path's first A = min(N, block_size) rows
+    for the drafter (hid [B, A, F], pos [B, A]: an accepted path is at most one block long) and
+    the routing ids per MoE layer. Fixed shapes for a given (B, budget); no host sync when every
+    op selected is a kernel (GraphedStep captures it).
     replay: a workbench.acceptance.ReplayWalk that replaces the walk (accepted lengths drawn
     from a trace, not the target's greedy choice); its outputs add max_accept [B].
+    materialize: None (the loop materialises hid/pos on the host after the step), or
+    fn(cache, hid, pos, count) run in the commit phase, inside the step (`in_step_materializer`:
+    the `drafter_materialize` kernel; the graph warm-up's eager call stacks its weights).
     """
 
     def __init__(self, target, drafter, dcache, cache, budget, capture, sample, replay=None,
-                 phase=None):
+                 phase=None, materialize=None):
         self.target, self.drafter, self.dcache, self.cache = target, drafter, dcache, cache
         self.budget, self.capture, self.sample = budget, capture, sample
         self.k = min(budget, target.cfg.vocab_size)
         self.replay, self.phase = replay, phase or _Phases()
+        self.materialize = materialize
 
     def __call__(self, bonus: torch.Tensor, prefix: torch.Tensor) -> dict:
         dr, n_rows, phase = self.drafter, self.budget + 1, self.phase
@@ -273,9 +303,12 @@ class _DDTreeStep:
         with phase("commit"):
             commit_tree_kv(self.cache, prefix, acc_idx, acc_len)
             if out.captured is not None:
-                o["hid"] = torch.gather(out.captured, 1, path.unsqueeze(-1).expand(
-                    -1, -1, out.captured.shape[-1]))
-                o["pos"] = prefix.view(-1, 1) + torch.arange(n_rows, device=prefix.device)
+                A = min(n_rows, dr.cfg.block_size)  # acc_len <= depth + 1 = block_size rows
+                o["hid"] = torch.gather(out.captured, 1, path[:, :A].unsqueeze(-1).expand(
+                    -1, -1, out.captured.shape[-1]))  # [B, A, F]
+                o["pos"] = prefix.view(-1, 1) + torch.arange(A, device=prefix.device)  # [B, A]
+                if self.materialize is not None:  # fixed shapes, count read on the device
+                    self.materialize(self.dcache, o["hid"], o["pos"], acc_len)
         return o
 
 
@@ -291,9 +324,10 @@ def generate(target, drafter=None, prompts=(), max_new_tokens: int | Sequence[in
     of any lengths; budget: DDTree node budget B (None = autoregressive); temperature 0 = greedy;
     kernels: op selection for `workbench.ops.use` (e.g. {"tree_build": "triton_v1"}).
     on_step: optional callback(step_stats, kv_cache, prefix_lens) after every decode step.
-    cuda_graph: replay each step's device part (draft, build, verify, walk, KV commit) from
-    one CUDA graph per call (workbench/cuda_graph.py): greedy only, every selected op must be
-    capture-safe (kernels="optimized"); one host sync per step reads the emitted tokens.
+    cuda_graph: replay each step's device part (draft, build, verify, walk, KV commit, and the
+    drafter context when a `drafter_materialize` kernel is selected) from one CUDA graph per
+    call (workbench/cuda_graph.py): greedy only, every selected op must be capture-safe
+    (kernels="optimized"); one host sync per step reads the emitted tokens.
     DDTree emits exactly the tokens of autoregressive decoding under the same kernels.
     acceptance: a workbench.acceptance.AcceptanceTrace (or a path to its JSON): ACCEPTANCE
     REPLAY, a benchmark mode: the walk accepts lengths drawn from the trace (seeded by `seed`)
@@ -365,7 +399,8 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
             replay = ReplayWalk(acceptance, budget, B, max_len, dev, 0 if seed is None else seed)
             result.acceptance = acceptance.label(budget)
         dstep = _DDTreeStep(target, drafter, dcache, cache, budget, capture, sample, replay,
-                            phase)
+                            phase, in_step_materializer(drafter))
+        host_materialize = None if dstep.materialize is not None else materializer(drafter)
     if cuda_graph:
         from workbench.cuda_graph import GraphedStep
 
@@ -388,9 +423,9 @@ def _generate(target, drafter, prompts, max_new, budget, temperature, seed, stop
             emitted = [path[b][1 : lens[b]] + [last[b]] for b in range(B)]
             rows_valid = torch.arange(n_rows, device=dev).view(1, -1) < tree.node_count.view(-1, 1)
             tree_size = tree.node_count.tolist()
-            with phase("commit"):  # drafter context for the accepted tokens (host lengths)
-                if o["captured"] is not None:
-                    drafter.materialize(dcache, o["hid"], o["pos"], acc_len)
+            if o["captured"] is not None and host_materialize is not None:
+                with phase("commit"):  # drafter context for the accepted tokens, off the graph
+                    host_materialize(dcache, o["hid"], o["pos"], acc_len)
         out_routing = o["routing"]
         live_t = torch.tensor(active, device=dev)
         rows_valid &= live_t.view(-1, 1)

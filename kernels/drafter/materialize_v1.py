@@ -1,5 +1,6 @@
-"""drafter materialize_v1: the context materialisation of `DFlashDrafter.materialize` with no
-host sync (CUDA-graph capturable), so it can run inside the decode step's graph.
+"""drafter materialize_v1 (op `drafter_materialize`, variant `triton_v1`): the context
+materialisation of `DFlashDrafter.materialize` with no host sync (CUDA-graph capturable); the
+DDTree step calls it in its commit phase, inside the step's graph (workbench/generate.py).
 
 For the M = B*N rows of one call (all rows: shapes may not depend on `count`):
     c    = hidden_norm(target_hidden @ Wfc^T)              cuBLAS bf16 GEMM + Triton RMSNorm

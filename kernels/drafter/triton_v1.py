@@ -13,7 +13,7 @@ then z = rmsnorm(x[:, 1:]) and the fused LM head + log-softmax + top-k (`_lm_hea
 
 No host sync: shapes alone decide every launch, `start` is only read on the device, so the
 step is CUDA-graph capturable (after a first eager call has built the fused weights).
-Context materialisation (`DFlashDrafter.materialize`) stays the reference's in v1.
+Context materialisation is the separate op `drafter_materialize` (materialize_v1.py).
 
 Legend: B batch, L depths, S = L + 1, Hq/Hkv heads, d head_dim, D hidden, V vocab, k top-k.
 """

@@ -4,7 +4,8 @@
         workbench.generate(...)
 
 Ops the model calls (the four mission ops first): int4_moe, tree_mla, tree_build, drafter,
-then the supporting ops rmsnorm, linear, swiglu_mlp, moe_route, lm_head.
+then the loop's tree_walk and drafter_materialize, and the supporting ops rmsnorm, linear,
+swiglu_mlp, moe_route, lm_head.
 """
 
 from . import cases as _cases
@@ -38,6 +39,9 @@ register_op("tree_walk", "Greedy / sample-and-walk of a verified tree: accepted 
             "bonus", f"{_R}.tree_build:walk_tree", **_H("tree_walk"))
 register_op("drafter", "DFlash block drafter forward: block + context -> per-depth top-K",
             f"{_R}.drafter:draft_topk", **_H("drafter"))
+register_op("drafter_materialize", "DFlash drafter context K/V of committed tokens, written into "
+            "the drafter cache (fc, hidden norm, per-layer k/v, k norm, RoPE)",
+            f"{_R}.drafter:materialize", **_H("drafter_materialize"))
 register_op("rmsnorm", "RMSNorm", f"{_R}.layers:rmsnorm", **_H("rmsnorm"))
 register_op("linear", "bf16 linear (fp32 accumulate)", f"{_R}.layers:linear", **_H("linear"))
 register_op("swiglu_mlp", "Dense SwiGLU MLP (layer 0, shared expert)", f"{_R}.layers:swiglu_mlp",

@@ -63,6 +63,9 @@ def tolerance(op: str, output: str, dtype: torch.dtype, case: Case | None = None
         # construction, weights.logit_scale), which the log-probs' own RMS (< 1 at k = 1, the
         # unit of atol) does not scale with
         "drafter": (16 * (6 * d.get("layers", 1) + 2), max(d.get("F", 1), d.get("V", 1))),
+        # K: fc, hidden norm, k GEMM, k norm, RoPE; V: fc, hidden norm, v GEMM (bf16 each);
+        # the longest reduction is fc's over F = nT * D
+        "drafter_materialize": (5 if output.endswith("k") else 3, d.get("F", 1)),
     }.get(op, (0, 1))
     eps = torch.finfo(dtype).eps
     noise = math.sqrt(m) * torch.finfo(bf16).eps / 2 + math.sqrt(n) * torch.finfo(f32).eps / 2
@@ -397,6 +400,75 @@ def drafter_roofline(c: Case) -> dict:
     return {"bytes": nbytes, "flops": int(flops)}
 
 
+# -- drafter_materialize -------------------------------------------------------------------------
+def drafter_materialize_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """(drafter, cache, target_hidden [B, N, F] bf16, positions [B, N] int, count [B] int),
+    F = nT * D the concatenated target features. Rows i < count[b] are written at slot
+    positions[b, i] (distinct slots per request); rows past count are hostile: NaN features and
+    positions on a slot a valid row writes, or outside the cache (a write would show or fault).
+    The harness NaN-poisons the whole cache first, so only the written slots compare."""
+    from workbench.reference.drafter import build_drafter
+
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+    dc = cfg.drafter
+    drafter = build_drafter(cfg, seed=seed, device=device)
+    Fin = drafter.fc.weight.shape[1]
+
+    def case(T, counts, label, why="", N=None, pos=None, gappy=False, int32=False):
+        B, N = len(counts), N or dc.block_size
+        count = torch.tensor(counts, device=r.device)
+        pos = r.distinct(T, N, B) if pos is None else pos  # [B, N] distinct slots, shuffled
+        hidden = r.normal(B, N, Fin)
+        for b, n in enumerate(counts):  # the hostile tail
+            if n < N:
+                hidden[b, n:] = NAN
+                pos[b, n:] = pos[b, 0] if n > 0 else -1
+                pos[b, -1] = T + 3
+        hidden = _gappy(hidden) if gappy else hidden
+        if int32:
+            pos, count = pos.to(torch.int32), count.to(torch.int32)
+        dims = dict(B=B, N=N, T=T, F=Fin, D=dc.hidden_size, layers=dc.num_layers,
+                    Hkv=dc.num_kv_heads, d=dc.head_dim, rows=sum(min(n, N) for n in counts))
+        return Case("drafter_materialize", label,
+                    (drafter, drafter.new_cache(B, T), hidden, pos, count), dims=dims, why=why,
+                    kind=shapes)
+
+    if shapes == "edge":
+        W = dc.sliding_window
+        window = (W - 2 + torch.arange(6, device=r.device)).expand(2, 6).contiguous()
+        return [
+            case(12, (0, 0), "count 0", "nothing is written: the cache stays NaN", N=6),
+            case(12, (6, 6), "count N", "every row", N=6),
+            case(40, (0, 9, 4), "B=3 mixed", "none, all and some rows in one batch", N=9),
+            case(1, (1,), "T=1 N=1", "one row into a one-slot cache (a budget-1 commit)", N=1),
+            case(23, (8, 3, 1, 7), "T=23 N=block", "prime T; N = block_size, the loop's commit "
+                 "width; mixed accepted lengths"),
+            case(W + 4, (6, 2), f"window edge W={W}", "positions W-2 .. W+3 straddle the sliding "
+                 "window and end on the cache's last slot", N=6, pos=window),
+            case(16, (3, 5), "strided hidden int32", "target_hidden is a stride-2 view with NaN "
+                 "gaps; int32 positions and count", N=5, gappy=True, int32=True),
+        ]
+    N, P = dc.block_size, 1024
+    out = []
+    for B in (1, 8, 32, 64):  # the loop's commit: N = block_size path rows at P .. P + N - 1
+        counts = [N - b % (N + 1) for b in range(B)]  # N, N-1, ..., 0, N, ...: mixed lengths
+        pos = (P + torch.arange(N, device=r.device)).expand(B, N).contiguous()
+        out.append(case(P + N + 2, counts, f"B={B} N={N} P={P}", pos=pos))
+    return out
+
+
+def drafter_materialize_roofline(c: Case) -> dict:
+    """Weights read once (fc, hidden norm, every layer's k/v projection and k norm), all B*N
+    feature rows read (the GEMMs run over every row), the written rows' K/V in every layer."""
+    d = c.dims
+    kv = 2 * d["Hkv"] * d["d"]  # k and v width per layer
+    weights = d["F"] * d["D"] + d["D"] + d["layers"] * (kv * d["D"] + d["d"])
+    M = d["B"] * d["N"]
+    nbytes = _nb((weights, 2), (M * d["F"], 2), (M, 8), (d["B"], 8),
+                 (d["rows"] * d["layers"] * kv, 2))
+    return {"bytes": nbytes, "flops": 2 * M * (d["F"] * d["D"] + d["layers"] * kv * d["D"])}
+
+
 # -- supporting ops ------------------------------------------------------------------------------
 # rmsnorm (x, w, eps), linear (x, W), swiglu_mlp (x, Wg, Wu, Wd), lm_head (h, W): x [..., D] and
 # n = the output (linear, lm_head) or hidden (swiglu F) width; layout marks the hostile input.
@@ -510,7 +582,7 @@ def _dense_roofline(in_rows: str, inner: Callable, out_itemsize=2):
 ROOFLINES = {
     "int4_moe": int4_moe_roofline, "tree_mla": tree_mla_roofline,
     "tree_build": tree_build_roofline, "tree_walk": tree_walk_roofline,
-    "drafter": drafter_roofline,
+    "drafter": drafter_roofline, "drafter_materialize": drafter_materialize_roofline,
     "rmsnorm": _dense_roofline("rows", lambda d: (d["D"], d["D"])),
     "linear": _dense_roofline("rows", lambda d: (d["D"] * d["O"], d["O"])),
     "swiglu_mlp": _dense_roofline("rows", lambda d: (3 * d["D"] * d["F"], d["D"])),
@@ -538,11 +610,14 @@ HARNESS = {
     "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
     "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
     "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
+    # in place: the drafter cache is the output (returns None)
+    "drafter_materialize": Harness((), written=lambda a, kw: {"cache.k": a[1].k,
+                                                              "cache.v": a[1].v}),
 }
 GENERATORS = {
     "int4_moe": int4_moe_cases, "tree_mla": tree_mla_cases, "tree_build": tree_build_cases,
     "tree_walk": tree_walk_cases,
-    "drafter": drafter_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
+    "drafter": drafter_cases, "drafter_materialize": drafter_materialize_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
     "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
 }
 
