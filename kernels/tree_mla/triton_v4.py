@@ -13,8 +13,9 @@ dependent (PDL) of the attention kernel (README.md, "Design (v4)": where v3's ~4
               parts_grid(T) >= n_parts(P) for every P <= T (programs t >= n_parts exit).
               n_parts == 1: o_lat / lse written directly; else partial slot t.
     launch 2  _combine_kernel  grid (ceil(M / 16), C / 128, B)   (only if G > 1)
-              launched with PDL: its programs start while launch 1 drains and wait in
-              griddepcontrol.wait (launch 1's writes visible after it); requests with
+              launched with PDL: once every launch-1 program has started, its programs may
+              start and wait in griddepcontrol.wait (launch 1 finished, its writes
+              visible); requests with
               n_parts > 1 merge parts 0, 1, ..., n_parts - 1 in that order.
 
 Policy (depends on P only, like v1-v3: batch invariant; host twin split_len() below):
@@ -97,8 +98,8 @@ def _parts(P, SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.co
 
 
 @triton.jit
-def _attn_kernel(q_ptr, kv_ptr, qc_desc, qr_desc, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_ptr,
-                 opart_ptr, lpart_ptr,
+def _attn_kernel(q_ptr, kv_ptr, qc_desc, qr_desc, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr,
+                 lse_ptr, opart_ptr, lpart_ptr,
                  sqb, sqn, sqh, sqd, skb, skt, skd, s_plen, sab, san, saw,
                  T, N, H, M, S_GRID, qk_scale,
                  C: tl.constexpr, R: tl.constexpr, CP: tl.constexpr, RP: tl.constexpr,
@@ -106,7 +107,9 @@ def _attn_kernel(q_ptr, kv_ptr, qc_desc, qr_desc, kc_desc, kr_desc, plen_ptr, an
                  SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.constexpr,
                  MAX_SPLITS: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
                  USE_TMA: tl.constexpr, USE_PDL: tl.constexpr, Q_TMA: tl.constexpr):
-    if USE_PDL:  # let the combine's programs launch as this grid drains (it waits for us)
+    # the combine may launch once every program of this grid has started (it then waits in
+    # griddepcontrol.wait for this grid to finish): its launch overlaps this grid's tail
+    if USE_PDL:
         gdc_launch_dependents()
     t = tl.program_id(0)
     mb = tl.program_id(1)
