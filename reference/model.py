@@ -21,7 +21,6 @@ from workbench import ops
 from workbench.config import ModelConfig
 
 from .int4_moe import Int4Experts
-from .layers import ACC
 from .rope import Rope, target_rope
 
 
@@ -127,10 +126,10 @@ class MLA(nn.Module):
 
         # absorb W_UK into the query: q_lat[h] = q_nope[h] W_UK[h]  ([dn] x [dn, C] -> [C])
         w_kvb = self.kv_b_proj.weight.view(H, dn + cfg.v_head_dim, C)
-        q_lat = torch.einsum("bnhd,hdc->bnhc", q_nope.to(ACC), w_kvb[:, :dn].to(ACC))
+        q_lat = ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn])  # [B, N, H, C]
         qq = torch.cat([q_lat.to(x.dtype), q_pe], -1)  # [B, N, H, C+R]
         o_lat, _ = ops.get("tree_mla")(qq, kv_cache, prefix_lens, anc_bits, cfg.softmax_scale, C)
-        o = torch.einsum("bnhc,hdc->bnhd", o_lat.to(ACC), w_kvb[:, dn:].to(ACC))  # W_UV
+        o = ops.get("mla_v_up")(o_lat, w_kvb[:, dn:])  # [B, N, H, dv] (W_UV)
         return linear(o.to(x.dtype).reshape(B, N, H * cfg.v_head_dim), self.o_proj.weight)
 
 

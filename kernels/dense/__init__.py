@@ -1,4 +1,5 @@
-"""Supporting ops of the model (rmsnorm, linear, swiglu_mlp, lm_head, moe_route), engine-style.
+"""Supporting ops of the model (rmsnorm, linear, swiglu_mlp, lm_head, moe_route, and the
+absorbed-MLA projections mla_q_absorb and mla_v_up), engine-style.
 
 The references (reference/layers.py, reference/moe_route.py) accumulate in float64 so that a
 row's result never depends on its batch: the loop is token-exact by construction, but at
@@ -15,7 +16,7 @@ Importing this package imports no Triton; `register()` adds the variants to the 
 from __future__ import annotations
 
 _MOD = "workbench.kernels.dense.torch_bf16"
-OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route")
+OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route", "mla_q_absorb", "mla_v_up")
 VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rmsnorm", "torch_bf16"): ("fp32 RMSNorm, one pass, rounded once (engine-style)", ()),
@@ -26,6 +27,10 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),
+    ("mla_q_absorb", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "
+                                     "accumulate (batch-variant)", ()),
+    ("mla_v_up", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "
+                                 "accumulate (batch-variant)", ()),
 }
 ENGINE = {op: "torch_bf16" for op in OPS}  # the "engine" preset's part from this folder
 

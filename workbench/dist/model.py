@@ -208,10 +208,10 @@ class DistKimiModel(nn.Module):
         kv_cache[torch.arange(B, device=x.device).view(B, 1), slots] = torch.cat([c, k_pe], -1)
 
         w_kvb = at.kv_b_proj.weight.view(H, dn + dv, C)
-        q_lat = torch.einsum("bnhd,hdc->bnhc", q_nope.to(ACC), w_kvb[:, :dn].to(ACC))
+        q_lat = ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn])  # [B, N, H, C], local heads
         qq = torch.cat([q_lat.to(x.dtype), q_pe], -1)  # [B, N, H, C+R]
         o_lat, _ = ops.get("tree_mla")(qq, kv_cache, prefix_lens, anc_bits, cfg.softmax_scale, C)
-        o = torch.einsum("bnhc,hdc->bnhd", o_lat.to(ACC), w_kvb[:, dn:].to(ACC))  # W_UV
+        o = ops.get("mla_v_up")(o_lat, w_kvb[:, dn:])  # [B, N, H, dv] (W_UV)
         o = o.to(x.dtype).reshape(B, N, H * dv)  # bf16, as the reference rounds
         if self.layout.exact:  # all heads' outputs, in head order (rank r holds heads r*H..)
             o = self.comm.all_gather_cat(o, -1)

@@ -5,7 +5,7 @@
 
 Ops the model calls (the four mission ops first): int4_moe, tree_mla, tree_build, drafter,
 then the loop's tree_walk and drafter_materialize, and the supporting ops rmsnorm, linear,
-swiglu_mlp, moe_route, lm_head.
+swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up.
 """
 
 from . import cases as _cases
@@ -49,6 +49,10 @@ register_op("swiglu_mlp", "Dense SwiGLU MLP (layer 0, shared expert)", f"{_R}.la
 register_op("moe_route", "Sigmoid + bias top-k router", f"{_R}.moe_route:moe_route",
             **_H("moe_route"))
 register_op("lm_head", "Final LM head to fp32 logits", f"{_R}.layers:lm_head", **_H("lm_head"))
+register_op("mla_q_absorb", "Absorbed-MLA query: q_nope x W_UK per head -> latent query",
+            f"{_R}.layers:mla_q_absorb", **_H("mla_q_absorb"))
+register_op("mla_v_up", "Absorbed-MLA output: latent o x W_UV^T per head -> value heads",
+            f"{_R}.layers:mla_v_up", **_H("mla_v_up"))
 
 __all__ = [
     "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant", "VariantUnavailable", "get",

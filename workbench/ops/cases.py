@@ -66,6 +66,7 @@ def tolerance(op: str, output: str, dtype: torch.dtype, case: Case | None = None
         # K: fc, hidden norm, k GEMM, k norm, RoPE; V: fc, hidden norm, v GEMM (bf16 each);
         # the longest reduction is fc's over F = nT * D
         "drafter_materialize": (5 if output.endswith("k") else 3, d.get("F", 1)),
+        "mla_q_absorb": (0, d.get("K", 1)), "mla_v_up": (0, d.get("K", 1)),
     }.get(op, (0, 1))
     eps = torch.finfo(dtype).eps
     noise = math.sqrt(m) * torch.finfo(bf16).eps / 2 + math.sqrt(n) * torch.finfo(f32).eps / 2
@@ -541,6 +542,41 @@ swiglu_mlp_cases = functools.partial(_dense_cases, "swiglu_mlp")
 lm_head_cases = functools.partial(_dense_cases, "lm_head")
 
 
+def _mla_proj_cases(op: str, shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """The absorbed-MLA per-head projections, called as the model calls them: x is a slice of
+    a wider tensor (q_nope = q[..., :dn]; o_lat [B, N, H, C]) and the weight a slice of
+    kv_b_proj viewed [H, dn + dv, C] (W_UK = [:, :dn], W_UV = [:, dn:]): both strided."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(B, N, H, dn, dv, C, label, why=""):
+        K = dn if op == "mla_q_absorb" else C  # the contracted width
+        w = r.normal(H, dn + dv, C, std=K**-0.5)
+        if op == "mla_q_absorb":
+            x, wv, O = r.normal(B, N, H, dn + 8)[..., :dn], w[:, :dn], C
+        else:
+            x, wv, O = r.normal(B, N, H, C), w[:, dn:], dv
+        dims = dict(rows=B * N, H=H, K=K, O=O)
+        return Case(op, label, (x, wv), dims=dims, why=why, kind=shapes)
+
+    if shapes == "edge":
+        return [case(1, 1, 1, 16, 8, 32, "B=N=H=1", "one row, one head"),
+                case(2, 5, 3, 16, 16, 48, "[2,5,3]", "odd rows and heads"),
+                case(1, 9, 4, 24, 8, 40, "dn=24 C=40", "widths not powers of two")]
+    H, dn, dv, C = cfg.num_heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    return [case(1, n, H, dn, dv, C, f"rows={n} H={H} dn={dn} C={C}") for n in REAL_ROWS]
+
+
+mla_q_absorb_cases = functools.partial(_mla_proj_cases, "mla_q_absorb")
+mla_v_up_cases = functools.partial(_mla_proj_cases, "mla_v_up")
+
+
+def _mla_proj_roofline(c: Case) -> dict:
+    d = c.dims
+    return {"bytes": _nb((d["rows"] * d["H"] * d["K"], 2), (d["H"] * d["K"] * d["O"], 2),
+                         (d["rows"] * d["H"] * d["O"], 2)),
+            "flops": 2 * d["rows"] * d["H"] * d["K"] * d["O"]}
+
+
 def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
     """h [T, D] bf16, gate_weight [E, D] bf16, bias [E] fp32, top_k, scaling."""
     cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
@@ -588,6 +624,7 @@ ROOFLINES = {
     "swiglu_mlp": _dense_roofline("rows", lambda d: (3 * d["D"] * d["F"], d["D"])),
     "moe_route": _dense_roofline("T", lambda d: (d["E"] * d["D"], d["K"] * 3), out_itemsize=4),
     "lm_head": _dense_roofline("rows", lambda d: (d["V"] * d["D"], d["V"]), out_itemsize=4),
+    "mla_q_absorb": _mla_proj_roofline, "mla_v_up": _mla_proj_roofline,
 }
 
 
@@ -606,7 +643,8 @@ class Harness:
 
 HARNESS = {
     "int4_moe": Harness(), "rmsnorm": Harness(), "linear": Harness(), "swiglu_mlp": Harness(),
-    "lm_head": Harness(), "tree_build": Harness(),
+    "lm_head": Harness(), "tree_build": Harness(), "mla_q_absorb": Harness(),
+    "mla_v_up": Harness(),
     "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
     "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
     "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
@@ -619,6 +657,7 @@ GENERATORS = {
     "tree_walk": tree_walk_cases,
     "drafter": drafter_cases, "drafter_materialize": drafter_materialize_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
     "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
+    "mla_q_absorb": mla_q_absorb_cases, "mla_v_up": mla_v_up_cases,
 }
 
 
