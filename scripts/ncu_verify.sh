@@ -18,7 +18,7 @@ FILTER=$(python3 -c "from workbench.tracing import ncu_filter; print(ncu_filter(
 echo "ncu filter: $FILTER"
 "$NCU" --clock-control none --nvtx --nvtx-include "$FILTER" \
     --launch-skip "${SKIP:-0}" --launch-count "${COUNT:-300}" \
-    --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+    $(for s in ${SECTIONS:-SpeedOfLight LaunchStats Occupancy MemoryWorkloadAnalysis}; do echo --section "$s"; done) \
     -f -o "$OUT/ncu_verify" \
     python3 -m workbench generate --preset small --device cuda --budget "${BUDGET:-8}" \
         --kernels "${KERNELS:-engine}" --max-new-tokens 12 --prompt-ids 1,2,3,4,5,6,7,8
