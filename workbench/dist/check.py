@@ -20,13 +20,14 @@ TIE_MARGIN = 0.01
 @torch.no_grad()
 def reference_margins(target, prompts, tokens) -> list[list[float]]:
     """Top-2 logit margin of the single-process model before each generated token."""
-    out = []
+    out, dev = [], target.device  # inputs on the model's device (a GPU run's margins too)
     for p, toks in zip(prompts, tokens):
         seq = list(p) + list(toks)
         L = len(seq)
         cache = target.new_cache(1, L + 1)
-        lg = target(torch.tensor([seq]), torch.arange(L).view(1, -1), cache,
-                    torch.zeros(1, dtype=torch.long), causal_anc_bits(L)).logits[0]
+        lg = target(torch.tensor([seq], device=dev), torch.arange(L, device=dev).view(1, -1),
+                    cache, torch.zeros(1, dtype=torch.long, device=dev),
+                    causal_anc_bits(L).to(dev)).logits[0]
         top2 = lg[len(p) - 1 : L - 1].topk(2, -1).values  # [len(toks), 2]
         out.append((top2[:, 0] - top2[:, 1]).tolist())
     return out
