@@ -59,7 +59,8 @@ print(f"drafter: {dc.num_layers} layers, D {dc.hidden_size}, heads {dc.num_heads
 # %% [markdown]
 # ## A prompt's context, materialised
 # The target runs the prompt once and captures its layers' hidden states; the drafter's
-# `materialize` (reference in v1) projects them into per-layer context K/V.
+# `drafter_materialize` (a registry op: the reference here; `triton_v1` in the optimized loop,
+# inside the DDTree step's CUDA graph) projects them into per-layer context K/V.
 
 # %%
 g = torch.Generator().manual_seed(SEED)
@@ -71,7 +72,8 @@ kv = target.new_cache(1, CONTEXT + 1)
 anc = torch.tensor([(1 << (i + 1)) - 1 for i in range(CONTEXT)], device=device).view(1, -1, 1)
 out = target.forward(prompt, pos, kv, torch.zeros(1, dtype=torch.long, device=device), anc,
                      capture=dc.target_layer_ids)
-drafter.materialize(cache, out.captured, pos, torch.tensor([CONTEXT], device=device))
+ops.get("drafter_materialize")(drafter, cache, out.captured, pos,
+                               torch.tensor([CONTEXT], device=device))
 bonus = out.logits[:, -1].argmax(-1)  # the target's next token = the round's root
 start = torch.tensor([CONTEXT], device=device)
 print("bonus token", bonus.tolist())

@@ -1,8 +1,9 @@
 """One CUDA graph per decode step: `GraphedStep` captures a step function once and replays it.
 
 The decode loop (workbench/generate.py) splits each step into a device part with fixed shapes
-for a given (batch, budget) — draft, build, verify, walk, KV commit — and the host part
-(emit tokens, stop rules, drafter context). `GraphedStep(fn)` turns the device part into a
+for a given (batch, budget) — draft, build, verify, walk, KV commit (and the drafter's context
+materialisation when a `drafter_materialize` kernel is selected) — and the host part (emit
+tokens, stop rules; the reference materialisation). `GraphedStep(fn)` turns the device part into a
 graph:
 
     first call   copy the inputs into static buffers, run fn eagerly on a side stream (Triton
