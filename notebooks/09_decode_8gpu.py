@@ -125,22 +125,31 @@ assert (pc.comm_ms.values > nv.comm_ms.values).all()  # same bytes, slower link
 proj.pivot_table(index=["C", "mode"], columns=["layout", "link"], values="tokens_per_s")
 
 # %% [markdown]
-# ## The H200 run at full size
-# The same emulation at `kimi-k2.6` size on one H200 (`traces/emulate_engine.csv`; command and
-# reading in `traces/gpu/session2_final/README.md`). The emulated rank still runs eagerly with a
-# device sync per phase per layer, so these step times are host launch overhead, not GPU work:
-# they are the harness's numbers until the rank's step is graph-captured.
+# ## The H200 runs at full size
+# The same emulation at `kimi-k2.6` size on one H200: AR and budgets 8, 16 in
+# `traces/emulate_engine.csv` (session 2), budget 32 in `traces/emulate_engine_b32.csv` (session
+# 3, newer kernels; commands and reading in `traces/gpu/session{2_final,3}/README.md`). The
+# emulated rank runs eagerly with a device sync per phase per layer, so `step_ms` is mostly host
+# launch overhead; the budget-32 rows also carry `kernel_ms`, the sum of the step's kernel times
+# (what one CUDA graph of the rank's step would take), and the tokens/s that follow from it.
 
 # %%
 from pathlib import Path
 
-h200 = Path(workbench.__file__).resolve().parent.parent / "traces" / "emulate_engine.csv"
-if h200.exists():
-    full = pd.read_csv(h200)
+traces = Path(workbench.__file__).resolve().parent.parent / "traces"
+runs = [traces / "emulate_engine.csv", traces / "emulate_engine_b32.csv"]
+if all(p.exists() for p in runs):
+    full = pd.concat([pd.read_csv(p) for p in runs], ignore_index=True)
     assert set(full.layout) == {"EP8", "TP8"} and full.step_ms.gt(0).all()
-    print(full.gpu.iloc[0], "| git", full.git_sha.iloc[0][:7], "| kernels", full.kernels.iloc[0])
+    for p in runs:
+        r = pd.read_csv(p)
+        print(p.name, "|", r.gpu.iloc[0], "| git", str(r.git_sha.iloc[0])[:7], "| kernels",
+              r.kernels.iloc[0])
     table = full.pivot_table(index=["C", "mode"], columns=["layout", "link"],
-                               values="tokens_per_s").round(1)
+                             values="tokens_per_s").round(1)
+    graphed = full.dropna(subset=["kernel_ms"]).pivot_table(
+        index=["C", "mode"], columns=["layout", "link"], values="kernel_tokens_per_s").round(1)
+    print("tokens/s from the kernel sums (graph-replay estimate):\n" + graphed.to_string())
 else:
-    table = "traces/emulate_engine.csv not in this checkout"
+    table = "traces/emulate_engine*.csv not in this checkout"
 table
