@@ -6,7 +6,11 @@ shipped trained pair, C in {1, 8, 32} requests of mixed prompt lengths.
   * DDTree at budgets 1..128 under the optimized kernels and graphs emits the optimized AR
     tokens.
 A divergence passes only where the reference itself was undecided (top-2 logit margin below
-workbench.dist.check.TIE_MARGIN, teacher-forced on the reference model); each one is printed.
+workbench.dist.check.TIE_MARGIN, teacher-forced on the reference model); each one is printed,
+with its explanation: the first MoE routing flip between the two runs (teacher-forced on the
+reference tokens, each on its loop's schedule) and the router's K/K+1 margin there, "EXPLAINED"
+when that flip is a router near-tie reached through rounding-level differences
+(workbench.dist.check.explain_divergence). The pass rule is check_tokens, unchanged.
 GPU only (`pytest -m gpu tests/test_exact_gpu.py`; ~3-4 min on an H200, most of it the float64
 reference loop and margins at Kimi widths).
 """
@@ -62,13 +66,43 @@ def _optimized_ar(name, target, C):
     return _AR[(name, C)]
 
 
-def _explain(target, prompts, ref, got, what):
-    from workbench.dist.check import check_tokens, reference_margins
+def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b="optimized",
+             steps_b=None, budget=None):
+    """Print each divergence's explanation (first routing flip, router margin: workbench/dist/
+    check.py explain_divergence), then apply the pass rule (check_tokens) unchanged.
+
+    The teacher-forced pair replays each request on its loop's schedule, repeated C times (the
+    loop's row counts): run A (ref) as one forward of one request under the reference ops
+    (batch-invariant), or on the AR loop's steps; run B (got) on the AR loop's steps, or with
+    steps_b (a DDTree GenerateResult) on its accepted rows per step, padded to budget + 1."""
+    from workbench.dist.check import (
+        check_tokens,
+        explain_divergences,
+        loop_chunks,
+        reference_margins,
+        request_steps,
+    )
 
     if ref == got:
         return
     with torch.no_grad():
         margins = reference_margins(target, prompts, ref)
+
+    def schedule(b, n):
+        P, rows = len(prompts[b]), len(prompts[b]) + n + 1
+        ar = loop_chunks(P, [1] * rows, rows)
+        dd = None if steps_b is None else loop_chunks(P, request_steps(steps_b, b) + [1] * rows,
+                                                      rows)  # + [1]: the last token is not fed
+        return {"chunks_a": None if kernels_a is None else ar, "chunks_b": dd or ar,
+                "pad_b": None if steps_b is None else budget + 1,
+                "batch_a": 1 if kernels_a is None else len(prompts), "batch_b": len(prompts)}
+
+    try:  # a diagnostic: its failure is printed, never changes the verdict below
+        for _, line in explain_divergences(target, prompts, ref, got, kernels_a, kernels_b,
+                                           schedule):
+            print(f"{what}: {line}")
+    except Exception as e:
+        print(f"{what}: explanation failed: {type(e).__name__}: {e}")
     found = check_tokens(ref, got, margins)  # raises unless every divergence is a tie
     print(f"{what}: {len(found)} divergence(s), all on reference ties: {found}")
 
@@ -89,4 +123,5 @@ def test_ddtree_equals_ar_under_optimized_graphs(pair, C, budget):
     dd = generate(target, drafter, prompts, max_new_tokens=NEW, budget=budget,
                   kernels="optimized", cuda_graph=True)
     assert all(len(t) == NEW for t in dd.tokens)
-    _explain(target, prompts, ar, dd.tokens, f"{name} C={C} DDTree-{budget} vs AR")
+    _explain(target, prompts, ar, dd.tokens, f"{name} C={C} DDTree-{budget} vs AR",
+             kernels_a="optimized", steps_b=dd, budget=budget)
