@@ -11,12 +11,14 @@ with its explanation: the first MoE routing flip between the two runs (teacher-f
 reference tokens, each on its loop's schedule) and the router's K/K+1 margin there, "EXPLAINED"
 when that flip is a router near-tie reached through rounding-level differences
 (workbench.dist.check.explain_divergence). The pass rule is check_tokens, unchanged.
-GPU only (`pytest -m gpu tests/test_exact_gpu.py`; ~3-4 min on an H200, most of it the float64
-reference loop and margins at Kimi widths).
+EXACT_KERNELS="op=variant,..." replaces those ops of the preset (a candidate kernel, e.g.
+`EXACT_KERNELS=int4_moe=triton_v6`). GPU only (`pytest -m gpu tests/test_exact_gpu.py`; ~3-4
+min on an H200, most of it the float64 reference loop and margins at Kimi widths).
 """
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -57,16 +59,28 @@ def pair(request):
 _AR: dict = {}  # (model, C) -> optimized AR tokens, shared by the DDTree cases
 
 
+def _kernels():
+    """kernels="optimized", or that preset with the ops named in EXACT_KERNELS="op=variant,..."
+    replaced (a candidate before it becomes a BEST, e.g. EXACT_KERNELS=int4_moe=triton_v6)."""
+    over = os.environ.get("EXACT_KERNELS", "")
+    if not over:
+        return "optimized"
+    import workbench.ops  # noqa: F401  (registers the kernel folders and the presets)
+    from workbench.ops.registry import PRESETS
+
+    return {**PRESETS["optimized"], **dict(kv.split("=", 1) for kv in over.split(","))}
+
+
 def _optimized_ar(name, target, C):
     if (name, C) not in _AR:
         prompts = _prompts(C, target.cfg.vocab_size, seed=C)
-        res = generate(target, None, prompts, max_new_tokens=NEW, kernels="optimized",
+        res = generate(target, None, prompts, max_new_tokens=NEW, kernels=_kernels(),
                        cuda_graph=True)
         _AR[(name, C)] = (prompts, res.tokens)
     return _AR[(name, C)]
 
 
-def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b="optimized",
+def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
              steps_b=None, budget=None):
     """Print each divergence's explanation (first routing flip, router margin: workbench/dist/
     check.py explain_divergence), then apply the pass rule (check_tokens) unchanged.
@@ -85,6 +99,7 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b="optimiz
 
     if ref == got:
         return
+    kernels_b = _kernels() if kernels_b is None else kernels_b
     with torch.no_grad():
         margins = reference_margins(target, prompts, ref)
 
@@ -121,7 +136,7 @@ def test_ddtree_equals_ar_under_optimized_graphs(pair, C, budget):
     name, target, drafter = pair
     prompts, ar = _optimized_ar(name, target, C)
     dd = generate(target, drafter, prompts, max_new_tokens=NEW, budget=budget,
-                  kernels="optimized", cuda_graph=True)
+                  kernels=_kernels(), cuda_graph=True)
     assert all(len(t) == NEW for t in dd.tokens)
     _explain(target, prompts, ar, dd.tokens, f"{name} C={C} DDTree-{budget} vs AR",
-             kernels_a="optimized", steps_b=dd, budget=budget)
+             kernels_a=_kernels(), steps_b=dd, budget=budget)

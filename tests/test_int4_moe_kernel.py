@@ -17,7 +17,7 @@ from workbench.kernels.int4_moe._common import dequant_triton
 from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
-VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5")
+VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -75,13 +75,13 @@ def test_edge_cases_match_reference(version):
 
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
-             "triton_v5": (5,)}
+             "triton_v5": (5,), "triton_v6": (6,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
-                                     "triton_v5"])
+                                     "triton_v5", "triton_v6"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -189,6 +189,106 @@ def test_split_k_tail_and_hilo(version, BM2):
     c = mod.tiles(1, 8, 384, 7168, 2048)
     assert c["KS1"] > 1 and c["BM2"] == 8 and c["maxnreg"] <= 168  # Kimi T = 1: split K
     assert mod.tiles(512, 8, 384, 7168, 2048)["BM2"] == 16
+
+
+# ---------------------------------------------------------------- v6: batch invariance
+# v6 sums every weight matrix's K tiles in fixed chunks (CHn tiles, from the shapes alone) in
+# chunk order, whether the launch splits the chunks over programs (SPLITn) or loops over them
+# in one program. Under the interpreter tl.dot is numpy's fp32 matmul plus the accumulator, so
+# these tests prove the association (which fp32 partial sums are added in which order), not the
+# GPU's MMA accumulation: that is test_v6_batch_invariance_gpu.
+_V6_SHAPE = dict(E=4, D=544, I=288, K=2)  # D: 2 full 256-input tiles + a 32 tail; I: 1 + tail
+_V6_CFG = dict(CH1=2, CH2=1)  # gate/up chunks [0, 1] [2 = tail]; down [0] [1 = tail]
+
+
+def _v6_run(x, ids, w, ex, **cfg):
+    """v6's output and its fp32 intermediates per slot, each reduced in chunk order as the
+    SiLU / combine kernels do (((0 + c0) + c1) ...): g [S, 2I], y [S, D]."""
+    from workbench.kernels.int4_moe import triton_v6
+
+    buf = {}
+    out = triton_v6.int4_moe_triton(x, ids, w, ex, cfg=cfg, buffers=buf)
+    g = torch.zeros(buf["g"].shape[1:])
+    for part in buf["g"]:
+        g = g + part
+    y = torch.zeros(buf["y"].shape[1:])
+    for part in buf["y"]:
+        y = y + part
+    pos = torch.empty_like(buf["routing"].slots)
+    pos[buf["routing"].slots.long()] = torch.arange(pos.numel(), dtype=pos.dtype)
+    return out, g[pos.long()], y  # g rows are expert-sorted positions: back to slot order
+
+
+def _v6_rows(T, shared, seed):
+    """T rows: the first min(T, len) are `shared`'s, the rest random (other experts, other x)."""
+    x0, ids0, w0 = shared
+    ids, w = _routing(T, _V6_SHAPE["E"], _V6_SHAPE["K"], seed=seed)
+    x = torch.randn(T, _V6_SHAPE["D"], generator=torch.Generator().manual_seed(seed)).bfloat16()
+    n = min(T, ids0.shape[0])
+    ids[:n], w[:n], x[:n] = ids0[:n], w0[:n], x0[:n]
+    return x, ids, w
+
+
+def _bits_equal(a, b):
+    return torch.equal(a.contiguous().view(torch.int32 if a.dtype == torch.float32
+                                           else torch.int16),
+                       b.contiguous().view(torch.int32 if b.dtype == torch.float32
+                                           else torch.int16))
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+def test_v6_batch_invariance(split):
+    # the first rows of T = 1, 2, 9, 33, 65-row launches (the rest random, routed to other
+    # experts: slot positions and per-expert counts change, > BM slots per expert at T = 65)
+    # equal, bitwise, the same rows computed alone (T = 1 each): the bf16 output and the fp32
+    # gate/up and down results of every shared slot, for one K-parallelism mode forced
+    E, D, I, K = (_V6_SHAPE[k] for k in "EDIK")
+    ex = _experts(E, D, I, seed=11)
+    cfg = dict(_V6_CFG, SPLIT1=split, SPLIT2=split)
+    shared = _v6_rows(9, (torch.empty(0, D).bfloat16(), torch.empty(0, K, dtype=torch.long),
+                          torch.empty(0, K)), seed=12)
+    alone = [_v6_run(*(t[i:i + 1] for t in shared), ex, **cfg) for i in range(9)]
+    for T in (2, 9, 33, 65):
+        x, ids, w = _v6_rows(T, shared, seed=100 + T)
+        out, g, y = _v6_run(x, ids, w, ex, **cfg)
+        for i in range(min(T, 9)):
+            a_out, a_g, a_y = alone[i]
+            assert _bits_equal(out[i:i + 1], a_out), (T, i)
+            assert _bits_equal(g[i * K:(i + 1) * K], a_g), (T, i)
+            assert _bits_equal(y[i * K:(i + 1) * K], a_y), (T, i)
+
+
+def test_v6_split_equals_fused():
+    # the two K-parallelism modes (one program per chunk + ordered reduction by the next
+    # kernel, or one program looping over the chunks with a reset MMA chain) give the same
+    # bits, in every combination; a different chunking (CH1 = 1) does not: the interpreter's
+    # fp32 sums do see the association, so the equalities above are not vacuous
+    E, D, I, K = (_V6_SHAPE[k] for k in "EDIK")
+    ex = _experts(E, D, I, seed=13)
+    ids, w = _routing(20, E, K, seed=13)
+    x = torch.randn(20, D).bfloat16()
+    runs = {(s1, s2): _v6_run(x, ids, w, ex, **_V6_CFG, SPLIT1=s1, SPLIT2=s2)
+            for s1 in (False, True) for s2 in (False, True)}
+    base = runs[False, False]
+    for key, run in runs.items():
+        assert all(_bits_equal(a, b) for a, b in zip(run, base)), key
+    other = _v6_run(x, ids, w, ex, CH1=1, CH2=1, SPLIT1=False, SPLIT2=False)
+    assert not _bits_equal(other[1], base[1])  # gate/up fp32 sums: another association
+    ref = int4_moe(x, ids, w, ex).float()
+    assert torch.allclose(base[0].float(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_v6_tiles_fixed_by_shapes():
+    # Kimi shapes: the chunking and the slot tiles are the same at every T; only SPLITn moves
+    from workbench.kernels.int4_moe import triton_v6
+
+    fixed = ("BN", "BM1", "BM2", "CH1", "CH2", "warps", "stages", "maxnreg")
+    t = {T: triton_v6.tiles(T, 8, 384, 7168, 2048) for T in (1, 2, 3, 9, 33, 128, 288, 512, 4096)}
+    for T, c in t.items():
+        assert {k: c[k] for k in fixed} == {k: t[1][k] for k in fixed}, T
+    assert (t[1]["CH1"], t[1]["CH2"], t[1]["BM1"], t[1]["BM2"]) == (7, 3, 16, 8)
+    assert t[1]["SPLIT1"] and t[1]["SPLIT2"] and not t[9]["SPLIT1"] and not t[9]["SPLIT2"]
+    assert t[1]["maxnreg"] <= 168
 
 
 def test_launcher_errors():
@@ -380,21 +480,16 @@ def test_repack_planar_bitwise(O, IN):
 
 
 def test_registered():
+    import importlib
+
     from workbench import ops
-    from workbench.kernels.int4_moe import triton_v1, triton_v2, triton_v3, triton_v4, triton_v5
 
     register()
     assert register() == []  # idempotent
-    with ops.use(int4_moe="triton_v1"):
-        assert ops.get("int4_moe") is triton_v1.int4_moe_triton
-    with ops.use(int4_moe="triton_v2"):
-        assert ops.get("int4_moe") is triton_v2.int4_moe_triton
-    with ops.use(int4_moe="triton_v3"):
-        assert ops.get("int4_moe") is triton_v3.int4_moe_triton
-    with ops.use(int4_moe="triton_v4"):
-        assert ops.get("int4_moe") is triton_v4.int4_moe_triton
-    with ops.use(int4_moe="triton_v5"):
-        assert ops.get("int4_moe") is triton_v5.int4_moe_triton
+    for version in VERSIONS:
+        mod = importlib.import_module(f"workbench.kernels.int4_moe.{version}")
+        with ops.use(int4_moe=version):
+            assert ops.get("int4_moe") is mod.int4_moe_triton
 
 
 # ---------------------------------------------------------------- the decode loop (tiny)
@@ -478,6 +573,43 @@ def test_cuda_graph_replay_equals_eager(real_experts, version, T):
     torch.cuda.synchronize()
     assert torch.equal(out, fn(x, ids, w, ex))  # new routing through the captured graph
     assert not torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v6_batch_invariance_gpu(real_experts, skew):
+    # Kimi shapes on the H200: the first 8 rows of T-row launches (T up to 544 = 32 x (16 + 1),
+    # the rest random) equal, bitwise, the same rows computed alone, in both K-parallelism
+    # modes (T = 1 splits, T >= 9 loops over the chunks), and the two modes agree at T = 1 and
+    # T = 544. Printed, not asserted: v5's mismatching rows on the same launches (its split-K and
+    # BM2 follow T), and whether v6 with BM2 = 16 (m64n32) gives v6's BM2 = 8 (m64n16) bits
+    # (if so a later version may pick BM2 from T again)
+    from workbench.kernels.int4_moe import triton_v5, triton_v6
+
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    ids0, w0 = _routing(8, E, K, seed=21, skew=skew, device="cuda")
+    x0 = torch.randn(8, D, device="cuda").bfloat16()
+    fns = {"v6": triton_v6.int4_moe_triton, "v5": triton_v5.int4_moe_triton}
+    alone = {v: torch.cat([fn(x0[i:i + 1], ids0[i:i + 1], w0[i:i + 1], ex) for i in range(8)])
+             for v, fn in fns.items()}
+    v5_bad = {}
+    for T in (2, 8, 9, 16, 33, 65, 128, 288, 512, 544):
+        ids, w = _routing(T, E, K, seed=100 + T, skew=skew, device="cuda")
+        x = torch.randn(T, D, device="cuda").bfloat16()
+        n = min(T, 8)
+        ids[:n], w[:n], x[:n] = ids0[:n], w0[:n], x0[:n]
+        out = fns["v6"](x, ids, w, ex)
+        assert _bits_equal(out[:n], alone["v6"][:n]), T
+        v5_bad[T] = int((fns["v5"](x, ids, w, ex)[:n] != alone["v5"][:n]).any(-1).sum())
+    # T = 544 is left in x, ids, w; the two modes at T = 1 (split by default) and T = 544
+    for xs, idss, ws in ((x0[:1], ids0[:1], w0[:1]), (x, ids, w)):
+        modes = [triton_v6.int4_moe_triton(xs, idss, ws, ex, cfg=dict(SPLIT1=s, SPLIT2=s))
+                 for s in (False, True)]
+        assert _bits_equal(modes[0], modes[1]), xs.shape[0]
+    bm16 = triton_v6.int4_moe_triton(x, ids, w, ex, cfg=dict(BM2=16))
+    print(f"v5 rows (of the first 8) differing from alone, per T: {v5_bad}; "
+          f"v6 BM2=16 bits == BM2=8 bits at T=544: {_bits_equal(bm16, modes[0])}")
 
 
 @pytest.mark.gpu

@@ -10,6 +10,8 @@ Versions (README.md has the design and the version log), each with the contract 
                <= 168 registers (3 CTAs / SM, ~81 KB of weights in flight per SM)
     triton_v5  v4 with the dequant in packed bf16x2 inline PTX (lop3 magic, sub, mul: ~1.9
                instructions per weight instead of ~5), 64-deep MMA slabs in the pairs' K order
+    triton_v6  v5 made batch-invariant: K reduced in fixed chunks (from the weight shapes) summed
+               in chunk order, split-K or fused chunk loop chosen from T, slot tiles fixed
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -21,7 +23,7 @@ _MOD = "workbench.kernels.int4_moe"
 # the version the decode-loop test and the notebook use
 BEST = "triton_v5"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (1, 2, 3, 4, 5)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (1, 2, 3, 4, 5, 6)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -37,6 +39,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v5"): "v4 with the INT4 dequant as packed bf16x2 inline PTX (lop3 "
     "0x4300|q, sub 136, mul by the scale pair; bitwise the reference): ~1.9 instead of ~5 "
     "instructions per weight, 64-deep MMA slabs in the pairs' K order (activations permuted)",
+    ("int4_moe", "triton_v6"): "v5 made batch-invariant (a row's bits independent of T and of "
+    "the other rows' routing): K summed in fixed chunks of the weight's K tiles, ((c0 + c1) + "
+    "c2)... in fp32, as split-K partials at small T or one program's chunk-reset loop at large "
+    "T; slot tiles fixed (BM 16 gate/up, 8 down)",
 }
 
 

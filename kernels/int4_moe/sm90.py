@@ -1,8 +1,8 @@
 """Compile the int4_moe kernels for sm_90 on a machine without a GPU; report registers, spills,
 whether the MMA is wgmma, and whether the weight loads were pipelined (cp.async).
 
-    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3,4] [--T 1,9,65,512] [--no-spec]
-                                              [--sass]
+    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3,4,5,6] [--T 1,9,65,512]
+                                              [--no-spec] [--sass]
 
 Each launcher runs once on CPU tensors (experts expanded from one expert: shapes and strides
 only) with its kernels swapped for recorders, so the signature and constexprs are what a CUDA
@@ -19,7 +19,9 @@ PTX's cp.async instructions (weights, scales, activations if pipelined).
 `--sass` adds, for each GEMM, the instruction mix of its innermost loop that issues HGMMA (the
 pipelined K loop; nvdisasm from the Triton wheel): SASS instructions per iteration, per weight
 (one K tile of BN x KT weights per iteration over the CTA's threads; versions with a KT), and
-the opcodes that make up most of it. Issue model: README.md.
+the opcodes that make up most of it. Issue model: README.md. v6's loop also holds its chunk
+end (a branch with the running-total FADDs, taken once per CH tiles): the count is static, the
+executed mix per tile is the count minus those FADDs (README.md, "v6").
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
     from triton.compiler import ASTSource
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="4,5")
+    p.add_argument("--versions", default="5,6")
     p.add_argument("--T", default="1,9,65,512")
     p.add_argument("--no-spec", action="store_true", help="no launch specialization")
     p.add_argument("--sass", action="store_true", help="main-loop SASS instruction mix")
