@@ -29,9 +29,9 @@ combine, cp.async pipeline, maxnreg 168).
 
 Remaining assumption (GPU-tested, not provable on CPU): a wgmma output column's value depends
 only on its own A row, B column and accumulator, not on the other columns of the instruction
-(a slot's column position inside the BM tile still follows the routing), and an MMA chain
-restarted from zero (use_acc = false after Triton's accumulator-init pass) equals one started
-from a zero accumulator. `tests/test_int4_moe_kernel.py::test_v6_batch_invariance_gpu` checks
+(a slot's column position inside the BM tile still follows the routing). The restart itself is
+the same code in both modes (a select to zero before a chunk's first tile: Triton 3.6 turns it
+into the wgmma's use_acc flag on sm_100 only), so a chunk always starts from a zeroed register. `tests/test_int4_moe_kernel.py::test_v6_batch_invariance_gpu` checks
 the rows bitwise at Kimi shapes.
 """
 
