@@ -181,7 +181,7 @@ def test_tuple_reduction_pop(depth, budget, version):
                            tuple_reduce=True))
 
 
-@pytest.mark.parametrize("version", ["v6", "v7"])
+@pytest.mark.parametrize("version", ["v6", "v7", "v9"])
 @pytest.mark.parametrize("depth, budget", [(3, 20), (10, 24)])
 def test_v6_high_word_ties(depth, budget, version):
     # why: v6 decides a pop on the score key's high int32 word (20 mantissa bits); float32
@@ -301,6 +301,16 @@ def test_property_bitwise_v7(case):
     assert_same_tree(*both(*case, version="v7"))
 
 
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(tables(max_budget=40), st.booleans())
+def test_property_bitwise_v9(case, plane_blocks):
+    # why: v9 keeps per-node depth / rank-key fields and rebuilds entry keys in its tie branch;
+    # budgets > 32 cross its static blocks of 32 pops (and the one-block path, plane_blocks=False)
+    lp, ids, budget = case
+    assert_same_tree(*both(lp, ids, budget, version="v9", plane_blocks=plane_blocks))
+
+
 @pytest.mark.slow
 @settings(max_examples=20, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
@@ -396,7 +406,7 @@ def test_registered_variants():
 
     register()
     assert register() == []  # idempotent
-    for version in (1, 2, 3, 4, 5, 6, 7):
+    for version in (1, 2, 3, 4, 5, 6, 7, 8, 9):
         with ops.use(tree_build=f"triton_v{version}"):
             assert ops.get("tree_build") is BUILD[f"v{version}"]
 

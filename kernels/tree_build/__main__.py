@@ -28,6 +28,7 @@ from workbench.kernels.tree_build import (  # noqa: E402
     triton_v6,
     triton_v7,
     triton_v8,
+    triton_v9,
 )
 from workbench.kernels.tree_build.triton_v1 import walk_commit_triton  # noqa: E402
 from workbench.ops import op_spec  # noqa: E402
@@ -50,6 +51,7 @@ BUILDERS = {
     "v6": triton_v6.build_ddtree_triton,
     "v7": triton_v7.build_ddtree_triton,
     "v8": triton_v8.build_ddtree_triton,
+    "v9": triton_v9.build_ddtree_triton,
 }
 FIELDS = ("tokens", "depths", "parents", "scores", "anc_bits", "positions", "node_count",
           "first_child", "next_sibling")

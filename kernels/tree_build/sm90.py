@@ -1,11 +1,12 @@
 """Compile every tree_build version for sm_90 on a machine without a GPU; report registers.
 
-    python -m workbench.kernels.tree_build.sm90 [--versions 1,2,3,4,5,6,7]
+    python -m workbench.kernels.tree_build.sm90 [--versions 1,2,3,4,5,6,7,8,9]
 
 Each launcher is run once on CPU tensors with its kernel swapped for a recorder, so the
 signature and constexprs are exactly what a CUDA launch would pass; then `triton.compile`
 targets GPUTarget("cuda", 90, 32) and the wheel's own `ptxas -v` reads registers and spills
 (ecosystem.md §1.4). Must run without TRITON_INTERPRET (the kernels must be JIT functions).
+The pop loops' SASS, with ptxas's control bits, and their issue model: `sass_model.py`.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     from workbench.reference.tree_build import topk_logprobs
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--versions", default="1,2,3,4,5,6,7")
+    p.add_argument("--versions", default="1,2,3,4,5,6,7,8,9")
     args = p.parse_args(argv)
     print("version  L  budget  registers / spills (sm_90a, ptxas -v)  PTX: shfl redux")
     for v in args.versions.split(","):
