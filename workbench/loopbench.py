@@ -158,12 +158,20 @@ class _Enough(Exception):
     """Raised from on_step to cut the loop after the steps a configuration needs."""
 
 
+def _random_prompts(target, C: int, ctx: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, target.cfg.vocab_size, (C, ctx), generator=g).tolist()
+
+
 def _run(target, drafter, prompts, budget, n_steps, kernels, trace, seed, timer=None,
-         cuda_graph=False):
+         cuda_graph=False, on_count=None):
+    """The first n_steps decode steps' stats; on_count(n) after each step n = 1, 2, ..."""
     steps: list[dict] = []
 
     def on_step(s, cache, prefix):
         steps.append(s)
+        if on_count is not None:
+            on_count(len(steps))
         if len(steps) >= n_steps:
             raise _Enough
 
@@ -186,8 +194,7 @@ def bench_config(target, drafter, budget: int | None, C: int, ctx: int = 32, ste
     random prompts of ctx tokens (real acceptance needs real text: a trained pair's prompts)."""
     dev = target.device
     if prompts is None:
-        g = torch.Generator().manual_seed(seed)
-        prompts = torch.randint(3, target.cfg.vocab_size, (C, ctx), generator=g).tolist()
+        prompts = _random_prompts(target, C, ctx, seed)
     else:
         prompts = [list(prompts[i % len(prompts)])[-ctx:] for i in range(C)]
         ctx = max(len(p) for p in prompts)
@@ -260,29 +267,19 @@ def profile_config(target, drafter, budget: int | None, C: int, ctx: int = 32, s
             raise ValueError(f"{name}: expected >= 1, got {v}")
     dev = target.device
     cuda = dev.type == "cuda"
-    g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(3, target.cfg.vocab_size, (C, ctx), generator=g).tolist()
     prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
-    seen = []
 
-    def on_step(s, cache, prefix):
-        seen.append(s)
-        if len(seen) == warmup:
+    def on_count(n):  # the profiled window: after step `warmup` to the end of the last step
+        if n in (warmup, warmup + steps):
             if cuda:
                 torch.cuda.synchronize(dev)
-            prof.start()
-        elif len(seen) == warmup + steps:
-            if cuda:
-                torch.cuda.synchronize(dev)
-            prof.stop()
-            raise _Enough
+            if n == warmup:
+                prof.start()
+            else:
+                prof.stop()
 
-    depth = 1 if budget is None else drafter.cfg.depth + 1
-    with contextlib.suppress(_Enough):
-        generate(target, drafter if budget else None, prompts,
-                 max_new_tokens=(warmup + steps + 2) * depth + 1, budget=budget,
-                 kernels=kernels, seed=seed, on_step=on_step,
-                 acceptance=trace if budget else None)
+    seen = _run(target, drafter, _random_prompts(target, C, ctx, seed), budget,
+                warmup + steps, kernels, trace, seed, on_count=on_count)
     if len(seen) < warmup + steps:
         raise RuntimeError(f"profile: the loop ended after {len(seen)} steps, "
                            f"expected {warmup + steps} (raise max_new_tokens or lower steps)")
