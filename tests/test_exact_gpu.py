@@ -66,9 +66,10 @@ def _kernels():
     if not over:
         return "optimized"
     import workbench.ops  # noqa: F401  (registers the kernel folders and the presets)
+    from workbench.__main__ import _kernels as parse_selection  # the CLI's --kernels parser
     from workbench.ops.registry import PRESETS
 
-    return {**PRESETS["optimized"], **dict(kv.split("=", 1) for kv in over.split(","))}
+    return {**PRESETS["optimized"], **parse_selection(over)}
 
 
 def _optimized_ar(name, target, C):
