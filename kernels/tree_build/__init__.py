@@ -16,7 +16,7 @@ Versions (README.md has the design and the version log), each bit-identical to
                redux shadow
     triton_v9  v8's pop in a third fewer instructions: per-node fields written once, static
                blocks of 32 pops (one plane per node / row write), each pop's writes behind
-               the next pop's redux (not yet timed)
+               the next pop's redux
 The walk (`triton_v1.walk_tree_triton`, `walk_commit_triton`) is shared by all of them; so is
 `_common.py` (host checks, allocation, launch arguments, and the @jit helpers outside the pop
 loops).
@@ -28,7 +28,7 @@ from __future__ import annotations
 _MOD = "workbench.kernels.tree_build"
 # the fastest measured at the bar's shape (bs 64 x budget 64, H200: README.md); the decode-loop
 # test and the notebook use it
-BEST = "triton_v8"
+BEST = "triton_v9"
 VARIANTS = {
     "tree_build": {f"triton_v{v}": f"{_MOD}.triton_v{v}:build_ddtree_triton" for v in (1, 2, 3, 4, 5, 6, 7, 8, 9)},
     "tree_walk": {"triton_v1": f"{_MOD}.triton_v1:walk_tree_triton"},
