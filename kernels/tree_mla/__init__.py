@@ -15,6 +15,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                combine launched as a programmatic dependent (PDL), Q by TMA
     triton_v4_split512  triton_v4 with v3's 512-key splits up to P = 2048 (the control for
                the short splits' partial traffic where M is large)
+    triton_v5  position-invariant (the exactness variant): one node's heads a program, its
+               prefix + ancestors as one virtual key sequence in 64-key tiles, splits by the
+               row's own key count: bitwise AR == DDTree
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -32,6 +35,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v3": f"{_MOD}.triton_v3:tree_mla_triton",
         "triton_v4": f"{_MOD}.triton_v4:tree_mla_triton",
         "triton_v4_split512": f"{_MOD}.triton_v4:tree_mla_triton_split512",
+        "triton_v5": f"{_MOD}.triton_v5:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -49,6 +53,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "Q by TMA",
     ("tree_mla", "triton_v4_split512"): "triton_v4 with 512-key splits up to P = 2048 (v3's "
     "partition there: fewer partials where M is large)",
+    ("tree_mla", "triton_v5"): "position-invariant: a row's prefix + ancestors as one key "
+    "sequence (gathered 64-key tiles, splits by the row's own key count), so a DDTree row "
+    "equals plain AR decode of the same token bit for bit",
 }
 
 
