@@ -23,9 +23,11 @@ from workbench import ops
 from workbench.dist.check import (
     NEAR_TIE_REL,
     ROUNDING_REL,
+    check_explained,
     explain_divergence,
     explain_divergences,
     first_discrete_divergence,
+    logit_margin,
     loop_chunks,
     router_margin,
     routing_trace,
@@ -186,3 +188,46 @@ def test_explain_divergences_names_each_divergent_request():
     assert out[0][1].startswith("request 1: ")
     # the nudged row feeds position 6 only if it precedes it
     assert out[0][0]["explained"] == (row <= len(prompt) + 5)
+
+
+def test_logit_margin_is_the_argmax_gap_over_its_one_sigma_scale():
+    target, prompt, tokens, trace, _ = _case()
+    row = len(prompt) + 2  # predicts tokens[3]
+    m = logit_margin(target, trace["final"][row])
+    top2 = trace["logits"][row].topk(2)
+    assert m["ids"] == tuple(top2.indices.tolist()) and m["ids"][0] == tokens[3]
+    assert m["margin"] == pytest.approx(float(top2.values[0] - top2.values[1]), rel=1e-4)
+    # margin_rel: the rms relative change of the normed row that closes the gap at 1 sigma;
+    # moving every element by exactly that fraction, each against the gap, closes it more
+    # than once (|.|_1 >= |.|_2 alignment), a random-sign move of it about once on average
+    act = target.model.embed_tokens.weight.dtype
+    h = rmsnorm(trace["final"][row].to(act), target.model.norm.weight,
+                target.cfg.rms_norm_eps).to(ACC)
+    W = target.lm_head.weight.to(ACC)
+    g = W[m["ids"][0]] - W[m["ids"][1]]
+    closed = float((h * g * torch.sign(h * g)).sum()) * m["margin_rel"]
+    assert closed >= m["margin"] * (1 - 1e-9)
+
+
+def _div(request, position, margin):
+    return {"request": request, "position": position, "margin": margin}
+
+
+def test_check_explained_passes_ties_and_reproduced_explanations_only():
+    ref = [[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6, 7]]
+    got = [[5, 6, 7], [5, 9, 7], [5, 6, 8], [4, 6, 7]]
+    margins = [[1.0, 1.0, 1.0], [1.0, 0.001, 1.0], [1.0, 1.0, 0.5], [0.3, 1.0, 1.0]]
+    rep = {"request": 2, "explained": True, "reproduced": True}
+    found = check_explained(ref, got, margins, [(rep, "EXPLAINED (router near-tie): x"),
+                                                ({"request": 3, "explained": True,
+                                                  "reproduced": True}, "EXPLAINED (argmax "
+                                                 "near-tie): y")])
+    assert [(d["request"], d["position"]) for d in found] == [(1, 1), (2, 2), (3, 0)]
+    assert found[0]["why"].startswith("reference tie") and found[1]["why"] == (
+        "EXPLAINED (router near-tie)")
+    for bad in ({"explained": True, "reproduced": False}, {"explained": False,
+                                                           "reproduced": True}):
+        with pytest.raises(AssertionError, match="request 2 position 2"):
+            check_explained(ref, got, margins, [({"request": 2, **bad}, "NOT explained: z")])
+    with pytest.raises(AssertionError, match="no explanation"):  # a request nobody explained
+        check_explained(ref, got, margins, [])
