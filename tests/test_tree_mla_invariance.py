@@ -151,6 +151,8 @@ EDGE = {
                        "N = 70: two mask words, ranks carried across the word boundary"),
     "B2-ragged-nan": ((130, 3), [ddtree_parents(6, 3), star(6)], {"spare": 70},
                       "two requests, different P and trees; NaN in the 70 slots past P + N"),
+    "chain-66": ((0,), [chain(66)], {"H": 1}, "bit 63 set (word 0 negative as int64) and ranks "
+                 "carried into word 1; P = 0: the tree starts tile 0"),
     "H65": ((66,), [chain(2)], {"H": 65, "C": 16, "R": 4},
             "H > 64: a second head-block program per node (rows >= H masked)"),
     "bf16": ((90,), [ddtree_parents(5, 4)], {"dtype": torch.bfloat16}, "bf16 (upcast on CPU)"),

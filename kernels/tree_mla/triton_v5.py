@@ -13,8 +13,9 @@ so after the accepted path is compacted into slots P..P+d this is exactly the sl
               program (s, node * HB + hb, b): heads hb*64 .. hb*64+63 of one node (all share
               the node's mask) x split s of the node's virtual sequence, in tiles of 64
               virtual positions through ONE loop: a per-key slot vector (identity below P;
-              the rank -> bit match for tiles reaching P), gathered K rows, S = Qc Kc^T +
-              Qr Kr^T, -inf past len, base-2 online softmax, acc += P V. n = splits(len)
+              from P on, read from the program's own part of a u -> j slot map that it
+              writes first), gathered K rows, S = Qc Kc^T + Qr Kr^T, -inf past len, base-2
+              online softmax, acc += P V. n = splits(len)
               (_common's policy applied to len, not P); n == 1: o_lat / lse written
               directly, else fp32 partial slot s. Programs with s >= n exit at once.
     launch 2  _combine_kernel  grid (N * ceil(H / 16), CP / 128, B)   (only if S > 1)
@@ -68,17 +69,33 @@ def splits_grid(T: int) -> int:
 
 
 @triton.jit
+def _popcount(x):
+    """Set bits of int64 x (scalar or tensor) -> int32: SWAR on 64-bit words (every mask
+    has bit 63 clear, so arithmetic shifts are harmless; the multiply wraps as unsigned)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x & 0x0F0F0F0F0F0F0F0F) + ((x >> 4) & 0x0F0F0F0F0F0F0F0F)
+    return ((x * 0x0101010101010101) >> 56).to(tl.int32) & 0xFF
+
+
+@triton.jit
+def _word(anc_row, saw, w, N):
+    """Ancestor word w of the row, bits j >= N cleared (the reference reads j < N only)."""
+    word = tl.load(anc_row + w * saw)
+    nb = N - w * 64  # >= 1 for w < ceil(N / 64)
+    one = tl.full([], 1, tl.int64)
+    keep = tl.where(nb >= 64, -one, (one << tl.minimum(nb, 63).to(tl.int64)) - 1)
+    return word & keep
+
+
+@triton.jit
 def _row_len(anc_row, saw, P, N, T):
-    """Keys of the row: P + the set bits j < N of its ancestor words, clamped to T (memory
-    safety for a malformed P; never binding when P + N <= T). Integer only."""
-    bit = tl.arange(0, 64)
-    cnt = tl.zeros([], tl.int32)
+    """Keys of the row: P + its ancestors-or-self, clamped to T (memory safety for a malformed
+    P; never binding when P + N <= T). Integer only."""
+    cnt = P
     for w in range(0, tl.cdiv(N, 64)):
-        word = tl.load(anc_row + w * saw)
-        jj = w * 64 + bit
-        bits = ((word >> bit.to(tl.int64)) & 1).to(tl.int32) * (jj < N).to(tl.int32)
-        cnt += tl.sum(bits, 0)
-    return tl.minimum(P + cnt, T)
+        cnt += _popcount(_word(anc_row, saw, w, N))
+    return tl.minimum(cnt, T)
 
 
 @triton.jit
@@ -91,25 +108,35 @@ def _split(L, MIN_SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_N: tl.con
 
 @triton.jit
 def _tree_slots(anc_row, saw, u, N, BLOCK_N: tl.constexpr):
-    """j [BLOCK_N] with j = the u-th set bit (0-based, increasing j) of the row's mask below N,
-    for each u of the tile (0 where u < 0 or u >= the count: the caller masks those keys).
-    Per word: exclusive prefix count of its bits (tl.cumsum), then a [keys, bits] match."""
-    bit = tl.arange(0, 64)
-    j = tl.zeros([BLOCK_N], tl.int32)
+    """j [BLOCK_N]: the u-th set bit (0-based, increasing j) of the row's mask below N, for
+    each u of the tile (unspecified where u < 0 or u >= the count: the caller masks those).
+    The word holding rank u from the words' popcounts, then a 6-step binary search for the
+    largest j with popcount(word & (2^j - 1)) <= r, which is the r-th set bit. [BLOCK_N]
+    vectors only: a [keys, bits] match tile costs ~1 KB of spills beside the [64, 512] fp32
+    accumulator on sm_90."""
+    wk = tl.zeros([BLOCK_N], tl.int64)  # each key's word
+    rk = u  # each key's rank inside that word
+    jb = tl.zeros([BLOCK_N], tl.int32)  # 64 * the word's index
     base = tl.zeros([], tl.int32)
     for w in range(0, tl.cdiv(N, 64)):
-        word = tl.load(anc_row + w * saw)
-        jj = w * 64 + bit
-        bits = ((word >> bit.to(tl.int64)) & 1).to(tl.int32) * (jj < N).to(tl.int32)
-        rank = base + tl.cumsum(bits, 0) - bits  # set bits before bit jj
-        hit = (bits != 0)[None, :] & (rank[None, :] == u[:, None])  # [BLOCK_N, 64]
-        j += tl.sum(tl.where(hit, jj[None, :], 0), 1)
-        base += tl.sum(bits, 0)
-    return j
+        word = _word(anc_row, saw, w, N)
+        c = _popcount(word)
+        inw = (u >= base) & (u < base + c)
+        wk = tl.where(inw, word, wk)
+        rk = tl.where(inw, u - base, rk)
+        jb = tl.where(inw, w * 64, jb)
+        base += c
+    pos = tl.zeros([BLOCK_N], tl.int32)
+    one = tl.full([], 1, tl.int64)
+    for i in tl.static_range(6):
+        k = pos + (32 >> i)  # <= 63
+        below = _popcount(wk & ((one << k.to(tl.int64)) - 1))
+        pos = tl.where(below <= rk, k, pos)
+    return jb + pos
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
-def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr,
+def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, map_ptr,
                  sqb, sqn, sqh, sqd, skb, skt, skd, s_plen, sab, san, saw,
                  T, N, H, M, S_GRID, qk_scale,
                  C: tl.constexpr, R: tl.constexpr, CP: tl.constexpr, RP: tl.constexpr,
@@ -125,6 +152,17 @@ def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lp
     L = _row_len(anc_row, saw, P, N, T)
     length, n = _split(L, MIN_SPLIT, MAX_SPLITS, BLOCK_N)
     if s_id < n:  # the grid covers splits_grid(T); the rest exit before any load
+        start = s_id * length  # a multiple of BLOCK_N: tiles sit at v = 64 k in every mode
+        end = tl.minimum(start + length, L)
+        # this program's part of the row's tree-slot map, u = v - P for v in [max(start, P),
+        # end): written and read by this program only (splits cover disjoint u, head blocks
+        # have their own copy), so the loop below gathers slots with one int32 load a key
+        map_row = map_ptr + ((b * N + node) * HB + hb) * N
+        u_hi = end - P
+        for u0 in range(tl.maximum(start - P, 0), u_hi, BLOCK_N):
+            u = u0 + tl.arange(0, BLOCK_N)
+            tl.store(map_row + u, _tree_slots(anc_row, saw, u, N, BLOCK_N), mask=u < u_hi)
+        tl.debug_barrier()  # the loop's threads read what other threads of the CTA wrote
         heads = hb * BLOCK_M + tl.arange(0, BLOCK_M)
         head_ok = heads < H
         cc = tl.arange(0, CP)
@@ -141,14 +179,12 @@ def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lp
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
         l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
         acc = tl.zeros([BLOCK_M, CP], tl.float32)  # sum of p * V
-        start = s_id * length  # a multiple of BLOCK_N: tiles sit at v = 64 k in every mode
-        end = tl.minimum(start + length, L)
         for v0 in range(start, end, BLOCK_N):
             v = v0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] virtual positions
-            slot = v
-            if v0 + BLOCK_N > P:  # the tile reaches the tree: rank -> set bit (integers)
-                j = _tree_slots(anc_row, saw, v - P, N, BLOCK_N)
-                slot = tl.where(v < P, v, P + j)
+            # slot: v below P, P + (the map's bit) from P on; a prefix-only tile's map load is
+            # fully masked (no memory traffic). Integers only: the float path is one code
+            j = tl.load(map_row + (v - P), mask=(v >= P) & (v < end), other=0)
+            slot = tl.where(v < P, v, P + j)
             ok = (v < L) & (slot < T)  # keys past the row's sequence: load 0, score -inf
             kc, kr = _load_k(kv_b, slot, ok, skt, skd, C, R, CP, RP, UPCAST)
             s = tl.dot(qc, tl.trans(kc), input_precision=DOT_PREC)
@@ -234,12 +270,14 @@ def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.
         return o_lat, lse
     CP, RP = _common.next_pow2(C), max(16, _common.next_pow2(D - C))
     G = splits_grid(T)  # split programs per node, from the shape only (graph-safe)
+    HB = triton.cdiv(H, BLOCK_M)
+    slot_map = torch.empty(B, N, HB, N, dtype=torch.int32, device=q.device)  # u -> tree j
     o_part = torch.empty(B, G, M, CP, dtype=torch.float32, device=q.device) if G > 1 else lse
     l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
     interp = _common.interpreting()
     policy = dict(MIN_SPLIT=MIN_SPLIT, MAX_SPLITS=MAX_SPLITS, BLOCK_N=BLOCK_N)
-    _attn_kernel[(G, N * triton.cdiv(H, BLOCK_M), B)](
-        q, kv_cache, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
+    _attn_kernel[(G, N * HB, B)](
+        q, kv_cache, prefix_lens, anc_bits, o_lat, lse, o_part, l_part, slot_map,
         *q.stride(), *kv_cache.stride(), prefix_lens.stride(0), *anc_bits.stride(),
         T, N, H, M, G, float(softmax_scale) * LOG2E,
         C=C, R=D - C, CP=CP, RP=RP, BLOCK_M=BLOCK_M, UPCAST=interp,
