@@ -153,8 +153,9 @@ EDGE = {
                       "two requests, different P and trees; NaN in the 70 slots past P + N"),
     "chain-66": ((0,), [chain(66)], {"H": 1}, "bit 63 set (word 0 negative as int64) and ranks "
                  "carried into word 1; P = 0: the tree starts tile 0"),
-    "H65": ((66,), [chain(2)], {"H": 65, "C": 16, "R": 4},
-            "H > 64: a second head-block program per node (rows >= H masked)"),
+    "H65": ((500,), [chain(16)], {"H": 65, "C": 16, "R": 4},
+            "H > 64: a second head-block program per node (rows >= H masked), each with its "
+            "own slot map, and a split boundary inside the tree (len 512 -> 513 at depth 12)"),
     "bf16": ((90,), [ddtree_parents(5, 4)], {"dtype": torch.bfloat16}, "bf16 (upcast on CPU)"),
     "fp16": ((64,), [chain(3)], {"dtype": torch.float16}, "fp16, P = 64: one full tile"),
 }
