@@ -36,13 +36,16 @@ def register_variants(variants: dict, descriptions: dict, needs=("triton",)) -> 
 def register_all() -> list[str]:
     """Every kernel folder's variants (what `workbench.ops` runs at import), and the registry
     presets "optimized" (each mission folder's `BEST`; tree_build's folder also gives the
-    walk: a token-exact loop on the GPU) and "engine" (optimized + the batch-variant
-    engine-style supporting ops of kernels/dense: what the full-size emulation times)."""
+    walk: a token-exact loop on the GPU), "invariant" (optimized with each folder's
+    `INVARIANT` version where BEST is not batch/position-invariant: DDTree's tokens are AR's
+    bit for bit on the GPU, tests/test_exact_gpu.py) and "engine" (optimized + the
+    batch-variant engine-style supporting ops of kernels/dense: what the full-size emulation
+    times)."""
     import importlib
 
     from workbench.ops.registry import PRESETS
 
-    added, best = [], {}
+    added, best, invariant = [], {}, {}
     for folder in FOLDERS:
         mod = importlib.import_module(f"{__name__}.{folder}")
         added += mod.register()
@@ -52,7 +55,10 @@ def register_all() -> list[str]:
             choice = mod.BEST if op == folder else next(iter(named), None)
             if choice in named:
                 best[op] = choice
+        if getattr(mod, "INVARIANT", None):
+            invariant[folder] = mod.INVARIANT
     PRESETS["optimized"] = best
+    PRESETS["invariant"] = {**best, **invariant}
     from . import dense
 
     PRESETS["engine"] = {**best, **dense.ENGINE}

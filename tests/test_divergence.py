@@ -218,13 +218,13 @@ def test_check_explained_passes_ties_and_reproduced_explanations_only():
     got = [[5, 6, 7], [5, 9, 7], [5, 6, 8], [4, 6, 7]]
     margins = [[1.0, 1.0, 1.0], [1.0, 0.001, 1.0], [1.0, 1.0, 0.5], [0.3, 1.0, 1.0]]
     rep = {"request": 2, "explained": True, "reproduced": True}
-    found = check_explained(ref, got, margins, [(rep, "EXPLAINED (router near-tie): x"),
-                                                ({"request": 3, "explained": True,
-                                                  "reproduced": True}, "EXPLAINED (argmax "
-                                                 "near-tie): y")])
+    found = check_explained(ref, got, margins, [(rep, "request 2: EXPLAINED (router near-tie): "
+                                                 "x"), ({"request": 3, "explained": True,
+                                                        "reproduced": True}, "request 3: "
+                                                       "EXPLAINED (argmax near-tie): y")])
     assert [(d["request"], d["position"]) for d in found] == [(1, 1), (2, 2), (3, 0)]
-    assert found[0]["why"].startswith("reference tie") and found[1]["why"] == (
-        "EXPLAINED (router near-tie)")
+    assert found[0]["why"].startswith("reference tie") and [d["why"] for d in found[1:]] == [
+        "EXPLAINED (router near-tie)", "EXPLAINED (argmax near-tie)"]
     for bad in ({"explained": True, "reproduced": False}, {"explained": False,
                                                            "reproduced": True}):
         with pytest.raises(AssertionError, match="request 2 position 2"):

@@ -12,8 +12,8 @@ workbench.dist.check.explain_divergence EXPLAINS it and its teacher-forced pair 
 top-k, or else the greedy argmax) sits on a near-tie (margin_rel < NEAR_TIE_REL = 8 bf16 ulps)
 reached through rounding-level differences (< ROUNDING_REL = 16 ulps everywhere upstream).
 Each divergence is printed with its explanation.
-With the position- and batch-invariant kernels (INVARIANT: int4_moe triton_v6, tree_mla
-triton_v5) DDTree must emit AR's tokens exactly, with no tie rule at all (the DESIGN.md §7
+With the position- and batch-invariant kernels (kernels="invariant": int4_moe triton_v6,
+tree_mla triton_v5) DDTree must emit AR's tokens exactly, with no tie rule at all (the DESIGN.md §7
 stretch): test_ddtree_bitwise_ar_under_invariant_kernels.
 EXACT_KERNELS="op=variant,..." replaces those ops of the preset (a candidate kernel, e.g.
 `EXACT_KERNELS=int4_moe=triton_v6`). GPU only (`pytest -m gpu tests/test_exact_gpu.py`; ~3-4
@@ -63,13 +63,10 @@ def pair(request):
 _AR: dict = {}  # (model, C) -> optimized AR tokens, shared by the DDTree cases
 
 
-INVARIANT = "int4_moe=triton_v6,tree_mla=triton_v5"  # a row never depends on its launch
-
-
-def _kernels(over: str | None = None):
+def _kernels():
     """kernels="optimized", or that preset with the ops named in EXACT_KERNELS="op=variant,..."
     replaced (a candidate before it becomes a BEST, e.g. EXACT_KERNELS=int4_moe=triton_v6)."""
-    over = os.environ.get("EXACT_KERNELS", "") if over is None else over
+    over = os.environ.get("EXACT_KERNELS", "")
     if not over:
         return "optimized"
     import workbench.ops  # noqa: F401  (registers the kernel folders and the presets)
@@ -161,7 +158,7 @@ def test_ddtree_bitwise_ar_under_invariant_kernels(pair, C):
     bitwise, at every budget: no tie rule. (The other target ops of the optimized preset are
     the float64 references.)"""
     name, target, drafter = pair
-    sel = _kernels(INVARIANT)
+    sel = "invariant"  # kernels/__init__.py: optimized + each folder's INVARIANT version
     prompts = _prompts(C, target.cfg.vocab_size, seed=C)
     ar = generate(target, None, prompts, max_new_tokens=NEW, kernels=sel, cuda_graph=True).tokens
     bad = {}

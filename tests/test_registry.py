@@ -143,3 +143,15 @@ def test_drafter_materialize_is_one_op_in_the_presets_and_flips_alone():
         with ops.use(drafter_materialize="triton_v1"):
             assert ops.selected("drafter_materialize") == "triton_v1"
             assert ops.selected("drafter") == ops.REFERENCE
+
+
+def test_invariant_preset_is_optimized_with_the_invariant_versions():
+    # "invariant" = "optimized" with each folder's INVARIANT version (the exact suite's bitwise
+    # DDTree == AR selection); every other op stays the folder's BEST
+    from kernels import int4_moe, tree_mla
+
+    inv, best = ops.PRESETS["invariant"], ops.PRESETS["optimized"]
+    assert inv == {**best, "int4_moe": int4_moe.INVARIANT, "tree_mla": tree_mla.INVARIANT}
+    assert (inv["int4_moe"], inv["tree_mla"]) == ("triton_v6", "triton_v5")
+    for op, name in inv.items():
+        assert name in ops.op_spec(op).variants, (op, name)

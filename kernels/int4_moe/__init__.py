@@ -22,6 +22,9 @@ from __future__ import annotations
 _MOD = "workbench.kernels.int4_moe"
 # the version the decode-loop test and the notebook use
 BEST = "triton_v5"
+# batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
+# bitwise AR on the H200 (session 4)
+INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (1, 2, 3, 4, 5, 6)},
 }

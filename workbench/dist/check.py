@@ -370,7 +370,7 @@ def check_explained(ref_tokens, got_tokens, margins, reports, tie: float = TIE_M
         if d["margin"] < tie:
             d["why"] = f"reference tie (margin {d['margin']:.4g} < {tie})"
         elif rep is not None and rep["explained"] and rep["reproduced"]:
-            d["why"] = line.split(":")[0]
+            d["why"] = line.split(": ", 1)[-1].split(":")[0]  # "request b: VERDICT: ..."
         else:
             bad.append(f"request {d['request']} position {d['position']}: ref {d['ref']} got "
                        f"{d['got']}, reference margin {d['margin']:.4f}; {line}")
