@@ -85,7 +85,7 @@ ui = widgets.interactive(
     run_one, {"manual": True},
     budget=widgets.Dropdown(options=[("AR", None), 1, 2, 4, 8, 16, 32, 64], value=8),
     batch=widgets.Dropdown(options=[1, 2, 4, 8], value=C),
-    kernels=widgets.Dropdown(options=["reference", "optimized"], value=KERNELS))
+    kernels=widgets.Dropdown(options=["reference", "optimized", "invariant"], value=KERNELS))
 display(ui)
 one = run_one()
 assert one["mode"] == "ddtree" and one["tau"] >= 1.0 and one["verify_ms"] > 0
