@@ -45,10 +45,14 @@ kernels. No flip at all means
 the divergence is not routing-driven; the same rule is then applied to the last discrete
 decision, the greedy argmax (logit_margin: margin_rel = top-2 gap over |h * (W_1 - W_2)|_2 on
 the final norm's output): "EXPLAINED (argmax near-tie)" when that margin_rel < NEAR_TIE_REL and
-the final-norm inputs and every MoE input differ by < ROUNDING_REL; otherwise a kernel-accuracy
-question (the largest per-layer input difference is reported). The teacher-forced pair replays one request (repeated to the batch's
-row count at most, not the batch itself): "does not reproduce" in the summary says when the
-replay misses the divergence; its flip report still shows where the two runs' numerics part.
+the final-norm inputs and every MoE input differ by < ROUNDING_REL; otherwise a
+kernel-accuracy question (the largest per-layer input difference is reported). The
+teacher-forced pair replays one request (repeated to the batch's row count at most, not the
+batch itself): "does not reproduce" in the summary says when the replay misses the
+divergence; its flip report still shows where the two runs' numerics part. Measured on the
+H200 (session 4, trained pair): the argmax near-ties the rule explains sat at margin_rel
+0.0034-0.0091 with final-norm inputs 0.0057-0.0072 apart; the one divergence it does not
+explain (reference margin 0.40, margin_rel 0.2) is also not reproduced by one forward.
 """
 
 from __future__ import annotations
@@ -224,11 +228,12 @@ def router_margin(h, moe, top_k: int, pair=None) -> dict:
 
 
 def logit_margin(target, x) -> dict:
-    """router_margin's measure for the last discrete decision, the greedy argmax: x [D] the
-    final norm's input (a residual row); h = the reference final RMSNorm of x (in the residual's
-    dtype, as the model runs it); margin = l_1 -
-    l_2 (the reference LM head's top-2) and margin_rel = margin / |h * (W_1 - W_2)|_2, the rms
-    relative change of h's elements that closes the gap at one standard deviation."""
+    """router_margin's measure for the last discrete decision, the greedy argmax.
+
+    x [D]: the final norm's input (a residual row); h = the reference final RMSNorm of x, in
+    the residual's dtype as the model runs it; margin = l_1 - l_2 (the reference LM head's
+    top-2) and margin_rel = margin / |h * (W_1 - W_2)|_2: the rms relative change of h's
+    elements that closes the gap at one standard deviation."""
     from workbench.reference.layers import ACC, rmsnorm
 
     act = target.model.embed_tokens.weight.dtype  # the residual stream's dtype (bf16)
