@@ -17,7 +17,8 @@ from workbench.kernels.int4_moe._common import dequant_triton
 from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
-VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6")
+VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
+            "triton_v7")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -75,13 +76,13 @@ def test_edge_cases_match_reference(version):
 
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
-             "triton_v5": (5,), "triton_v6": (6,)}
+             "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
-                                     "triton_v5", "triton_v6"])
+                                     "triton_v5", "triton_v6", "triton_v7"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -167,7 +168,8 @@ def test_v3_split_k_and_padding():
     assert triton_v3.tiles(1, 8, 384, 7168, 2048)["KS1"] > 1  # T = 1 at Kimi shapes splits K
 
 
-@pytest.mark.parametrize("version", [pytest.param("triton_v4", marks=_SLOW), "triton_v5"])
+@pytest.mark.parametrize("version", [pytest.param("triton_v4", marks=_SLOW), "triton_v5",
+                                     "triton_v7"])
 @pytest.mark.parametrize("BM2", [8, 16])
 def test_split_k_tail_and_hilo(version, BM2):
     # why: D = 288 is one full 256-input tile plus a masked tail (the tail is peeled out of the
@@ -189,6 +191,43 @@ def test_split_k_tail_and_hilo(version, BM2):
     c = mod.tiles(1, 8, 384, 7168, 2048)
     assert c["KS1"] > 1 and c["BM2"] == 8 and c["maxnreg"] <= 168  # Kimi T = 1: split K
     assert mod.tiles(512, 8, 384, 7168, 2048)["BM2"] == 16
+
+
+# ---------------------------------------------------------------- v7: TMA weight loads
+@pytest.mark.parametrize("T, E, D, I, K, cfg, tma, why", [
+    (20, 5, 288, 96, 2, dict(KS1=2, TPS1=1, KS2=1, TPS2=1, BM2=16), (False, False),
+     "IN = 288 / 96: the last K tile runs past the words (TMA zero-fill where v5 masks); scale "
+     "rows of 18 / 6 B are not 16-byte aligned: v5's masked scale loads; split-K; > BM slots"),
+    (5, 4, 512, 160, 2, dict(KS1=2, TPS1=1), (True, False),
+     "gate/up scales by TMA (32 B rows) with an N tail (160 = 64 + 64 + 32 rows: zero-filled "
+     "rows of the [1, 64, 8] box); down IN = 160: a tail tile only"),
+    (3, 6, 256, 512, 3, dict(KS2=2, TPS2=1), (True, True),
+     "down scales by TMA (32 B rows) across 2 K splits; gate/up one 256-input tile"),
+], ids=["tails-masked-scales", "tma-scales-n-tail", "tma-scales-split-k"])
+def test_v7_bitwise_v5(T, E, D, I, K, cfg, tma, why):
+    # v7 changes only how the weight words and scales reach shared memory: same tiles, same
+    # arithmetic, so v5's bits (both under the interpreter: v5's fp32 dequant twin)
+    from workbench.kernels.int4_moe import triton_v5, triton_v7
+
+    ex = _experts(E, D, I, seed=T)
+    ids, w = _routing(T, E, K, seed=T)
+    x = torch.randn(T, D).bfloat16()
+    assert tuple(triton_v7.descriptors(p, s, 64)[2] for p, s in
+                 (((ex[0], ex[2]), (ex[1], ex[3])), ((ex[4],), (ex[5],)))) == tma
+    out = triton_v7.int4_moe_triton(x, ids, w, ex, cfg=cfg)
+    assert torch.equal(out, triton_v5.int4_moe_triton(x, ids, w, ex, cfg=cfg))
+
+
+def test_v7_tma_alignment_rule():
+    # why: TMA needs 16-byte aligned base and strides; words of a checkpoint always are (IN / 2 B
+    # rows), a view that starts one word in is not: rejected by name, never read out of bounds
+    from workbench.kernels.int4_moe import triton_v7
+
+    ex = _experts(2, 64, 32, seed=0)
+    shifted = torch.zeros(2, 32, 9, dtype=torch.int32)[..., 1:]  # base 4 B past 16-B alignment
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        triton_v7.descriptors((shifted,), (ex[1],), 64)
+    assert triton_v7.tiles(9, 8, 384, 7168, 2048)["maxnreg"] == 128
 
 
 # ---------------------------------------------------------------- v6: batch invariance

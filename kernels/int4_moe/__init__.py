@@ -12,6 +12,8 @@ Versions (README.md has the design and the version log), each with the contract 
                instructions per weight instead of ~5), 64-deep MMA slabs in the pairs' K order
     triton_v6  v5 made batch-invariant: K reduced in fixed chunks (from the weight shapes) summed
                in chunk order, split-K or fused chunk loop chosen from T, slot tiles fixed
+    triton_v7  v5 with the weight words and scales loaded by TMA (host descriptors over the
+               checkpoint layout, expert as a coordinate): 128 registers, 4 CTAs / SM; v5's bits
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -26,7 +28,7 @@ BEST = "triton_v5"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (1, 2, 3, 4, 5, 6)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (1, 2, 3, 4, 5, 6, 7)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -46,6 +48,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "the other rows' routing): K summed in fixed chunks of the weight's K tiles, ((c0 + c1) + "
     "c2)... in fp32, as split-K partials at small T or one program's chunk-reset loop at large "
     "T; slot tiles fixed (BM 16 gate/up, 8 down)",
+    ("int4_moe", "triton_v7"): "v5 with the INT4 weight words (and 16-byte-aligned scale rows) "
+    "brought in by TMA bulk copies from host descriptors over the checkpoint tensors [E, N, "
+    "IN/8] (expert as a coordinate, tails zero-filled): no per-thread weight addresses, 128 "
+    "registers, 3 stages, 4 CTAs/SM; outputs bitwise v5's",
 }
 
 

@@ -1,0 +1,237 @@
+"""int4_moe triton_v7: v5 with the weight words (and, where their rows are 16-byte aligned, the
+scales) brought in by TMA bulk copies from host-built descriptors over the checkpoint layout,
+instead of per-thread cp.async.
+
+Why (H200, session 4, README.md "Session 4"): with the dequant ablated v5 streams only
+3.35-3.50 TB/s (79-82 % of copy): its load pipeline (3 CTAs / SM, 4 stages, one [64, 256] int4
+tile = 8 KB + 1 KB of scales a step, each thread computing 64-bit addresses and issuing 16 B
+cp.async per row chunk) is below the 85 % bar before any dequant work. A TMA copy is issued by
+one thread per tile (coordinates only; the descriptor holds base, shape and strides), completes
+on an mbarrier, and frees the registers that held the per-row weight / scale addresses.
+
+v7 changes (everything else is v5's: the packed bf16x2 dequant, the 64-deep wgmma slabs in the
+pairs' K order, routing, split-K, SiLU hi + lo, combine order, so the output is v5's bit for bit):
+* one 3-D descriptor per weight matrix over the checkpoint tensor as is, [E, N, IN/8] int32,
+  block [1, BN, 32] (8 KB at BN 64): the expert is a coordinate (any expert stride that is a
+  multiple of 16 B; no [E*N] flattening, so an N tail reads zeros, never the next expert);
+* scales [E, N, IN/32] bf16, block [1, BN, 8] (16 B a row, TMA's minimum box width) when the
+  scale rows are 16-byte aligned (IN % 256 == 0: every Kimi matrix), else v5's masked loads;
+* no peeled tail tile: TMA zero-fills words and scales past IN (and rows past N) exactly where
+  v5's masks gave `other=0`, so a padded lane is p = 0, s = 0: (0 - 8) * 0 = -0 in both, times a
+  zero-padded activation; the main loop is one loop (v5 needed the peel to keep its cp.async
+  loads mask-free);
+* gate and up: the program picks one of two descriptors before its K loop (as v5 picks a base
+  pointer); the activation slabs stay per-thread gathers (cp.async: rows are slots).
+Eviction hints: Triton 3.6's descriptor load takes none (v5 used evict_first on weights).
+Interpreter: host TensorDescriptors run under TRITON_INTERPRET=1 (masked pointer loads with
+zero padding); the dequant's fp32 twin is v5's.
+
+Dimension legend: v5's (T tokens, K slots, S = T*K, E experts, A active experts, D hidden,
+I expert FFN width; KT = 256 inputs per K tile = 32 words; BN weight rows, BM slot rows per MMA,
+NH halves, R = NH * BM MMA columns; KS1 / KS2 K splits; Dp, Ip = D, I rounded up to KT).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ._common import INTERPRET, check_inputs, next_pow2, route
+from .triton_v3 import KT, _combine_kernel
+from .triton_v5 import _ablate, _pairs, _permute_kernel, _silu_kernel, _slab
+from .triton_v5 import tiles as _tiles_v5
+
+_KT = tl.constexpr(KT)
+
+
+@triton.jit
+def _k_tile(acc, w_desc, s_desc, s_row, e, n0, in_ptr, in_off, rm, nm, kt, words,
+            S_TMA: tl.constexpr, BN: tl.constexpr, ABLATE: tl.constexpr,
+            INTERPRET: tl.constexpr):
+    """acc [BN, R] += W[:, tile kt] @ in[rows, tile kt]^T: v5's tile with the words (and the
+    scales if S_TMA) from TMA; a tile past IN (the tail) reads zeros there."""
+    p = tl.reshape(w_desc.load([e, n0, kt * 32]), (BN, 32))  # [BN, 32] words
+    if S_TMA:
+        s8 = tl.reshape(s_desc.load([e, n0, kt * 8]), (BN, 8))  # [BN, 8] scale groups
+    else:  # rows not 16-byte aligned (IN % 256 != 0): v5's masked load, as its tail tile
+        g8 = kt * 8 + tl.arange(0, 8)
+        s8 = tl.load(s_row + g8[None, :], mask=nm[:, None] & (g8 < words // 4)[None, :],
+                     other=0.0, eviction_policy="evict_first")
+    pd, sd = _pairs(p, s8, BN)
+    DOT = tl.float32 if INTERPRET else tl.bfloat16
+    x = in_ptr + in_off + kt * _KT
+    for j in tl.static_range(4):  # 4 slabs of K 64 (v5: one dot per slab, register A)
+        xj = tl.load(x + 64 * j, mask=rm[:, None], other=0.0).to(DOT)
+        acc = tl.dot(_slab(pd, sd, j, ABLATE, INTERPRET), tl.trans(xj), acc)
+    return acc
+
+
+@triton.jit
+def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
+                 s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr,
+                 out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS,
+                 K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
+                 TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
+                 OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr):
+    """v5's program (N tile, active expert, K split); TWO: tiles >= NT1 take the second
+    projection (w2_desc, col += NOUT), else one projection only."""
+    a = tl.program_id(1)
+    if a >= tl.load(n_act_ptr):  # idle program of the worst-case grid
+        return
+    pid_n = tl.program_id(0)
+    ks = tl.program_id(2)
+    e = tl.load(act_e_ptr + a)
+    start = tl.load(act_start_ptr + a)
+    cnt = tl.load(act_cnt_ptr + a)
+    n0 = pid_n * BN
+    col0 = n0
+    w_desc = w1_desc
+    s_desc = s1_desc
+    wsc = w1s_ptr
+    if TWO:
+        if pid_n >= NT1:
+            n0 = (pid_n - NT1) * BN
+            col0 = n0 + NOUT
+            w_desc = w2_desc
+            s_desc = s2_desc
+            wsc = w2s_ptr
+    n = n0 + tl.arange(0, BN)  # [BN] weight rows
+    nm = n < NOUT
+    s_row = wsc + e.to(tl.int64) * s_se + n[:, None].to(tl.int64) * s_sn  # unused if S_TMA
+    words = IN // 8
+    kt0 = ks * TPS
+    kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))
+    i = tl.arange(0, NH * BM)  # [R] MMA columns: slot i % BM, half i // BM
+    for m0 in range(0, cnt, BM):
+        r = m0 + i % BM
+        rm = r < cnt
+        slot = tl.load(slots_ptr + start + r, mask=rm, other=0)
+        if BY_TOKEN:
+            row = slot // K
+        else:
+            row = start + r
+        in_off = (row * s_in + (i // BM) * s_half)[:, None] + tl.arange(0, 64)[None, :]
+        acc = tl.zeros([BN, NH * BM], tl.float32)
+        for kt in range(kt0, kt1):  # tail tile included: TMA zero-fills past IN
+            acc = _k_tile(acc, w_desc, s_desc, s_row, e, n0, in_ptr, in_off, rm, nm, kt, words,
+                          S_TMA, BN, ABLATE, INTERPRET)
+        if NH == 2:  # hi + lo, one fixed-order fp32 add per output
+            acc = tl.sum(tl.reshape(acc, (BN, 2, BM)), axis=1)
+        rs = m0 + tl.arange(0, BM)
+        rsm = rs < cnt
+        if OUT_BY_SLOT:
+            orow = tl.load(slots_ptr + start + rs, mask=rsm, other=0)
+        else:
+            orow = start + rs
+        out = (out_ptr + ks * s_ok + orow[None, :].to(tl.int64) * s_or
+               + (col0 + tl.arange(0, BN))[:, None])
+        tl.store(out, acc, mask=rsm[None, :] & nm[:, None])
+
+
+# ------------------------------------------------------------------------------------ launcher
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int) -> dict:
+    """Shapes only (graph-safe): v5's table (BN 64, BM1 16, BM2 8 / 16, its split-K: the same
+    arithmetic) with v7's launch knobs: without per-row weight / scale addresses the K loop fits
+    128 registers without a spill (v5: 168), so 3 stages (43 KB smem) run 4 CTAs / SM."""
+    return _tiles_v5(T, K, E, D, I) | dict(stages=3, maxnreg=128)
+
+
+def _aligned(t: Tensor) -> bool:
+    """TMA's rules: base and every stride but the last (unit) one multiples of 16 bytes."""
+    b = t.element_size()
+    return (t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+            and all(s * b % 16 == 0 for s in t.stride()[:-1]))
+
+
+def descriptors(packed: tuple, scales: tuple, BN: int) -> tuple[list, list, bool]:
+    """Host-built descriptors (pointer, shape, strides: no sync, graph-capturable) over the
+    checkpoint tensors: words [E, N, IN/8] int32 in [1, BN, 32] blocks; scales [E, N, IN/32]
+    bf16 in [1, BN, 8] blocks when all of them are 16-byte aligned (S_TMA), else the tensors."""
+    for p in packed:
+        if not _aligned(p):
+            raise ValueError(f"experts packed words: expected 16-byte aligned base and strides (TMA), "
+                             f"got data_ptr % 16 = {p.data_ptr() % 16}, strides {p.stride()}")
+    wd = [TensorDescriptor(p, list(p.shape), list(p.stride()), [1, BN, 32]) for p in packed]
+    s_tma = all(_aligned(s) for s in scales)
+    sd = ([TensorDescriptor(s, list(s.shape), list(s.stride()), [1, BN, 8]) for s in scales]
+          if s_tma else list(scales))
+    return wd, sd, s_tma
+
+
+def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                    validate: bool | None = None, cfg: dict | None = None) -> Tensor:
+    """x [T, D] bf16, topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
+    (Int4Experts, checkpoint layout, used as is; weight words 16-byte aligned) -> [T, D] bf16;
+    the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
+    `_common.check_inputs`. cfg: tile overrides (keys of `tiles`; KSn with TPSn), for sweeps."""
+    check_inputs(x, topk_ids, topk_weights, experts, validate)
+    gp, gs, up, us, dp, ds = experts
+    T, D = x.shape
+    K = topk_ids.shape[1]
+    E, I = gp.shape[0], gp.shape[1]
+    if T == 0:
+        return torch.empty(0, D, dtype=x.dtype, device=x.device)
+    c = tiles(T, K, E, D, I) | (cfg or {})
+    S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
+    if max(T * Dp, S * 2 * Ip) >= 2**31:  # the GEMM's activation offsets are int32
+        raise ValueError(f"x: expected T * K * 2 * ceil(I / {KT}) * {KT} < 2^31 activation "
+                         f"elements, got T={T}, K={K}, I={I}")
+    if gs.stride() != us.stride():  # gate and up share one scale offset computation
+        raise ValueError(f"experts.up_scale: expected the strides of its gate twin "
+                         f"{gs.stride()}, got {us.stride()}")
+    (w1, w2), (s1, s2), st1 = descriptors((gp, up), (gs, us), c["BN"])
+    (w3,), (s3,), st2 = descriptors((dp,), (ds,), c["BN"])
+    dev = x.device
+    run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
+    common = dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run)
+    r = route(topk_ids, E)
+    meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
+    xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
+    _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4)
+    g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
+    nt1 = triton.cdiv(I, c["BN"])
+    _gemm_kernel[(2 * nt1, r.max_active, c["KS1"])](
+        xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
+        g, g.stride(0), g.stride(1), I, nt1, D, c["TPS1"], BM=c["BM1"], NH=1, TWO=True,
+        S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common)
+    h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
+    _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"], INTERPRET=INTERPRET,
+                                num_warps=2)
+    y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
+    nt2 = triton.cdiv(D, c["BN"])
+    _gemm_kernel[(nt2, r.max_active, c["KS2"])](
+        h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
+        y, y.stride(0), y.stride(1), D, nt2, I, c["TPS2"], BM=c["BM2"], NH=2, TWO=False,
+        S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True, **common)
+    out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
+    BD = min(1024, next_pow2(D))
+    _combine_kernel[(T, triton.cdiv(D, BD))](
+        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1), r.bad, out,
+        D, K=K, KS=c["KS2"], BD=BD, INTERPRET=INTERPRET, num_warps=4)
+    return out
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, v7's launcher):
+
+        python -m workbench.kernels.int4_moe.triton_v7 [--T 1,9,33,128,512]
+            [--cfgs "base;nodequant;stages=3;stages=5"]
+
+    `nodequant` is v5's ablation (INT4_MOE_V5_ABLATE, read by v7's launcher too)."""
+    from . import triton_v5
+
+    saved = triton_v5.int4_moe_triton
+    triton_v5.int4_moe_triton = int4_moe_triton  # v5's _main times whatever this name holds
+    try:
+        return triton_v5._main(argv)
+    finally:
+        triton_v5.int4_moe_triton = saved
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
