@@ -18,6 +18,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     triton_v5  position-invariant (the exactness variant): one node's heads a program, its
                prefix + ancestors as one virtual key sequence in 64-key tiles, splits by the
                row's own key count: bitwise AR == DDTree
+    triton_v6  triton_v5's invariance with TMA for the tiles wholly inside the prefix (one tile
+               function for both loads) and v4's short splits chosen by the row's key count
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -39,6 +41,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v4": f"{_MOD}.triton_v4:tree_mla_triton",
         "triton_v4_split512": f"{_MOD}.triton_v4:tree_mla_triton_split512",
         "triton_v5": f"{_MOD}.triton_v5:tree_mla_triton",
+        "triton_v6": f"{_MOD}.triton_v6:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -59,6 +62,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v5"): "position-invariant: a row's prefix + ancestors as one key "
     "sequence (gathered 64-key tiles, splits by the row's own key count), so a DDTree row "
     "equals plain AR decode of the same token bit for bit",
+    ("tree_mla", "triton_v6"): "triton_v5 (position-invariant) with the tiles wholly inside the "
+    "prefix loaded by TMA and the rest gathered, both through one tile function, v4's 256-key "
+    "splits chosen by the row's own key count, PDL combine",
 }
 
 

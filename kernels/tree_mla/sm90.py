@@ -52,6 +52,7 @@ def capture(module, *args) -> list[tuple]:
             kw = dict(kw)
             warps, stages = kw.pop("num_warps"), kw.pop("num_stages", 3)
             kw.pop("launch_pdl", None)  # a launch option, not a kernel argument
+            fusion = kw.pop("enable_fp_fusion", True)  # a compile option (v6 turns it off)
             if "UPCAST" in kw:
                 kw["UPCAST"] = False  # the CUDA value
             if "USE_PDL" in kw:  # v4: griddepcontrol on CUDA whenever a combine is launched
@@ -78,7 +79,8 @@ def capture(module, *args) -> list[tuple]:
                         attrs[(i,)] = [["tt.divisibility", 16]]
             for name in kw:
                 sig[name] = "constexpr"
-            out.append((fn, grid, {a: sig[a] for a in fn.arg_names}, kw, attrs, warps, stages))
+            out.append((fn, grid, {a: sig[a] for a in fn.arg_names}, kw, attrs, warps, stages,
+                        fusion))
     return out
 
 
@@ -103,11 +105,12 @@ def main(argv=None) -> int:
           " tma gdc")
     for v in args.versions.split(","):
         module = importlib.import_module(f"workbench.kernels.tree_mla.triton_v{v}")
-        for fn, _grid, sig, const, attrs, warps, stages in capture(module, q, kv, P, anc,
-                                                                    0.1447, C):
+        for fn, _grid, sig, const, attrs, warps, stages, fusion in capture(module, q, kv, P,
+                                                                            anc, 0.1447, C):
             ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                                 target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": warps, "num_stages": stages})
+                                options={"num_warps": warps, "num_stages": stages,
+                                         "enable_fp_fusion": fusion})
             ptx = ck.asm["ptx"]
             regs, spill = ptxas_stats(ptx)
             print(f"v{v:<6} {fn.__name__:<20} {warps:>5} {stages:>6} {regs:>4} {spill:>8} "
