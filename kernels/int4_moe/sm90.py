@@ -1,7 +1,7 @@
 """Compile the int4_moe kernels for sm_90 on a machine without a GPU; report registers, spills,
 whether the MMA is wgmma, and whether the weight loads were pipelined (cp.async).
 
-    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3,4,5,6] [--T 1,9,65,512]
+    python -m workbench.kernels.int4_moe.sm90 [--versions 1,2,3,4,5,6,7] [--T 1,9,65,512]
                                               [--no-spec] [--sass]
 
 Each launcher runs once on CPU tensors (experts expanded from one expert: shapes and strides
@@ -35,6 +35,7 @@ import subprocess
 import tempfile
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from workbench.kernels._sm90 import ptxas_report
 
@@ -84,6 +85,10 @@ def capture(module, *args, spec: bool = True) -> list:
         opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
         sig, attrs = {}, {}
         for i, (name, value) in enumerate(zip(kernel.arg_names, pos)):
+            if isinstance(value, TensorDescriptor):  # v7's TMA descriptors
+                block = ",".join(map(str, value.block_shape))
+                sig[name] = f"tensordesc<{_DTYPES[value.base.dtype][1:]}[{block}]>"
+                continue
             if isinstance(value, torch.Tensor):
                 sig[name] = _DTYPES[value.dtype]
             else:
