@@ -281,6 +281,62 @@ def test_v6_equals_v5_where_the_partition_is_the_same(P, poisoned):
     assert torch.equal(o5, o6) and torch.equal(l5, l6)
 
 
+# sm_90 build (no GPU needed): v6's two loops must run the same float code on their tiles.
+_SM90_LOOPS = r"""
+import json, re, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from workbench.kernels.tree_mla import sm90, triton_v6
+B, N, H, C, R, T = 1, 9, 64, 512, 64, 4096
+args = (torch.zeros(B, N, H, C + R, dtype=torch.bfloat16),
+        torch.zeros(B, T, C + R, dtype=torch.bfloat16), torch.zeros(B, dtype=torch.int64),
+        torch.zeros(B, N, 1, dtype=torch.int64), 0.1447, C)
+fn, _g, sig, const, attrs, warps, stages, fusion = next(
+    r for r in sm90.capture(triton_v6, *args) if r[0].__name__ == "_attn_kernel")
+ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                     target=GPUTarget("cuda", 90, 32),
+                     options={"num_warps": warps, "num_stages": stages,
+                              "enable_fp_fusion": fusion}).asm["ptx"].splitlines()
+labels = {m.group(1): i for i, l in enumerate(ptx) if (m := re.match(r"(\$L__BB\w+):", l))}
+loops = sorted({(labels[m.group(1)], i) for i, l in enumerate(ptx)
+                if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", l))
+                and labels.get(m.group(1), i) < i})
+loops = [(a, b) for a, b in loops if any("wgmma.mma_async" in l for l in ptx[a:b])
+         and not any(a < c < d < b for c, d in loops)]  # innermost loops with MMAs
+FLOAT = re.compile(r"(@%p\d+\s+)?(mul|add|sub|fma|ex2|max|min|selp|setp|neg|div|rcp|cvt|shfl"
+                   r"|wgmma)\S*\s")
+def canon(lines):  # float / MMA instructions, registers renamed by first use
+    names, out = {}, []
+    for l in lines:
+        l = l.split("//")[0].strip()
+        if FLOAT.match(l) and any(t in l for t in ("f32", "bf16", "f16", "wgmma", "shfl")):
+            out.append(re.sub(r"%[a-z]+\d+", lambda m: names.setdefault(m.group(0),
+                                                                         f"%v{len(names)}"), l))
+    return out
+seqs = [canon(ptx[a:b + 1]) for a, b in loops]
+print(json.dumps({"loops": len(loops), "lens": [len(x) for x in seqs],
+                  "equal": len(seqs) == 2 and seqs[0] == seqs[1]}))
+"""
+
+
+def test_v6_loops_compile_to_the_same_float_code_sm90():
+    # why: on the GPU a tile reaches the tile function through the TMA loop in one mode and the
+    # gather loop in the other (test_v6_tma_and_gather_loads_bitwise_equal checks the values
+    # on CPU); compiled for sm_90 (a subprocess: the kernels must be JIT functions there),
+    # both loops must hold the same float and wgmma instructions with the same dataflow
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _SM90_LOOPS], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["loops"] == 2 and min(got["lens"]) > 100 and got["equal"], got
+
+
 # ---------------------------------------------------------------- GPU
 
 
