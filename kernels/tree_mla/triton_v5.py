@@ -214,6 +214,34 @@ def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lp
             tl.store(lpart_ptr + part, lse2, mask=head_ok)
 
 
+@triton.jit
+def _merge_parts(opart_ptr, lpart_ptr, o_ptr, lse_ptr, b, node, rb, cb, n, N, H, M, S_GRID,
+                 C: tl.constexpr, CP: tl.constexpr, BLOCK_R: tl.constexpr,
+                 BLOCK_C: tl.constexpr):
+    """Heads rb * BLOCK_R.. x columns cb * BLOCK_C.. of node `node`: the LSE merge of its n > 1
+    parts in the order 0, 1, ..., n - 1 (row-local); writes o_lat (its dtype) and lse (ln)."""
+    heads = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    head_ok = heads < H
+    cc = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    first = b * S_GRID * M + node * H + heads  # part 0's rows; part t adds t * M
+    # every part of a row with n > 1 holds >= 1 key: finite lse
+    m = tl.load(lpart_ptr + first, mask=head_ok, other=0.0)
+    for t in range(1, n):
+        m = tl.maximum(m, tl.load(lpart_ptr + first + t * M, mask=head_ok, other=0.0))
+    l_sum = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    for t in range(0, n):
+        w = tl.exp2(tl.load(lpart_ptr + first + t * M, mask=head_ok, other=0.0) - m)
+        l_sum += w
+        acc += tl.load(opart_ptr + (first + t * M)[:, None] * CP + cc[None, :],
+                       mask=head_ok[:, None], other=0.0) * w[:, None]
+    out = acc / l_sum[:, None]
+    rows = (b * N + node) * H + heads
+    tl.store(o_ptr + rows[:, None] * C + cc[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=head_ok[:, None] & (cc < C)[None, :])
+    tl.store(lse_ptr + rows, (m + tl.log2(l_sum)) * LN2, mask=head_ok & (cb == 0))
+
+
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _combine_kernel(plen_ptr, anc_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_plen, sab, san,
                     saw, T, N, H, M, S_GRID, C: tl.constexpr, CP: tl.constexpr,
@@ -230,26 +258,8 @@ def _combine_kernel(plen_ptr, anc_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_p
     L = _row_len(anc_ptr + b * sab + node * san, saw, P, N, T)
     _length, n = _split(L, MIN_SPLIT, MAX_SPLITS, BLOCK_N)
     if n > 1:
-        heads = rb * BLOCK_R + tl.arange(0, BLOCK_R)
-        head_ok = heads < H
-        cc = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-        first = b * S_GRID * M + node * H + heads  # part 0's rows; part t adds t * M
-        # every part of a row with n > 1 holds >= 1 key: finite lse
-        m = tl.load(lpart_ptr + first, mask=head_ok, other=0.0)
-        for t in range(1, n):
-            m = tl.maximum(m, tl.load(lpart_ptr + first + t * M, mask=head_ok, other=0.0))
-        l_sum = tl.zeros([BLOCK_R], tl.float32)
-        acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-        for t in range(0, n):
-            w = tl.exp2(tl.load(lpart_ptr + first + t * M, mask=head_ok, other=0.0) - m)
-            l_sum += w
-            acc += tl.load(opart_ptr + (first + t * M)[:, None] * CP + cc[None, :],
-                           mask=head_ok[:, None], other=0.0) * w[:, None]
-        out = acc / l_sum[:, None]
-        rows = (b * N + node) * H + heads
-        tl.store(o_ptr + rows[:, None] * C + cc[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=head_ok[:, None] & (cc < C)[None, :])
-        tl.store(lse_ptr + rows, (m + tl.log2(l_sum)) * LN2, mask=head_ok & (cb == 0))
+        _merge_parts(opart_ptr, lpart_ptr, o_ptr, lse_ptr, b, node, rb, cb, n, N, H, M, S_GRID,
+                     C, CP, BLOCK_R, BLOCK_C)
 
 
 def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
