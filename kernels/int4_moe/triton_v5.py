@@ -373,7 +373,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     return out
 
 
-def _main(argv=None) -> int:
+def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant") -> int:
     """Graph-replayed µs per T x config at Kimi shapes on CUDA, for sweeps and the ablation:
 
         python -m workbench.kernels.int4_moe.triton_v5 [--T 1,9,33,128,512]
@@ -381,7 +381,8 @@ def _main(argv=None) -> int:
 
     a config is `base`, `nodequant` (INT4_MOE_V5_ABLATE: no dequant, wrong outputs) or
     comma-separated `tiles` overrides. No correctness check (the bench and the tests do that);
-    warm L2 is fine here: every T touches >= 198 MB of experts, 4x the H200's L2."""
+    warm L2 is fine here: every T touches >= 198 MB of experts, 4x the H200's L2.
+    launcher: another version's int4_moe_triton (same `cfg` keyword) timed by this CLI."""
     import argparse
     import functools
 
@@ -390,7 +391,7 @@ def _main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=_main.__doc__.splitlines()[0])
     p.add_argument("--T", default="1,9,33,128,512")
-    p.add_argument("--cfgs", default="base;nodequant")
+    p.add_argument("--cfgs", default=default_cfgs)
     p.add_argument("--seconds", type=float, default=1.0, help="timing budget per row")
     a = p.parse_args(argv)
     E, D, I, K = 384, 7168, 2048, 8
@@ -407,7 +408,7 @@ def _main(argv=None) -> int:
             cfg = {} if name in ("base", "nodequant") else {
                 k: int(v) for k, v in (kv.split("=") for kv in name.split(","))}
             os.environ["INT4_MOE_V5_ABLATE"] = "nodequant" if name == "nodequant" else ""
-            fn = functools.partial(int4_moe_triton, cfg=cfg)
+            fn = functools.partial(launcher or int4_moe_triton, cfg=cfg)
             t = time_calls(fn, [((x, ids, w, ex), {})], "cuda", a.seconds, "on")
             print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
                   flush=True)

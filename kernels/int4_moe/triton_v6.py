@@ -233,42 +233,13 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
 
 
 def _main(argv=None) -> int:
-    """Graph-replayed µs per T x config at Kimi shapes on CUDA (as triton_v5's, for v6):
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (triton_v5's CLI, v6's launcher):
 
         python -m workbench.kernels.int4_moe.triton_v6 [--T 1,9,33,128,512]
             [--cfgs "base;SPLIT1=0,SPLIT2=0;BM2=16"]"""
-    import argparse
-    import functools
-    import os
+    from .triton_v5 import _main as v5_main
 
-    from workbench.bench import time_calls
-    from workbench.ops.cases import _experts, _Rand
-
-    p = argparse.ArgumentParser(description=_main.__doc__.splitlines()[0])
-    p.add_argument("--T", default="1,9,33,128,512")
-    p.add_argument("--cfgs", default="base")
-    p.add_argument("--seconds", type=float, default=1.0, help="timing budget per row")
-    a = p.parse_args(argv)
-    E, D, I, K = 384, 7168, 2048, 8
-    r = _Rand(0, "cuda")
-    ex = _experts(r, E, D, I)  # 9.5 GB
-    per_expert = sum(t[0].numel() * t.element_size() for t in ex)
-    print("T     config                 us      TB/s (touched experts)  graph")
-    for T in map(int, a.T.split(",")):
-        ids = r.distinct(E, K, T)
-        w = r.uniform(T, K) + 0.05
-        x = r.normal(T, D)
-        touched = ids.unique().numel() * per_expert
-        for name in a.cfgs.split(";"):
-            cfg = {} if name in ("base", "nodequant") else {
-                k: int(v) for k, v in (kv.split("=") for kv in name.split(","))}
-            os.environ["INT4_MOE_V5_ABLATE"] = "nodequant" if name == "nodequant" else ""
-            fn = functools.partial(int4_moe_triton, cfg=cfg)
-            t = time_calls(fn, [((x, ids, w, ex), {})], "cuda", a.seconds, "on")
-            print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
-                  flush=True)
-    os.environ.pop("INT4_MOE_V5_ABLATE", None)
-    return 0
+    return v5_main(argv, launcher=int4_moe_triton, default_cfgs="base")
 
 
 if __name__ == "__main__":

@@ -223,14 +223,9 @@ def _main(argv=None) -> int:
             [--cfgs "base;nodequant;stages=3;stages=5"]
 
     `nodequant` is v5's ablation (INT4_MOE_V5_ABLATE, read by v7's launcher too)."""
-    from . import triton_v5
+    from .triton_v5 import _main as v5_main
 
-    saved = triton_v5.int4_moe_triton
-    triton_v5.int4_moe_triton = int4_moe_triton  # v5's _main times whatever this name holds
-    try:
-        return triton_v5._main(argv)
-    finally:
-        triton_v5.int4_moe_triton = saved
+    return v5_main(argv, launcher=int4_moe_triton)
 
 
 if __name__ == "__main__":
