@@ -262,6 +262,27 @@ def _combine_kernel(plen_ptr, anc_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_p
                      C, CP, BLOCK_R, BLOCK_C)
 
 
+def _buffers(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+             grid_fn):
+    """Checks and the launch's buffers, from shapes only (graph-safe): (B, N, H, D, T, C, M,
+    CP, RP, G = grid_fn(T) split programs per node, HB head blocks, o_lat, lse, slot_map
+    [B, N, HB, N] int32 (u -> tree j), o_part [B, G, M, CP] / l_part [B, G, M] fp32 (lse when
+    G = 1: never touched))."""
+    B, N, H, D, T, _W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
+                                             kv_lora_rank)
+    if validate:
+        _common.validate_contents(kv_cache, prefix_lens, N)
+    C, M, dev = kv_lora_rank, N * H, q.device
+    o_lat = torch.empty(B, N, H, C, dtype=q.dtype, device=dev)
+    lse = torch.empty(B, N, H, dtype=torch.float32, device=dev)
+    CP, RP = _common.next_pow2(C), max(16, _common.next_pow2(D - C))
+    G, HB = grid_fn(T), triton.cdiv(H, BLOCK_M)
+    slot_map = torch.empty(B, N, HB, N, dtype=torch.int32, device=dev)
+    o_part = torch.empty(B, G, M, CP, dtype=torch.float32, device=dev) if G > 1 else lse
+    l_part = torch.empty(B, G, M, dtype=torch.float32, device=dev) if G > 1 else lse
+    return B, N, H, D, T, C, M, CP, RP, G, HB, o_lat, lse, slot_map, o_part, l_part
+
+
 def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
                     anc_bits: torch.Tensor, softmax_scale: float, kv_lora_rank: int, *,
                     validate: bool = False):
@@ -269,21 +290,10 @@ def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla; a row's bits
     depend only on its own key sequence (module docstring). No host sync unless
     validate=True."""
-    B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
-                                            kv_lora_rank)
-    if validate:
-        _common.validate_contents(kv_cache, prefix_lens, N)
-    C, M = kv_lora_rank, N * H
-    o_lat = torch.empty(B, N, H, C, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, N, H, dtype=torch.float32, device=q.device)
+    B, N, H, D, T, C, M, CP, RP, G, HB, o_lat, lse, slot_map, o_part, l_part = _buffers(
+        q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate, splits_grid)
     if B == 0:
         return o_lat, lse
-    CP, RP = _common.next_pow2(C), max(16, _common.next_pow2(D - C))
-    G = splits_grid(T)  # split programs per node, from the shape only (graph-safe)
-    HB = triton.cdiv(H, BLOCK_M)
-    slot_map = torch.empty(B, N, HB, N, dtype=torch.int32, device=q.device)  # u -> tree j
-    o_part = torch.empty(B, G, M, CP, dtype=torch.float32, device=q.device) if G > 1 else lse
-    l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
     interp = _common.interpreting()
     policy = dict(MIN_SPLIT=MIN_SPLIT, MAX_SPLITS=MAX_SPLITS, BLOCK_N=BLOCK_N)
     _attn_kernel[(G, N * HB, B)](

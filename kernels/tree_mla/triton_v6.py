@@ -41,7 +41,7 @@ from . import _common
 from ._common import BLOCK_N
 from .triton_v1 import _load_k
 from .triton_v3 import _tma_ok
-from .triton_v5 import _merge_parts, _row_len, _tree_slots
+from .triton_v5 import _buffers, _merge_parts, _row_len, _tree_slots
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)  # log2 units -> natural log
@@ -219,21 +219,10 @@ def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla; a row's bits
     depend only on its own key sequence (module docstring). No host sync unless
     validate=True."""
-    B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
-                                            kv_lora_rank)
-    if validate:
-        _common.validate_contents(kv_cache, prefix_lens, N)
-    C, M = kv_lora_rank, N * H
-    o_lat = torch.empty(B, N, H, C, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, N, H, dtype=torch.float32, device=q.device)
+    B, N, H, D, T, C, M, CP, RP, G, HB, o_lat, lse, slot_map, o_part, l_part = _buffers(
+        q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate, splits_grid)
     if B == 0:
         return o_lat, lse
-    CP, RP = _common.next_pow2(C), max(16, _common.next_pow2(D - C))
-    G = splits_grid(T)  # split programs per node, from the shape only (graph-safe)
-    HB = triton.cdiv(H, BLOCK_M)
-    slot_map = torch.empty(B, N, HB, N, dtype=torch.int32, device=q.device)  # u -> tree j
-    o_part = torch.empty(B, G, M, CP, dtype=torch.float32, device=q.device) if G > 1 else lse
-    l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
     use_tma = _tma_ok(kv_cache, C)
     if use_tma:  # host-built (pointer, shape, strides only: no sync, graph-capturable)
         shape, strides = list(kv_cache.shape), list(kv_cache.stride())
