@@ -29,8 +29,8 @@ from __future__ import annotations
 _MOD = "workbench.kernels.tree_mla"
 # the version the decode-loop test and the notebook use
 BEST = "triton_v4"
-# batch/position-invariant (keys grouped by the row's own key sequence): the "invariant" preset, DDTree
-# bitwise AR on the H200 (session 4)
+# batch/position-invariant (keys grouped by the row's own key sequence): the "invariant"
+# preset, DDTree bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v5"
 VARIANTS: dict[str, dict[str, str]] = {
     "tree_mla": {
