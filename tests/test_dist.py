@@ -317,8 +317,11 @@ def test_cli_entry_starts_its_own_ranks(capsys):
 @pytest.mark.slow
 def test_torchrun_launch(tmp_path):
     ref = _ref()
+    from workbench.dist.launch import _free_port
+
+    # a free port, not torchrun's fixed 29500: pytest-xdist may run another launch meanwhile
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "-m", "workbench.dist", "--tp", "2", "--max-new-tokens", str(MAX_NEW), "--json"]
+           "--master-port", str(_free_port()), "-m", "workbench.dist", "--tp", "2", "--max-new-tokens", str(MAX_NEW), "--json"]
     for p in ref["prompts"]:
         cmd += ["--prompt-ids", ",".join(map(str, p))]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
