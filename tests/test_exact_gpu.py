@@ -13,8 +13,8 @@ top-k, or else the greedy argmax) sits on a near-tie (margin_rel < NEAR_TIE_REL 
 reached through rounding-level differences (< ROUNDING_REL = 16 ulps everywhere upstream).
 Each divergence is printed with its explanation.
 With the position- and batch-invariant kernels (kernels="invariant": int4_moe triton_v6,
-tree_mla triton_v5) DDTree must emit AR's tokens exactly, with no tie rule at all (the DESIGN.md §7
-stretch): test_ddtree_bitwise_ar_under_invariant_kernels.
+tree_mla triton_v5) DDTree must emit AR's tokens exactly, with no tie rule at all (the
+DESIGN.md §7 stretch): test_ddtree_bitwise_ar_under_invariant_kernels.
 EXACT_KERNELS="op=variant,..." replaces those ops of the preset (a candidate kernel, e.g.
 `EXACT_KERNELS=int4_moe=triton_v6`). GPU only (`pytest -m gpu tests/test_exact_gpu.py`; ~3-4
 min on an H200, most of it the float64 reference loop and margins at Kimi widths).
@@ -166,6 +166,7 @@ def test_ddtree_bitwise_ar_under_invariant_kernels(pair, C):
         dd = generate(target, drafter, prompts, max_new_tokens=NEW, budget=budget, kernels=sel,
                       cuda_graph=True).tokens
         if dd != ar:
-            bad[budget] = [(b, next(i for i, (x, y) in enumerate(zip(r, g)) if x != y))
+            bad[budget] = [(b, next((i for i, (x, y) in enumerate(zip(r, g)) if x != y),
+                                    min(len(r), len(g))))  # or where the shorter one ends
                            for b, (r, g) in enumerate(zip(ar, dd)) if r != g]
     assert not bad, f"{name} C={C}: DDTree differs from AR (budget: [(request, position)]): {bad}"
