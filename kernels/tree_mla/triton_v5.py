@@ -135,6 +135,38 @@ def _tree_slots(anc_row, saw, u, N, BLOCK_N: tl.constexpr):
     return jb + pos
 
 
+@triton.jit
+def _load_q(q_node, heads, head_ok, cc, rr, sqh, sqd, C: tl.constexpr, R: tl.constexpr,
+            UPCAST: tl.constexpr):
+    """One node's query rows (heads) as the C part [BLOCK_M, CP] and the rope part [BLOCK_M,
+    RP], zero past C / R and past H; fp32 under the interpreter (bf16 tl.dot is wrong there)."""
+    q_row = q_node + heads * sqh  # [BLOCK_M] pointers
+    qc = tl.load(q_row[:, None] + cc[None, :] * sqd,
+                 mask=head_ok[:, None] & (cc < C)[None, :], other=0.0)
+    qr = tl.load(q_row[:, None] + (C + rr)[None, :] * sqd,
+                 mask=head_ok[:, None] & (rr < R)[None, :], other=0.0)
+    if UPCAST:
+        qc = qc.to(tl.float32)
+        qr = qr.to(tl.float32)
+    return qc, qr
+
+
+@triton.jit
+def _store_out(o_ptr, lse_ptr, opart_ptr, lpart_ptr, out, lse2, b, node, heads, head_ok, cc, n,
+               s_id, N, H, M, S_GRID, C: tl.constexpr, CP: tl.constexpr):
+    """A program's normalised rows: the answer when the row has one split (o_lat in its dtype,
+    lse in ln), else partial s_id (fp32 o, lse in log2 units) for the combine."""
+    rows = (b * N + node) * H + heads  # o_lat / lse are contiguous [B, N, H, C] / [B, N, H]
+    if n == 1:  # the whole answer: no partial round trip, no combine
+        tl.store(o_ptr + rows[:, None] * C + cc[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=head_ok[:, None] & (cc < C)[None, :])
+        tl.store(lse_ptr + rows, lse2 * LN2, mask=head_ok)
+    else:
+        part = (b * S_GRID + s_id) * M + node * H + heads  # [BLOCK_M] rows of slot s
+        tl.store(opart_ptr + part[:, None] * CP + cc[None, :], out, mask=head_ok[:, None])
+        tl.store(lpart_ptr + part, lse2, mask=head_ok)
+
+
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, map_ptr,
                  sqb, sqn, sqh, sqd, skb, skt, skd, s_plen, sab, san, saw,
@@ -167,14 +199,8 @@ def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lp
         head_ok = heads < H
         cc = tl.arange(0, CP)
         rr = tl.arange(0, RP)
-        q_row = q_ptr + b * sqb + node * sqn + heads * sqh  # [BLOCK_M] pointers
-        qc = tl.load(q_row[:, None] + cc[None, :] * sqd,
-                     mask=head_ok[:, None] & (cc < C)[None, :], other=0.0)
-        qr = tl.load(q_row[:, None] + (C + rr)[None, :] * sqd,
-                     mask=head_ok[:, None] & (rr < R)[None, :], other=0.0)
-        if UPCAST:  # interpreter: bf16 tl.dot is wrong there
-            qc = qc.to(tl.float32)
-            qr = qr.to(tl.float32)
+        qc, qr = _load_q(q_ptr + b * sqb + node * sqn, heads, head_ok, cc, rr, sqh, sqd, C, R,
+                         UPCAST)
         kv_b = kv_ptr + b * skb
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (log2 units)
         l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m_i)
@@ -203,15 +229,8 @@ def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lp
         l_i = tl.where(head_ok & (l_i > 0), l_i, 1.0)
         out = acc / l_i[:, None]
         lse2 = m_i + tl.log2(l_i)
-        rows = (b * N + node) * H + heads  # o_lat / lse are contiguous [B, N, H, C] / [B, N, H]
-        if n == 1:  # the whole answer: no partial round trip, no combine
-            tl.store(o_ptr + rows[:, None] * C + cc[None, :], out.to(o_ptr.dtype.element_ty),
-                     mask=head_ok[:, None] & (cc < C)[None, :])
-            tl.store(lse_ptr + rows, lse2 * LN2, mask=head_ok)
-        else:
-            part = (b * S_GRID + s_id) * M + node * H + heads  # [BLOCK_M] rows of slot s
-            tl.store(opart_ptr + part[:, None] * CP + cc[None, :], out, mask=head_ok[:, None])
-            tl.store(lpart_ptr + part, lse2, mask=head_ok)
+        _store_out(o_ptr, lse_ptr, opart_ptr, lpart_ptr, out, lse2, b, node, heads, head_ok, cc,
+                   n, s_id, N, H, M, S_GRID, C, CP)
 
 
 @triton.jit
