@@ -136,6 +136,24 @@ def _tree_slots(anc_row, saw, u, N, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _tile(qc, qr, kc, kr, ok, m_i, l_i, acc, qk_scale, DOT_PREC: tl.constexpr):
+    """One 64-key tile of the online softmax: the only float code on K/V, called from the
+    TMA loop and from the gather loop alike in v6 (keys not `ok`: score -inf, loaded as 0)."""
+    s = tl.dot(qc, tl.trans(kc), input_precision=DOT_PREC)
+    s = tl.dot(qr, tl.trans(kr), s, input_precision=DOT_PREC) * qk_scale
+    s = tl.where(ok[None, :], s, float("-inf"))  # [BLOCK_M, BLOCK_N]
+    # every tile holds >= 1 key of the row, but keep the subtracted max finite anyway (rows
+    # past H see q = 0: finite scores too)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(kc.dtype), kc, acc * alpha[:, None], input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _load_q(q_node, heads, head_ok, cc, rr, sqh, sqd, C: tl.constexpr, R: tl.constexpr,
             UPCAST: tl.constexpr):
     """One node's query rows (heads) as the C part [BLOCK_M, CP] and the rope part [BLOCK_M,
@@ -213,18 +231,7 @@ def _attn_kernel(q_ptr, kv_ptr, plen_ptr, anc_ptr, o_ptr, lse_ptr, opart_ptr, lp
             slot = tl.where(v < P, v, P + j)
             ok = (v < L) & (slot < T)  # keys past the row's sequence: load 0, score -inf
             kc, kr = _load_k(kv_b, slot, ok, skt, skd, C, R, CP, RP, UPCAST)
-            s = tl.dot(qc, tl.trans(kc), input_precision=DOT_PREC)
-            s = tl.dot(qr, tl.trans(kr), s, input_precision=DOT_PREC) * qk_scale
-            s = tl.where(ok[None, :], s, float("-inf"))  # [BLOCK_M, BLOCK_N]
-            # v0 < end <= L: every tile holds >= 1 key, but keep the subtracted max finite
-            # anyway (rows past H see q = 0: finite scores too)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(kc.dtype), kc, acc * alpha[:, None], input_precision=DOT_PREC)
-            m_i = m_new
+            m_i, l_i, acc = _tile(qc, qr, kc, kr, ok, m_i, l_i, acc, qk_scale, DOT_PREC)
         # L = 0 (P = 0 and an empty mask word: malformed) leaves l_i = 0: out 0, lse -inf
         l_i = tl.where(head_ok & (l_i > 0), l_i, 1.0)
         out = acc / l_i[:, None]

@@ -41,7 +41,15 @@ from . import _common
 from ._common import BLOCK_N
 from .triton_v1 import _load_k
 from .triton_v3 import _tma_ok
-from .triton_v5 import _buffers, _load_q, _merge_parts, _row_len, _store_out, _tree_slots
+from .triton_v5 import (
+    _buffers,
+    _load_q,
+    _merge_parts,
+    _row_len,
+    _store_out,
+    _tile,
+    _tree_slots,
+)
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)  # log2 units -> natural log
@@ -87,23 +95,6 @@ def _split(L, SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.co
     long = tl.maximum(tl.cdiv(tl.cdiv(L, MAX_SPLITS), BLOCK_N) * BLOCK_N, LONG_MIN)
     length = tl.where(L <= SHORT_UPTO, SHORT_LEN, long)
     return length, tl.maximum(tl.cdiv(L, length), 1)
-
-
-@triton.jit
-def _tile(qc, qr, kc, kr, ok, m_i, l_i, acc, qk_scale, DOT_PREC: tl.constexpr):
-    """One 64-key tile of the online softmax: the only float code on K/V, called from the
-    TMA loop and from the gather loop alike (keys not `ok`: score -inf, loaded as 0)."""
-    s = tl.dot(qc, tl.trans(kc), input_precision=DOT_PREC)
-    s = tl.dot(qr, tl.trans(kr), s, input_precision=DOT_PREC) * qk_scale
-    s = tl.where(ok[None, :], s, float("-inf"))  # [BLOCK_M, BLOCK_N]
-    # every tile holds >= 1 key of the row, but keep the subtracted max finite anyway
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(kc.dtype), kc, acc * alpha[:, None], input_precision=DOT_PREC)
-    return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
