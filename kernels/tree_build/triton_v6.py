@@ -38,7 +38,7 @@ from ._common import (
     _max_combine,
     _min_combine,
     _prefetch_table,
-    _store_ancestor_bits,
+    _store_info_rows,
     prepare_build,
 )
 from .triton_v2 import _score_key
@@ -64,7 +64,6 @@ def _tree_build_kernel(
     row0 = b * n_rows  # outputs are contiguous [B, N] (anc: [B, N, W])
     rows = tl.arange(0, NP)  # [NP] node rows
     in_rows = rows < n_rows
-    out = row0 + rows
 
     if PREFETCH:  # touch the whole [L, K] table once: the pops' scalar loads then hit L1
         _prefetch_table(lp_b, sco_ptr, row0, depth_count, k_used, s_ll, s_lk, LP, KP)
@@ -191,27 +190,9 @@ def _tree_build_kernel(
 
     # ---- every row at once
     tl.store(cnt_ptr + b, (count + 1).to(tl.int64))
-    real = info >= 0  # rows 1..count
-    parents = tl.where(real, info & 255, -1)
-    depth = tl.where(real, (info >> 8) & 31, 0)
-    rank = (info >> 13) & 127
-    prev = (info >> 20) & 255
-    tok = tl.load(ids_b + tl.maximum(depth - 1, 0) * s_il + rank * s_ik, mask=real,
-                  other=0).to(tl.int64)
-    tl.store(tok_ptr + out, tl.where(rows == 0, root, tok), mask=in_rows)
-    tl.store(dep_ptr + out, depth.to(tl.int64), mask=in_rows)
-    tl.store(par_ptr + out, parents.to(tl.int64), mask=in_rows)
-    tl.store(sco_ptr + out, scores, mask=in_rows)
-    tl.store(pos_ptr + out, prefix + depth, mask=in_rows)
-    minus_one = tl.full([NP], -1, tl.int64)
-    tl.store(fc_ptr + out, minus_one, mask=in_rows)
-    tl.store(ns_ptr + out, minus_one, mask=in_rows)
-    tl.debug_barrier()  # the scatters below write rows other threads filled with -1
-    row_ids = rows.to(tl.int64)
-    tl.store(fc_ptr + row0 + parents, row_ids, mask=real & (rank == 0))
-    tl.store(ns_ptr + row0 + prev, row_ids, mask=real & (rank > 0))
-
-    _store_ancestor_bits(anc_ptr, parents, row0, rows, in_rows, depth_count, n_words, NP, WP)
+    _store_info_rows(tok_ptr, dep_ptr, par_ptr, sco_ptr, pos_ptr, fc_ptr, ns_ptr, anc_ptr, ids_b,
+                     row0, rows, in_rows, info, scores, root, prefix, depth_count, n_words,
+                     s_il, s_ik, NP, WP)
 
 
 def build_ddtree_triton(
