@@ -15,8 +15,13 @@ Per (case, variant or peer):
      written before each timed call (outside the events).
   4. calls whose eager median is under 1 ms are re-timed as CUDA-graph replays when they
      capture (the decode loop replays every step from a graph, and Python launch costs of
-     ~20-80 us per Triton launch would otherwise hide the kernels); the eager time stays in `eager_us`. Calls that sync with the host (found with
-     torch's sync debug mode) are never captured: they stay eager, with a note.
+     ~20-80 us per Triton launch would otherwise hide the kernels); the eager time stays in
+     `eager_us`. Calls that sync with the host (found with torch's sync debug mode) are never
+     captured: they stay eager, with a note.
+  5. `kernel_us`: the GPU time inside the call's kernels alone (profiler activity records,
+     the same rotation and flush), i.e. without the ~2-4 us a lone graph replay spends
+     launching; a bar stated as "GPU time" reads this column (WORKBENCH_NO_KERNEL_TIME=1 skips
+     it, e.g. under nsys or ncu).
 Ceilings are measured in the same process (device-to-device copy, bf16 matmul), so % ceiling
 = max(bytes / copy_bw, flops / matmul_peak) / measured time; x best peer = best peer's time /
 this row's time (> 1: faster than every correct peer). Rows go to traces/<op>.csv/.jsonl.
@@ -28,6 +33,7 @@ import argparse
 import dataclasses
 import inspect
 import math
+import os
 import shlex
 import sys
 import time
@@ -41,6 +47,7 @@ from workbench import peers as peer_registry
 from workbench.ops.registry import REFERENCE, OpSpec
 
 GRAPH_BELOW_US = 1000.0  # eager median under this: launch overhead matters, try graph replay
+KERNEL_TIME_BELOW_US = 20_000.0  # profile kernel time below this (the slow references: skip)
 MAX_SETS = 32
 DEFAULT_L2 = 50 * 2**20  # H200 datasheet; torch reports the real value where it can
 
@@ -152,6 +159,7 @@ class Timing:
     graph: bool = False
     eager_us: float = math.nan
     note: str = ""
+    kernel_us: float = math.nan  # GPU time in the call's kernels (profiler), CUDA only
 
 
 def _stats(times_us: list[float]) -> tuple[float, float, float]:
@@ -170,6 +178,30 @@ def _run_events(calls, n: int, flush) -> list[float]:
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)]
+
+
+def kernel_time_us(calls, n: int, flush=None) -> float:
+    """Mean GPU time inside the kernels (and copies) of one call, from the profiler (CUPTI
+    activity records): no launch gaps, no graph-launch latency, the figure a "GPU time" bar
+    means. Calls rotate as in timing; the scratch flush is profiled alone as often and
+    subtracted. Kernels that overlap (PDL) count in full. CUDA only."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    def gpu_us(fns) -> float:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for f in fns:
+                f()
+            torch.cuda.synchronize()
+        return sum(e.time_range.elapsed_us() for e in prof.events()
+                   if e.device_type == DeviceType.CUDA)
+
+    zero = flush.zero_ if flush is not None else None
+    total = gpu_us([f for i in range(n) for f in (zero, calls[i % len(calls)]) if f])
+    if zero:
+        total -= gpu_us([zero] * n)
+    return total / n
 
 
 def _capture(calls) -> list:
@@ -216,6 +248,11 @@ def time_calls(fn, arg_sets: list[tuple[tuple, dict]], device: str, budget_s: fl
     flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if flush_bytes else None
     times = _run_events(calls, n, flush)
     t = Timing(*_stats(times), n, len(calls))
+    if t.us < KERNEL_TIME_BELOW_US and not os.environ.get("WORKBENCH_NO_KERNEL_TIME"):
+        try:  # CUPTI has one subscriber: under nsys / ncu the profiler may not start
+            t.kernel_us = kernel_time_us(calls, min(n, 50), flush)
+        except RuntimeError as e:
+            t.note = f"no kernel time ({type(e).__name__})"
     if graph == "on" or (graph == "auto" and t.us < GRAPH_BELOW_US):
         if _syncs(calls[0]):  # a host round trip cannot be captured; trying may poison CUDA
             t.note = "host sync in the call: eager timing"
@@ -430,6 +467,7 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
                 continue
             row.update(us=t.us, p20_us=t.p20_us, p80_us=t.p80_us, n_iter=t.n_iter,
                        n_sets=t.n_sets, graph=t.graph, eager_us=t.eager_us,
+                       kernel_us=t.kernel_us,
                        note="; ".join(x for x in (row["note"], t.note) if x))
         fl = floor_us(nbytes, flops, ceil["copy_GBps"], ceil["matmul_TFLOPs"])
         rows.append({**base, "variant": "floor", "kind": "floor", "us": fl, "p20_us": fl,

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 # byte-compatible across runs; a new column triggers a one-off rewrite (see _append_csv).
 COLUMNS = ["op", "variant", "kind", "case", "us", "p20_us", "p80_us", "GB/s", "TFLOP/s",
            "pct_ceiling", "x_best_peer", "device"]
-META_COLUMNS = ["ok", "note", "bytes", "flops", "floor_us", "eager_us", "graph", "n_iter",
-                "n_sets", "shapes", "copy_GBps", "matmul_TFLOPs", "gpu", "driver", "torch",
+META_COLUMNS = ["ok", "note", "bytes", "flops", "floor_us", "eager_us", "kernel_us", "graph",
+                "n_iter", "n_sets", "shapes", "copy_GBps", "matmul_TFLOPs", "gpu", "driver", "torch",
                 "triton", "cuda", "git_sha", "git_dirty", "command", "timestamp", "host"]
 ALL_COLUMNS = COLUMNS + META_COLUMNS
 
@@ -131,7 +131,8 @@ def _fmt(v, spec: str) -> str:
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """`op variant shape | us | GB/s | TFLOP/s | % ceiling | x best peer`, one line a row."""
+    """`op variant shape | us | GB/s | TFLOP/s | % ceiling | x best peer`, one line a row; a
+    remark in parentheses after it (kernels: the GPU time inside the call's kernels)."""
     head = ["op variant shape", "us", "GB/s", "TFLOP/s", "% ceiling", "x best peer"]
     lines = []
     for r in df.to_dict(orient="records"):
@@ -139,6 +140,9 @@ def format_table(df: pd.DataFrame) -> str:
         cells = [name, _fmt(r["us"], ".1f"), _fmt(r["GB/s"], ".0f"), _fmt(r["TFLOP/s"], ".2f"),
                  _fmt(r["pct_ceiling"], ".1f"), _fmt(r["x_best_peer"], ".2f")]
         note = r["note"] if isinstance(r["note"], str) else ""
+        kus = r.get("kernel_us")
+        if r["kind"] != "floor" and isinstance(kus, float) and math.isfinite(kus):
+            note = "; ".join(x for x in (f"kernels {kus:.1f} us", note) if x)
         timed = r["us"] is not None and math.isfinite(float(r["us"]))
         if note:  # failures and skips speak plainly; remarks on timed rows in parentheses
             cells[-1] += f"   {note}" if r["ok"] is False or not timed else f"   ({note})"
