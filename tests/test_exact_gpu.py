@@ -63,17 +63,17 @@ def pair(request):
 _AR: dict = {}  # (model, C) -> optimized AR tokens, shared by the DDTree cases
 
 
-def _kernels():
-    """kernels="optimized", or that preset with the ops named in EXACT_KERNELS="op=variant,..."
-    replaced (a candidate before it becomes a BEST, e.g. EXACT_KERNELS=int4_moe=triton_v6)."""
+def _kernels(preset: str = "optimized"):
+    """The preset, or that preset with the ops named in EXACT_KERNELS="op=variant,..." replaced
+    (a candidate before it becomes a BEST or INVARIANT, e.g. EXACT_KERNELS=int4_moe=triton_v6)."""
     over = os.environ.get("EXACT_KERNELS", "")
     if not over:
-        return "optimized"
+        return preset
     import workbench.ops  # noqa: F401  (registers the kernel folders and the presets)
     from workbench.__main__ import _kernels as parse_selection  # the CLI's --kernels parser
     from workbench.ops.registry import PRESETS
 
-    return {**PRESETS["optimized"], **parse_selection(over)}
+    return {**PRESETS[preset], **parse_selection(over)}
 
 
 def _optimized_ar(name, target, C):
@@ -158,7 +158,7 @@ def test_ddtree_bitwise_ar_under_invariant_kernels(pair, C):
     bitwise, at every budget: no tie rule. (The other target ops of the optimized preset are
     the float64 references.)"""
     name, target, drafter = pair
-    sel = "invariant"  # kernels/__init__.py: optimized + each folder's INVARIANT version
+    sel = _kernels("invariant")  # kernels/__init__.py: optimized + each folder's INVARIANT
     prompts = _prompts(C, target.cfg.vocab_size, seed=C)
     ar = generate(target, None, prompts, max_new_tokens=NEW, kernels=sel, cuda_graph=True).tokens
     bad = {}
