@@ -13,7 +13,7 @@ top-k, or else the greedy argmax) sits on a near-tie (margin_rel < NEAR_TIE_REL 
 reached through rounding-level differences (< ROUNDING_REL = 16 ulps everywhere upstream).
 Each divergence is printed with its explanation.
 With the position- and batch-invariant kernels (kernels="invariant": int4_moe triton_v6,
-tree_mla triton_v5) DDTree must emit AR's tokens exactly, with no tie rule at all (the
+tree_mla triton_v6) DDTree must emit AR's tokens exactly, with no tie rule at all (the
 DESIGN.md §7 stretch): test_ddtree_bitwise_ar_under_invariant_kernels.
 EXACT_KERNELS="op=variant,..." replaces those ops of the preset (a candidate kernel, e.g.
 `EXACT_KERNELS=int4_moe=triton_v6`). GPU only (`pytest -m gpu tests/test_exact_gpu.py`; ~3-4
@@ -153,7 +153,7 @@ def test_ddtree_equals_ar_under_optimized_graphs(pair, C, budget):
 @pytest.mark.parametrize("C", BATCHES)
 def test_ddtree_bitwise_ar_under_invariant_kernels(pair, C):
     """DESIGN.md §7's stretch: with int4_moe triton_v6 (fixed K chunks and slot tiles) and
-    tree_mla triton_v5 (a row's keys grouped by its own key sequence only) every target row is
+    tree_mla triton_v6 (a row's keys grouped by its own key sequence only) every target row is
     computed the same way in an AR step and in a verify step, so DDTree's tokens are AR's,
     bitwise, at every budget: no tie rule. (The other target ops of the optimized preset are
     the float64 references.)"""
