@@ -235,3 +235,19 @@ def test_clone_inputs_copies_tensors_but_shares_modules():
     (x2, layer2), kw = B.clone_inputs(((x, layer), {"k": x}))
     assert layer2 is layer and x2 is not x and torch.equal(x2, x) and kw["k"] is not x
     assert B.tensor_bytes(((x, layer), {"again": x})) == 3 * 4 * 4 + (16 + 4) * 4  # x once
+
+
+def test_cuda_timing_keeps_kernel_time_through_the_graph_retiming(monkeypatch):
+    """time_calls' CUDA path with the device parts stubbed (no GPU here): the profiler's kernel
+    time measured on the eager calls must survive the graph re-timing that replaces the
+    Timing (session 5's first H200 run lost it: kernel_us came back null)."""
+    monkeypatch.setattr(B, "_sync", lambda device: None)
+    monkeypatch.setattr(B, "_run_events", lambda calls, n, flush: [10.0] * n)
+    monkeypatch.setattr(B, "kernel_time_us", lambda calls, n, flush=None: 7.5)
+    monkeypatch.setattr(B, "_syncs", lambda call: False)
+    monkeypatch.setattr(B, "_capture", lambda calls: calls)
+    monkeypatch.delenv("WORKBENCH_NO_KERNEL_TIME", raising=False)
+    t = B.time_calls(lambda: None, [((), {})], "cuda", budget_s=0.01, graph="on")
+    assert t.graph and t.us == 10.0 and t.eager_us == 10.0 and t.kernel_us == 7.5
+    monkeypatch.setenv("WORKBENCH_NO_KERNEL_TIME", "1")
+    assert math.isnan(B.time_calls(lambda: None, [((), {})], "cuda", 0.01, "on").kernel_us)

@@ -262,7 +262,8 @@ def time_calls(fn, arg_sets: list[tuple[tuple, dict]], device: str, budget_s: fl
         except Exception as e:  # dynamic shapes, unsupported ops: stay eager
             t.note = f"graph capture failed ({type(e).__name__}): eager timing"
         else:
-            t = Timing(*_stats(gt), max(n, 50), len(calls), True, t.us)
+            t = Timing(*_stats(gt), max(n, 50), len(calls), True, t.us, t.note,
+                       t.kernel_us)
     return t
 
 
