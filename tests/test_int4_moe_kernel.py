@@ -18,7 +18,7 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
-            "triton_v7")
+            "triton_v7", "triton_v8")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -76,13 +76,13 @@ def test_edge_cases_match_reference(version):
 
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
-             "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,)}
+             "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
-                                     "triton_v5", "triton_v6", "triton_v7"])
+                                     "triton_v5", "triton_v6", "triton_v7", "triton_v8"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -169,7 +169,7 @@ def test_v3_split_k_and_padding():
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v4", marks=_SLOW), "triton_v5",
-                                     "triton_v7"])
+                                     "triton_v7", "triton_v8"])
 @pytest.mark.parametrize("BM2", [8, 16])
 def test_split_k_tail_and_hilo(version, BM2):
     # why: D = 288 is one full 256-input tile plus a masked tail (the tail is peeled out of the
@@ -228,6 +228,74 @@ def test_v7_tma_alignment_rule():
     with pytest.raises(ValueError, match="16-byte aligned"):
         triton_v7.descriptors((shifted,), (ex[1],), 64)
     assert triton_v7.tiles(9, 8, 384, 7168, 2048)["maxnreg"] == 128
+
+
+# ---------------------------------------------------------------- v8: 128 rows per program
+# v8 runs v7's K loop on BN = 128 weight rows (two m64 row blocks on one warpgroup): a row's K
+# chain, the splits (v7's table, computed for BN = 64), hi + lo and the combine are v7's, so
+# the output is v7's bit for bit. Under the interpreter the 128-row dot is two 64-row numpy
+# matmuls (triton_v8._dot: OpenBLAS sums a row in another order at 128 rows).
+def _v8_routing_case(T, D, I, E, K, route):
+    g = torch.Generator().manual_seed(T)
+    ex = _experts(E, D, I, seed=T)
+    ids, w = _routing(T, E, K, seed=T)
+    if route == "one":  # every token to expert 4
+        ids[:, 0] = 4
+    elif route == "hole":  # the first and the last expert get no token
+        ids = torch.stack([torch.randperm(E - 2, generator=g)[:K] + 1 for _ in range(T)])
+    return torch.randn(T, D, generator=g).bfloat16(), ids, w, ex
+
+
+def _v8_shape(T, E, D, I, K, route="uniform"):
+    return dict(T=T, E=E, D=D, I=I, K=K, route=route)
+
+
+_V8_CASES = [  # (shape, cfg, id): test_v7_bitwise_v5's cases, then test_routing_shapes' shapes
+    (_v8_shape(20, 5, 288, 96, 2), dict(KS1=2, TPS1=1, KS2=1, TPS2=1, BM2=16),
+     "tails-masked-scales"),
+    (_v8_shape(5, 4, 512, 160, 2), dict(KS1=2, TPS1=1), "tma-scales-n-tail"),
+    (_v8_shape(3, 6, 256, 512, 3), dict(KS2=2, TPS2=1), "tma-scales-split-k"),
+    (_v8_shape(1, 16, 64, 64, 4), {}, "T=1"),
+    (_v8_shape(3, 8, 96, 160, 2), {}, "T=3-N-tail"),
+    (_v8_shape(9, 6, 64, 32, 1, "one"), {}, "T=9-one-expert"),
+    (_v8_shape(17, 20, 64, 64, 4, "hole"), {}, "T=17-hole"),
+    (_v8_shape(40, 4, 64, 32, 4), {}, "T=40-K=E"),
+    (_v8_shape(9, 5, 288, 96, 2), dict(BN=64), "BN=64-v7-shape"),
+]
+
+
+@pytest.mark.parametrize("shape, cfg, name", _V8_CASES, ids=[c[2] for c in _V8_CASES])
+def test_v8_bitwise_v7(shape, cfg, name):
+    from workbench.kernels.int4_moe import triton_v7, triton_v8
+
+    x, ids, w, ex = _v8_routing_case(**shape)
+    v7_cfg = {k: v for k, v in cfg.items() if k != "BN"}
+    out = triton_v8.int4_moe_triton(x, ids, w, ex, cfg=cfg)
+    assert torch.equal(out, triton_v7.int4_moe_triton(x, ids, w, ex, cfg=v7_cfg))
+
+
+def test_v8_bitwise_v7_edge_cases():
+    # the harness's EDGE inputs (strided x, K = E, one expert, N tails of I = 96 / 160)
+    from workbench.kernels.int4_moe import triton_v7, triton_v8
+    from workbench.ops.cases import int4_moe_cases
+
+    for c in int4_moe_cases("edge", 8):
+        if "duplicate" in c.label:
+            continue
+        out = triton_v8.int4_moe_triton(*c.args, **c.kwargs)
+        assert torch.equal(out, triton_v7.int4_moe_triton(*c.args, **c.kwargs)), c.label
+
+
+def test_v8_tiles_keep_v7_splits():
+    # why: the split-K count sets the fp32 association; v8 keeps v7's (computed for 64-row
+    # tiles) at every T although its programs are 128 rows, so only the grid's N extent moves
+    from workbench.kernels.int4_moe import triton_v7, triton_v8
+
+    keys = ("BM1", "BM2", "KS1", "TPS1", "KS2", "TPS2")
+    for T in (1, 2, 3, 4, 9, 33, 128, 192, 193, 512, 4096):
+        c7, c8 = triton_v7.tiles(T, 8, 384, 7168, 2048), triton_v8.tiles(T, 8, 384, 7168, 2048)
+        assert {k: c8[k] for k in keys} == {k: c7[k] for k in keys}, T
+        assert (c8["BN"], c8["warps"], c8["maxnreg"]) == (128, 4, 168)
 
 
 # ---------------------------------------------------------------- v6: batch invariance
