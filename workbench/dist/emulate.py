@@ -328,6 +328,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--kernels", help="op=variant[,op=variant] (python -m workbench generate's)")
     p.add_argument("--csv", help="write the table here")
+    p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
+                   "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -345,9 +347,15 @@ def main(argv=None) -> int:
         if a.csv:
             pd.DataFrame([{**r, **meta} for r in rows]).to_csv(a.csv, index=False)
 
+    links = (NVLINK4, PCIE5)
+    if a.measured_link:
+        from .commbench import read_link
+
+        links += (read_link(a.measured_link),)
     rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
-                   device=device, repeats=a.repeats, kernels=_kernels(a.kernels), on_rows=save)
+                   links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
+                   on_rows=save)
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "kernel_step_ms", "kernel_tokens_per_s"]
