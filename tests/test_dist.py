@@ -108,6 +108,26 @@ def test_engine_layout_loop_is_token_exact_on_the_float64_reference(world, layou
     _check_against_reference(_decode(world, mode, exact=False, **layout), mode)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "engine"])
+@pytest.mark.parametrize("layout", [{"ep": 2}, {"tp": 2}], ids=["ep2", "tp2"])
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_nccl_ranks_on_gpus_equal_the_single_process_loop(mode, layout, exact):
+    """The same decode on 2 GPUs over real NCCL (nvidia-h200-x2 or larger; NVLink multicast
+    off): tokens equal to the single-process CPU loop's, up to reference ties, and the same
+    accepted lengths. exact=False is the layout a serving engine runs (ACC all-reduces)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    ref = _ref()
+    extra = {} if mode == "ar" else {"budget": BUDGET, "drafter": mode}
+    out = run_distributed(dist_generate, 2, CFG, ref["prompts"], max_new_tokens=MAX_NEW,
+                          seed=SEED, exact=exact, backend="nccl", **layout, **extra, **RUN)
+    assert all(r["layout"].startswith(f"{next(iter(layout)).upper()}2") for r in out["ranks"])
+    print(f"NCCL {out['layout']} {mode}: decode {out['ranks'][0]['decode_s']:.2f} s, "
+          f"{out['ranks'][0]['steps']} steps")
+    _check_against_reference(out, mode)
+
+
 def test_sampled_decoding_stays_in_lockstep_and_equals_single_process():
     """T > 0: every rank draws from the same all-gathered logits with the same seeded
     generator, so the ranks agree (dist_generate checks) and match one process draw for draw."""
