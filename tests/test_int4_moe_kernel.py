@@ -724,6 +724,22 @@ def test_v6_batch_invariance_gpu(real_experts, skew):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v8_bitwise_v7_gpu(real_experts, skew):
+    # Kimi shapes on the H200: v8's 128-row programs give v7's bits (each m64 row block is v7's
+    # wgmma chain on the same operands), at T = 1 (split-K) up to T = 512 (BM2 = 16)
+    from workbench.kernels.int4_moe import triton_v7, triton_v8
+
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    for T in (1, 2, 9, 33, 65, 128, 512):
+        ids, w = _routing(T, E, K, seed=200 + T, skew=skew, device="cuda")
+        x = torch.randn(T, D, device="cuda").bfloat16()
+        out = triton_v8.int4_moe_triton(x, ids, w, ex)
+        assert _bits_equal(out, triton_v7.int4_moe_triton(x, ids, w, ex)), T
+
+
+@pytest.mark.gpu
 def test_decode_token_exact_small_gpu():
     # the `small` preset (real widths, 384 experts) on the H200: AR and DDTree with the kernel
     import workbench
