@@ -108,24 +108,43 @@ def test_engine_layout_loop_is_token_exact_on_the_float64_reference(world, layou
     _check_against_reference(_decode(world, mode, exact=False, **layout), mode)
 
 
+@functools.cache
+def _ref_cuda():
+    """_ref's single-process loop on cuda:0: the synthetic weights are drawn on the device
+    they live on (a CUDA generator's stream is not the CPU's), so GPU ranks compare with a GPU
+    single process (float64 reference ops on both)."""
+    prompts = _ref()["prompts"]
+    target = workbench.build_model(CFG, seed=SEED, device="cuda")
+    ar = generate(target, prompts=prompts, max_new_tokens=MAX_NEW)
+    dflash = generate(target, build_drafter(CFG, seed=SEED, device="cuda"), prompts,
+                      max_new_tokens=MAX_NEW, budget=BUDGET)
+    return {"prompts": prompts, "ar": ar, "dflash": dflash,
+            "margins": reference_margins(target, prompts, ar.tokens)}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "engine"])
 @pytest.mark.parametrize("layout", [{"ep": 2}, {"tp": 2}], ids=["ep2", "tp2"])
 @pytest.mark.parametrize("mode", ["ar", "dflash"])
 def test_nccl_ranks_on_gpus_equal_the_single_process_loop(mode, layout, exact):
     """The same decode on 2 GPUs over real NCCL (nvidia-h200-x2 or larger; NVLink multicast
-    off): tokens equal to the single-process CPU loop's, up to reference ties, and the same
-    accepted lengths. exact=False is the layout a serving engine runs (ACC all-reduces)."""
+    off): tokens equal to the single-process loop's on one GPU, up to reference ties, and the
+    same accepted lengths. exact=False is the layout a serving engine runs (ACC all-reduces)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    ref = _ref()
+    ref = _ref_cuda()
     extra = {} if mode == "ar" else {"budget": BUDGET, "drafter": mode}
     out = run_distributed(dist_generate, 2, CFG, ref["prompts"], max_new_tokens=MAX_NEW,
                           seed=SEED, exact=exact, backend="nccl", **layout, **extra, **RUN)
     assert all(r["layout"].startswith(f"{next(iter(layout)).upper()}2") for r in out["ranks"])
     print(f"NCCL {out['layout']} {mode}: decode {out['ranks'][0]['decode_s']:.2f} s, "
           f"{out['ranks'][0]['steps']} steps")
-    _check_against_reference(out, mode)
+    res = out["result"]
+    ties = check_tokens(ref["ar"].tokens, res.tokens, ref["margins"])  # raises on a real one
+    if ties:
+        pytest.skip(f"divergence on a reference tie (margin < {TIE_MARGIN}): {ties}")
+    assert res.tokens == ref["ar"].tokens
+    assert mode == "ar" or res.accepted == ref["dflash"].accepted
 
 
 def test_sampled_decoding_stays_in_lockstep_and_equals_single_process():
