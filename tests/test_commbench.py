@@ -42,7 +42,8 @@ def test_gloo_ranks_time_every_kind_and_size(tmp_path):
     rows = run_distributed(commbench.bench_rank, 2, commbench.KINDS, sizes, 3, 1, **RUN)
     assert [(r["kind"], r["nbytes"]) for r in rows] == \
         [(k, n) for k in commbench.KINDS for n in sizes]
-    assert all(r["world"] == 2 and r["backend"] == "gloo" and r["seconds"] > 0 for r in rows)
+    assert all(r["world"] == 2 and r["backend"] == "gloo" and r["seconds"] > 0
+               and r["stream_seconds"] > 0 for r in rows)
     path = tmp_path / "cb.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     link = commbench.read_link(str(path))
@@ -54,9 +55,10 @@ def test_cli_writes_the_rows_with_model_and_fit(tmp_path, capsys):
     assert commbench.main(["--sizes", "1024,16384", "--iters", "2", "--kinds",
                            "all_reduce,all_to_all", "--csv", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "fitted (all kinds)" in out and "all_to_all: alpha" in out
+    assert "fitted (all kinds)" in out and "all_to_all: back to back alpha" in out
     df = pd.read_csv(path)
-    assert len(df) == 4 and {"measured_us", "NVLink4_us", "fit_w2_us", "git_sha"} <= set(df)
+    assert len(df) == 4 and {"measured_us", "alone_us", "stream_seconds", "NVLink4_us", "fit_w2_us",
+                             "git_sha"} <= set(df)
     with pytest.raises(SystemExit, match="--kinds: expected a subset"):
         commbench.main(["--kinds", "all_reduce,scatter"])
 

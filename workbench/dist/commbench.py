@@ -9,10 +9,12 @@ emulation's communication model corrected from the measured collectives").
 Sizes are in the Link's own convention (`Link.seconds(kind, nbytes, world)`), so a row and the
 model price the same thing: all_reduce `nbytes` = the tensor, all_gather = each rank's piece,
 all_to_all = the bytes a rank sends to the others (an equal chunk to each). Each (kind, size)
-is timed `iters` times after `warmup` calls (CUDA events around each call on NCCL, the wall
-clock on gloo); a row keeps the median over calls of the slowest rank. The fit is one latency
-and one bandwidth for all kinds, least squares on relative error (small messages weigh as much
-as large ones): t = alpha + factor(kind, world) * nbytes / bw.
+is timed after `warmup` calls two ways (`_time`), each the slowest rank's: `seconds`, the median
+of `iters` calls timed alone (an eager loop's cost: host launch and rank skew included), and
+`stream_seconds`, the mean of `iters` calls issued back to back (a CUDA-graphed step's cost).
+The fit is one latency and one bandwidth for all kinds, least squares on relative error (small
+messages weigh as much as large ones): t = alpha + factor(kind, world) * nbytes / bw, on
+stream_seconds (the CLI; read_link falls back to `seconds` for CSVs without it).
 NVLink multicast stays off (launch.NVLS_OFF) unless --nvls.
 """
 
@@ -56,55 +58,73 @@ def _op(kind: str, nbytes: int, world: int, device):
     raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
 
 
-def _time(fn, iters: int, warmup: int, cuda: bool) -> float:
-    """Median seconds per call of one rank."""
+def _time(fn, iters: int, warmup: int, cuda: bool) -> tuple[float, float]:
+    """(median seconds of one call timed alone, mean seconds a call of `iters` issued back to
+    back) on this rank. Alone = events around each call on NCCL: it includes the host's launch
+    and the wait for the other ranks' launches (what an eager loop pays); back to back = one
+    event pair around all calls: the collectives queue on the stream (what a CUDA-graphed step
+    pays, close to NCCL's own latency). On gloo both come from the wall clock."""
     for _ in range(warmup):
         fn()
     if cuda:
         torch.cuda.synchronize()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(iters)]
+              for _ in range(iters + 1)]
         dist.barrier()
-        for s, e in ev:
+        for s, e in ev[:iters]:
             s.record()
             fn()
             e.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) * 1e-3 for s, e in ev]
-    else:
         dist.barrier()
-        times = []
+        torch.cuda.synchronize()
+        s, e = ev[iters]
+        s.record()
         for _ in range(iters):
-            t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        e.record()
+        torch.cuda.synchronize()
+        alone = [s.elapsed_time(e) * 1e-3 for s, e in ev[:iters]]
+        return float(np.median(alone)), ev[iters][0].elapsed_time(ev[iters][1]) * 1e-3 / iters
+    dist.barrier()
+    alone = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        alone.append(time.perf_counter() - t0)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return float(np.median(alone)), (time.perf_counter() - t0) / iters
 
 
 def bench_rank(rank: int, world: int, kinds=KINDS, sizes=SIZES, iters: int = 20,
                warmup: int = 3) -> list[dict]:
     """One rank's part (run it on every rank, e.g. under launch.run_distributed); returns the
-    rows on every rank: kind, nbytes (Link convention), world, seconds (slowest rank)."""
+    rows on every rank: kind, nbytes (Link convention), world, seconds (a call alone) and
+    stream_seconds (a call of a back-to-back stream), each the slowest rank's."""
     cuda = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     rows = []
     for kind in kinds:
         for nbytes in sizes:
-            s = _time(_op(kind, nbytes, world, device), iters, warmup, cuda)
-            worst = torch.tensor([s], dtype=torch.float64, device=device)
+            worst = torch.tensor(_time(_op(kind, nbytes, world, device), iters, warmup, cuda),
+                                 dtype=torch.float64, device=device)
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            alone, stream = worst.tolist()
             rows.append({"kind": kind, "nbytes": int(nbytes), "world": world,
-                         "seconds": float(worst.item()), "backend": dist.get_backend()})
+                         "seconds": alone, "stream_seconds": stream,
+                         "backend": dist.get_backend()})
     return rows
 
 
-def fit_link(rows: list[dict], name: str = "measured") -> Link:
+def fit_link(rows: list[dict], name: str = "measured", column: str = "seconds") -> Link:
     """The Link (latency alpha, bandwidth bw, efficiency 1) minimising the relative error of
-    t = alpha + factor(kind, world) * nbytes / bw over the rows."""
+    t = alpha + factor(kind, world) * nbytes / bw over the rows (t = row[column])."""
     if not rows:
         raise ValueError("rows: expected at least 2 measurements, got none")
     x = np.array([_factor(r["kind"], r["world"]) * r["nbytes"] for r in rows], dtype=float)
-    y = np.array([r["seconds"] for r in rows], dtype=float)
+    y = np.array([r[column] for r in rows], dtype=float)
     if len(rows) < 2 or np.ptp(x) == 0 or not np.all(y > 0):
         raise ValueError(f"rows: expected >= 2 positive times at different sizes, got "
                          f"{len(rows)} rows, sizes {sorted(set(x.tolist()))[:4]}")
@@ -115,11 +135,11 @@ def fit_link(rows: list[dict], name: str = "measured") -> Link:
                 efficiency=1.0)
 
 
-def compare(rows: list[dict], links) -> list[dict]:
-    """Each row with every link's predicted µs and predicted / measured."""
+def compare(rows: list[dict], links, column: str = "seconds") -> list[dict]:
+    """Each row with every link's predicted µs and predicted / measured (row[column])."""
     out = []
     for r in rows:
-        row = {**r, "measured_us": r["seconds"] * 1e6}
+        row = {**r, "measured_us": r[column] * 1e6}
         for link in links:
             us = link.seconds(r["kind"], r["nbytes"], r["world"]) * 1e6
             row[f"{link.name}_us"] = us
@@ -129,11 +149,14 @@ def compare(rows: list[dict], links) -> list[dict]:
 
 
 def read_link(csv_path: str, name: str = "measured") -> Link:
-    """fit_link over a commbench CSV (the rows this module writes)."""
+    """fit_link over a commbench CSV (the rows this module writes): on the back-to-back times
+    where the CSV has them (a graphed step's collectives), else on the lone calls'."""
     import pandas as pd
 
-    return fit_link(pd.read_csv(csv_path)[["kind", "nbytes", "world", "seconds"]]
-                    .to_dict(orient="records"), name)
+    df = pd.read_csv(csv_path)
+    column = "stream_seconds" if "stream_seconds" in df else "seconds"
+    return fit_link(df[["kind", "nbytes", "world", column]].to_dict(orient="records"), name,
+                    column)
 
 
 def main(argv=None) -> int:
@@ -161,13 +184,17 @@ def main(argv=None) -> int:
     backend = "nccl" if a.device == "cuda" else "gloo"
     rows = run_distributed(bench_rank, a.world, kinds, sizes, a.iters, backend=backend,
                            multicast=a.nvls, timeout_s=600)
-    fit = fit_link(rows, f"fit_w{a.world}")
-    table = pd.DataFrame(compare(rows, (NVLINK4, PCIE5, fit)))
-    print(table[["kind", "nbytes", "measured_us", "NVLink4_us", f"{fit.name}_us"]]
+    fit = fit_link(rows, f"fit_w{a.world}", "stream_seconds")
+    table = pd.DataFrame(compare(rows, (NVLINK4, PCIE5, fit), "stream_seconds"))
+    table["alone_us"] = table["seconds"] * 1e6
+    print(table[["kind", "nbytes", "alone_us", "measured_us", "NVLink4_us", f"{fit.name}_us"]]
+          .rename(columns={"measured_us": "stream_us"})
           .to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     for k in kinds:  # how far one latency and one bandwidth are from each kind's own
-        own = fit_link([r for r in rows if r["kind"] == k], k)
-        print(f"{k}: alpha {own.alpha_us:.1f} us, {own.bw_gbps:.1f} GB/s")
+        mine = [r for r in rows if r["kind"] == k]
+        own, lone = fit_link(mine, k, "stream_seconds"), fit_link(mine, k)
+        print(f"{k}: back to back alpha {own.alpha_us:.1f} us, {own.bw_gbps:.1f} GB/s; "
+              f"alone alpha {lone.alpha_us:.1f} us, {lone.bw_gbps:.1f} GB/s")
     print(f"fitted (all kinds): {fit}; the model's NVLink4: "
           f"{NVLINK4.bw_gbps * NVLINK4.efficiency:.0f} GB/s effective, {NVLINK4.alpha_us} us")
     if a.csv:
