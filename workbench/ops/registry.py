@@ -85,6 +85,10 @@ _OPS: dict[str, OpSpec] = {}
 _SELECTION: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
     "workbench_op_selection", default=types.MappingProxyType({})  # read-only default
 )
+# (op name, selected callable) -> the callable `get` returns; None = the callable itself.
+# workbench.shadow sets it to compare an op's calls in the real loop with the reference.
+_WRAP: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("workbench_op_wrap",
+                                                                       default=None)
 
 
 def register_op(name: str, doc: str, reference: str | Callable, **hooks) -> OpSpec:
@@ -113,8 +117,10 @@ def selected(name: str) -> str:
 
 
 def get(name: str) -> Callable:
-    """The callable currently selected for op `name`."""
-    return op_spec(name).variant(selected(name)).load()
+    """The callable currently selected for op `name` (wrapped while a shadow is active)."""
+    fn = op_spec(name).variant(selected(name)).load()
+    wrap = _WRAP.get()
+    return fn if wrap is None else wrap(name, fn)
 
 
 def _normalize(selection: Mapping[str, str] | str | None) -> dict[str, str]:
