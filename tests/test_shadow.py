@@ -78,6 +78,7 @@ def test_a_wrong_row_is_named_and_the_loop_keeps_the_variants_output(pair, bumpe
         (row, ratio, err, _), *_ = o["worst_rows"]
         assert row == (0, N - 1) and ratio > 1 and err >= 0.5, r
         assert o["by_request"][0][1] == N - 1 and o["by_request"][0][0] > 1
+        assert o["rows"].shape[1] == N and o["rows"][0, N - 1] == ratio
         assert r["outputs"]["lse"]["err_over_tol"] == 0  # lse untouched by the bump
         assert r["variant"] == bumped and not r["passed"]
     df = sh.summary()

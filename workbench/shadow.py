@@ -132,6 +132,9 @@ def output_stats(op: str, name: str, ref: torch.Tensor, out: torch.Tensor, case:
         torch.zeros_like(row_ratio, dtype=torch.bool)
     real = row_ratio[~is_pad]
     stats["real_err_over_tol"] = real.max().item() if real.numel() else 0.0
+    # every row's err/tol as a CPU tensor [rows...] when small (tree_mla: [B, N]), for a look
+    # at chosen rows: sh.records[i]["outputs"]["o_lat"]["rows"][b, n]
+    stats["rows"] = row_ratio.float().cpu() if row_ratio.numel() <= 1 << 16 else None
     stats["by_request"] = []  # per first index b: (its worst row's err/tol, that row's n)
     if row_ratio.dim() > 1:
         v, n = row_ratio.flatten(1).max(-1)
