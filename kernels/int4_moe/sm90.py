@@ -32,6 +32,7 @@ import importlib
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -60,7 +61,11 @@ def capture(module, *args, spec: bool = True) -> list:
     from workbench.kernels.int4_moe import _common
 
     calls, saved = [], {}
-    mods = (module, _common)
+    # every loaded version module: a launcher may live in an earlier version (v8 runs
+    # triton_v7.launch, whose helper kernels are v7's globals)
+    pkg = module.__name__.rsplit(".", 1)[0] + ".triton_v"
+    mods = (module, _common, *{m for n, m in sys.modules.items()
+                               if n.startswith(pkg) and m is not module})
     for mod in mods:
         for name in dir(mod):
             obj = getattr(mod, name)

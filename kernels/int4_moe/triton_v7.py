@@ -169,6 +169,15 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     (Int4Experts, checkpoint layout, used as is; weight words 16-byte aligned) -> [T, D] bf16;
     the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
     `_common.check_inputs`. cfg: tile overrides (keys of `tiles`; KSn with TPSn), for sweeps."""
+    return launch(x, topk_ids, topk_weights, experts, validate, cfg, _gemm_kernel, tiles,
+                  two_flag=True)
+
+
+def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg, gemm,
+           tiles_of, two_flag: bool) -> Tensor:
+    """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around a GEMM
+    program with v7's signature: v7's `_gemm_kernel` (two_flag: it takes the TWO constexpr) or
+    v8's (no flag: it always compiles the gate/up select). tiles_of(T, K, E, D, I) -> knobs."""
     check_inputs(x, topk_ids, topk_weights, experts, validate)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
@@ -176,7 +185,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     E, I = gp.shape[0], gp.shape[1]
     if T == 0:
         return torch.empty(0, D, dtype=x.dtype, device=x.device)
-    c = tiles(T, K, E, D, I) | (cfg or {})
+    c = tiles_of(T, K, E, D, I) | (cfg or {})
     S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
     if max(T * Dp, S * 2 * Ip) >= 2**31:  # the GEMM's activation offsets are int32
         raise ValueError(f"x: expected T * K * 2 * ceil(I / {KT}) * {KT} < 2^31 activation "
@@ -189,25 +198,26 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     dev = x.device
     run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
     common = dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run)
+    two1, two2 = (dict(TWO=True), dict(TWO=False)) if two_flag else ({}, {})
     r = route(topk_ids, E)
     meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
     xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
     _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4)
     g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
     nt1 = triton.cdiv(I, c["BN"])
-    _gemm_kernel[(2 * nt1, r.max_active, c["KS1"])](
+    gemm[(2 * nt1, r.max_active, c["KS1"])](
         xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
-        g, g.stride(0), g.stride(1), I, nt1, D, c["TPS1"], BM=c["BM1"], NH=1, TWO=True,
-        S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common)
+        g, g.stride(0), g.stride(1), I, nt1, D, c["TPS1"], BM=c["BM1"], NH=1,
+        S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **two1, **common)
     h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
     _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"], INTERPRET=INTERPRET,
                                 num_warps=2)
     y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
     nt2 = triton.cdiv(D, c["BN"])
-    _gemm_kernel[(nt2, r.max_active, c["KS2"])](
+    gemm[(nt2, r.max_active, c["KS2"])](
         h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
-        y, y.stride(0), y.stride(1), D, nt2, I, c["TPS2"], BM=c["BM2"], NH=2, TWO=False,
-        S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True, **common)
+        y, y.stride(0), y.stride(1), D, nt2, I, c["TPS2"], BM=c["BM2"], NH=2,
+        S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True, **two2, **common)
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](

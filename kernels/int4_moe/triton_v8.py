@@ -34,15 +34,13 @@ NH halves, R = NH * BM MMA columns; KS1 / KS2 K splits; Dp, Ip = D, I rounded up
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, check_inputs, next_pow2, route
-from .triton_v3 import KT, _combine_kernel
-from .triton_v5 import _ablate, _pairs, _permute_kernel, _silu_kernel, _slab
-from .triton_v7 import descriptors
+from .triton_v3 import KT
+from .triton_v5 import _pairs, _slab
+from .triton_v7 import launch
 from .triton_v7 import tiles as _tiles_v7
 
 _KT = tl.constexpr(KT)
@@ -167,52 +165,10 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     """x [T, D] bf16, topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
     (Int4Experts, checkpoint layout, used as is; weight words 16-byte aligned) -> [T, D] bf16;
     the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
-    `_common.check_inputs`. cfg: tile overrides (keys of `tiles`; KSn with TPSn), for sweeps."""
-    check_inputs(x, topk_ids, topk_weights, experts, validate)
-    gp, gs, up, us, dp, ds = experts
-    T, D = x.shape
-    K = topk_ids.shape[1]
-    E, I = gp.shape[0], gp.shape[1]
-    if T == 0:
-        return torch.empty(0, D, dtype=x.dtype, device=x.device)
-    c = tiles(T, K, E, D, I) | (cfg or {})
-    S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
-    if max(T * Dp, S * 2 * Ip) >= 2**31:  # the GEMM's activation offsets are int32
-        raise ValueError(f"x: expected T * K * 2 * ceil(I / {KT}) * {KT} < 2^31 activation "
-                         f"elements, got T={T}, K={K}, I={I}")
-    if gs.stride() != us.stride():  # gate and up share one scale offset computation
-        raise ValueError(f"experts.up_scale: expected the strides of its gate twin "
-                         f"{gs.stride()}, got {us.stride()}")
-    (w1, w2), (s1, s2), st1 = descriptors((gp, up), (gs, us), c["BN"])
-    (w3,), (s3,), st2 = descriptors((dp,), (ds,), c["BN"])
-    dev = x.device
-    run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
-    common = dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run)
-    r = route(topk_ids, E)
-    meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
-    xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
-    _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4)
-    g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
-    nt1 = triton.cdiv(I, c["BN"])
-    _gemm_kernel[(2 * nt1, r.max_active, c["KS1"])](
-        xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
-        g, g.stride(0), g.stride(1), I, nt1, D, c["TPS1"], BM=c["BM1"], NH=1,
-        S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common)
-    h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
-    _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"], INTERPRET=INTERPRET,
-                                num_warps=2)
-    y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
-    nt2 = triton.cdiv(D, c["BN"])
-    _gemm_kernel[(nt2, r.max_active, c["KS2"])](
-        h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
-        y, y.stride(0), y.stride(1), D, nt2, I, c["TPS2"], BM=c["BM2"], NH=2,
-        S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True, **common)
-    out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
-    BD = min(1024, next_pow2(D))
-    _combine_kernel[(T, triton.cdiv(D, BD))](
-        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1), r.bad, out,
-        D, K=K, KS=c["KS2"], BD=BD, INTERPRET=INTERPRET, num_warps=4)
-    return out
+    `_common.check_inputs`. cfg: tile overrides (keys of `tiles`; KSn with TPSn), for sweeps.
+    v7's six launches (`triton_v7.launch`) around v8's GEMM program."""
+    return launch(x, topk_ids, topk_weights, experts, validate, cfg, _gemm_kernel, tiles,
+                  two_flag=False)
 
 
 def _main(argv=None) -> int:
