@@ -153,3 +153,48 @@ if all(p.exists() for p in runs):
 else:
     table = "traces/emulate_engine*.csv not in this checkout"
 table
+
+# %% [markdown]
+# ## Measured collectives: the emulator's link model against two H200s
+# `python -m workbench.dist.commbench --device cuda --world 2` times all_reduce, all_gather and
+# all_to_all over NCCL (NVLink multicast off) and fits the emulator's `Link` (one latency, one
+# bandwidth) to them; `emulate --measured-link CSV` prices the logged collectives with it.
+# Session 5's rows (`traces/commbench_h200x2.csv`, nvidia-h200-x2) timed each call alone: the
+# host's launch and the other rank's arrival are inside, i.e. what an eager loop pays. At 8 ranks
+# the latency is not measured yet (no x8 machine lent).
+
+# %%
+import matplotlib
+
+matplotlib.use("Agg")  # headless in CI; JupyterLab shows the figures inline either way
+import matplotlib.pyplot as plt
+
+from workbench.dist.commbench import compare, read_link
+from workbench.dist.emulate import NVLINK4
+
+cb_path = traces / "commbench_h200x2.csv"
+if cb_path.exists():
+    cb = pd.read_csv(cb_path)
+    measured = read_link(str(cb_path))
+    rows = pd.DataFrame(compare(cb[["kind", "nbytes", "world", "seconds"]].to_dict("records"),
+                                (NVLINK4, measured)))
+    assert measured.alpha_us > NVLINK4.alpha_us  # eager collectives: the model's 10 us is low
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kind, grp in rows.groupby("kind"):
+        ax.loglog(grp.nbytes, grp.measured_us, marker="o", label=f"{kind} (measured)")
+    one = rows[rows.kind == "all_to_all"]
+    ax.loglog(one.nbytes, one.NVLink4_us, "k--", label="model NVLink4 (all_to_all)")
+    ax.loglog(one.nbytes, one.measured_us * one.measured_ratio, "k:", label="fitted link")
+    ax.set_xlabel("bytes (Link convention)")
+    ax.set_ylabel("µs a collective")
+    ax.legend(fontsize=7)
+    print(measured)
+    # the toy emulation above, re-priced with the measured link next to the model's
+    repriced = pd.DataFrame(emulate(PRESET, ("ep8",), batches=(1,), budgets=(None, BUDGET),
+                                    tau=ref.tokens_per_step, ctx=64, repeats=1, progress=None,
+                                    links=(NVLINK4, measured)))
+    by_link = repriced.set_index(["mode", "link"]).comm_ms.unstack()
+    assert (by_link["measured"] > by_link["NVLink4"]).all()
+    by_link
+else:
+    "traces/commbench_h200x2.csv not in this checkout"
