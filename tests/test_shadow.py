@@ -168,3 +168,11 @@ def test_watch_table_names_the_request(pair):
         res = _run(pair, on_step=sh.on_step)
     df = watch(sh, res, 2, 1)
     assert set(df["request"]) == {2} and set(df["step"]) == {step_of(res, 2, 1)}
+
+
+def test_workbench_cli_delegates_shadow(capsys):
+    from workbench.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["shadow", "--help"])
+    assert e.value.code == 0 and "--watch" in capsys.readouterr().out

@@ -203,6 +203,7 @@ _DELEGATED = {
     "train": "workbench.train.__main__:main",
     "loopbench": "workbench.loopbench:main",
     "acceptance": "workbench.acceptance:main",
+    "shadow": "workbench.shadow:main",
 }
 
 

@@ -359,6 +359,10 @@ def main(argv=None) -> int:
                    help="print the calls of the step that emitted token POS (0-based) of request "
                         "REQ, seen from that request's rows (repeatable)")
     a = p.parse_args(argv)
+    if a.device == "cpu":  # Triton variants through the interpreter (python -m workbench's rule)
+        from workbench.__main__ import _interpret_triton_on_cpu
+
+        _interpret_triton_on_cpu()
     _threads_for_cpu(a.device)
     kernels = _kernels(a.kernels)
     try:
