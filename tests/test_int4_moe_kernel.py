@@ -234,7 +234,7 @@ def test_v7_tma_alignment_rule():
 # v8 runs v7's K loop on BN = 128 weight rows (two m64 row blocks on one warpgroup): a row's K
 # chain, the splits (v7's table, computed for BN = 64), hi + lo and the combine are v7's, so
 # the output is v7's bit for bit. Under the interpreter the 128-row dot is two 64-row numpy
-# matmuls (triton_v8._dot: OpenBLAS sums a row in another order at 128 rows).
+# matmuls (triton_v7._dot: OpenBLAS sums a row in another order at 128 rows).
 def _v8_routing_case(T, D, I, E, K, route):
     g = torch.Generator().manual_seed(T)
     ex = _experts(E, D, I, seed=T)

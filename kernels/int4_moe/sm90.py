@@ -182,7 +182,8 @@ def main(argv=None) -> int:
                 mix = loop_mix(ck.asm["cubin"]) if args.sass and "gemm" in kernel.__name__ else {}
                 if mix:
                     total = sum(mix.values())
-                    kt = getattr(module, "KT", None)
+                    # the K tile of the module that defines the kernel (v8 runs v7's)
+                    kt = getattr(importlib.import_module(kernel.fn.__module__), "KT", None)
                     per = (f"{total / (const['BN'] * kt / (32 * opts['num_warps'])):.2f} / weight"
                            if kt and "BN" in const else "")
                     top = ", ".join(f"{op} {n}" for op, n in mix.most_common(8))

@@ -52,7 +52,8 @@ def _k_tile(acc, w_desc, s_desc, s_row, e, n0, in_ptr, in_off, rm, nm, kt, words
             S_TMA: tl.constexpr, BN: tl.constexpr, ABLATE: tl.constexpr,
             INTERPRET: tl.constexpr):
     """acc [BN, R] += W[:, tile kt] @ in[rows, tile kt]^T: v5's tile with the words (and the
-    scales if S_TMA) from TMA; a tile past IN (the tail) reads zeros there."""
+    scales if S_TMA) from TMA; a tile past IN (the tail) reads zeros there. BN 64 (v7) or 128
+    (v8)."""
     p = tl.reshape(w_desc.load([e, n0, kt * 32]), (BN, 32))  # [BN, 32] words
     if S_TMA:
         s8 = tl.reshape(s_desc.load([e, n0, kt * 8]), (BN, 8))  # [BN, 8] scale groups
@@ -63,10 +64,29 @@ def _k_tile(acc, w_desc, s_desc, s_row, e, n0, in_ptr, in_off, rm, nm, kt, words
     pd, sd = _pairs(p, s8, BN)
     DOT = tl.float32 if INTERPRET else tl.bfloat16
     x = in_ptr + in_off + kt * _KT
-    for j in tl.static_range(4):  # 4 slabs of K 64 (v5: one dot per slab, register A)
+    for j in tl.static_range(4):  # 4 slabs of K 64 (v5: one dot per slab, register A; v8's
+        # BN 128: two m64 row blocks a k16)
         xj = tl.load(x + 64 * j, mask=rm[:, None], other=0.0).to(DOT)
-        acc = tl.dot(_slab(pd, sd, j, ABLATE, INTERPRET), tl.trans(xj), acc)
+        acc = _dot(_slab(pd, sd, j, ABLATE, INTERPRET), tl.trans(xj), acc, BN, INTERPRET)
     return acc
+
+
+@triton.jit
+def _dot(w, xt, acc, BN: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + w @ xt, w [BN, 64], xt [64, R]. On the GPU one dot: at BN 128 two m64 wgmma row
+    blocks per k16, each row's chain v7's. Under the interpreter tl.dot is numpy's matmul, and
+    OpenBLAS picks another sgemm kernel (another fp32 summation order per row) for 128 rows
+    against the transposed xt than for 64: there the 128 rows are two 64-row dots (v7's),
+    their operands made contiguous (* 1.0: exact, -0 kept) as v7's are."""
+    if INTERPRET and BN == 128:
+        R: tl.constexpr = xt.shape[1]
+        w0, w1 = tl.split(tl.permute(tl.reshape(w, (2, 64, 64)), (1, 2, 0)))
+        a0, a1 = tl.split(tl.permute(tl.reshape(acc, (2, 64, R)), (1, 2, 0)))
+        c0 = tl.dot(w0 * 1.0, xt, a0 * 1.0)
+        c1 = tl.dot(w1 * 1.0, xt, a1 * 1.0)
+        return tl.reshape(tl.permute(tl.join(c0, c1), (2, 0, 1)), (BN, R))
+    else:
+        return tl.dot(w, xt, acc)
 
 
 @triton.jit
@@ -77,7 +97,10 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
                  TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                  OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr):
     """v5's program (N tile, active expert, K split); TWO: tiles >= NT1 take the second
-    projection (w2_desc, col += NOUT), else one projection only."""
+    projection (w2_desc, col += NOUT), else one projection only. v8 compiles the select in its
+    down launch too (descriptors passed twice, NT1 = its tile count: never taken): with the
+    select the descriptor addresses stay uniform registers; v7's down GEMM, without it, moves
+    them from per-thread registers (R2UR, IMAD) at every TMA issue (+16 SASS a tile)."""
     a = tl.program_id(1)
     if a >= tl.load(n_act_ptr):  # idle program of the worst-case grid
         return
@@ -169,15 +192,14 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     (Int4Experts, checkpoint layout, used as is; weight words 16-byte aligned) -> [T, D] bf16;
     the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
     `_common.check_inputs`. cfg: tile overrides (keys of `tiles`; KSn with TPSn), for sweeps."""
-    return launch(x, topk_ids, topk_weights, experts, validate, cfg, _gemm_kernel, tiles,
-                  two_flag=True)
+    return launch(x, topk_ids, topk_weights, experts, validate, cfg, tiles, down_select=False)
 
 
-def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg, gemm,
-           tiles_of, two_flag: bool) -> Tensor:
-    """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around a GEMM
-    program with v7's signature: v7's `_gemm_kernel` (two_flag: it takes the TWO constexpr) or
-    v8's (no flag: it always compiles the gate/up select). tiles_of(T, K, E, D, I) -> knobs."""
+def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
+           tiles_of, down_select: bool) -> Tensor:
+    """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around
+    `_gemm_kernel` with the knobs tiles_of(T, K, E, D, I) (| cfg); down_select: compile the
+    gate/up select into the down launch too (v8; never taken there, see `_gemm_kernel`)."""
     check_inputs(x, topk_ids, topk_weights, experts, validate)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
@@ -198,26 +220,25 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     dev = x.device
     run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
     common = dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run)
-    two1, two2 = (dict(TWO=True), dict(TWO=False)) if two_flag else ({}, {})
     r = route(topk_ids, E)
     meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
     xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
     _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4)
     g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
     nt1 = triton.cdiv(I, c["BN"])
-    gemm[(2 * nt1, r.max_active, c["KS1"])](
+    _gemm_kernel[(2 * nt1, r.max_active, c["KS1"])](
         xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
         g, g.stride(0), g.stride(1), I, nt1, D, c["TPS1"], BM=c["BM1"], NH=1,
-        S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **two1, **common)
+        TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common)
     h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
     _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"], INTERPRET=INTERPRET,
                                 num_warps=2)
     y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
     nt2 = triton.cdiv(D, c["BN"])
-    gemm[(nt2, r.max_active, c["KS2"])](
+    _gemm_kernel[(nt2, r.max_active, c["KS2"])](
         h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
         y, y.stride(0), y.stride(1), D, nt2, I, c["TPS2"], BM=c["BM2"], NH=2,
-        S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True, **two2, **common)
+        TWO=down_select, S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True, **common)
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](
