@@ -23,12 +23,12 @@ min on an H200, most of it the float64 reference loop and margins at Kimi widths
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
 import torch
 
 from workbench.generate import generate
+from workbench.shadow import exact_prompts as _prompts  # shadow runs replay them
 
 pytestmark = pytest.mark.gpu
 BATCHES = (1, 8, 32)
@@ -36,9 +36,6 @@ BUDGETS = (1, 8, 16, 32, 64, 128)
 NEW = 12  # tokens per request: several DDTree steps at every budget
 
 
-def _prompts(C: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(4, 25))] for _ in range(C)]
 
 
 @pytest.fixture(scope="module", params=["small", "trained"])

@@ -63,8 +63,8 @@ DIMS = {
 
 
 def exact_prompts(C: int, vocab: int, seed: int) -> list[list[int]]:
-    """The token-exact suite's prompts (tests/test_exact_gpu.py::_prompts, copied: tests are not
-    importable from the library; the suite uses seed = C): C requests of 4..24 random ids."""
+    """The token-exact suite's prompts (tests/test_exact_gpu.py uses this, with seed = C), so a
+    shadow run replays the suite's requests: C requests of 4..24 random ids."""
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randrange(4, 25))] for _ in range(C)]
 
