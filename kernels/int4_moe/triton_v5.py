@@ -373,6 +373,31 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     return out
 
 
+def _print_by_kernel(call, n: int = 20) -> None:
+    """Mean GPU µs per launch name over n eager calls (CUPTI records via the profiler), and the
+    mean span from a call's first kernel start to its last kernel end: where the time of one
+    call goes (ramp, tail and the small launches, which the graph-replayed total hides)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+            torch.cuda.synchronize()
+    ev = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    per = len(ev) // n
+    by: dict[str, float] = {}
+    for e in ev:
+        by[e.name[:40]] = by.get(e.name[:40], 0.0) + e.time_range.elapsed_us() / n
+    spans = [ev[i * per + per - 1].time_range.end - ev[i * per].time_range.start
+             for i in range(n)] if per else [0]
+    print("      " + "  ".join(f"{k} {v:.1f}" for k, v in by.items())
+          + f"  | sum {sum(by.values()):.1f}, span {sum(spans) / len(spans):.1f}", flush=True)
+
+
 def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant") -> int:
     """Graph-replayed µs per T x config at Kimi shapes on CUDA, for sweeps and the ablation:
 
@@ -393,6 +418,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant") -> int
     p.add_argument("--T", default="1,9,33,128,512")
     p.add_argument("--cfgs", default=default_cfgs)
     p.add_argument("--seconds", type=float, default=1.0, help="timing budget per row")
+    p.add_argument("--by-kernel", action="store_true",
+                   help="also print each launch's mean GPU time (profiler, 20 eager calls)")
     a = p.parse_args(argv)
     E, D, I, K = 384, 7168, 2048, 8
     r = _Rand(0, "cuda")
@@ -412,6 +439,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant") -> int
             t = time_calls(fn, [((x, ids, w, ex), {})], "cuda", a.seconds, "on")
             print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
                   flush=True)
+            if a.by_kernel:
+                _print_by_kernel(functools.partial(fn, x, ids, w, ex))
     os.environ.pop("INT4_MOE_V5_ABLATE", None)
     return 0
 
