@@ -10,6 +10,9 @@ reference on the same inputs, per call and per row; the loop goes on with the va
     python -m workbench.shadow --preset trained --op tree_mla --kernels optimized --batch 32 \\
         --budget 64 --max-new-tokens 12 --device cuda --csv shadow_tree_mla.csv --top 20
 
+--route-trace REQ:POS runs workbench.route_trace instead (no op is shadowed): both real loops,
+the MoE routing of the rows that feed that token, per layer, and check.py's verdict.
+
 What a call records: input shapes, and per output (o_lat and lse for tree_mla) the max abs error,
 the max of |out - ref| / band with the checker's own band (workbench.check: rtol |ref| + atol
 rms(ref), atol from workbench.ops.cases.tolerance; > 1 is outside what rounding explains; NaN
@@ -358,6 +361,11 @@ def main(argv=None) -> int:
     p.add_argument("--watch", action="append", default=[], metavar="REQ:POS",
                    help="print the calls of the step that emitted token POS (0-based) of request "
                         "REQ, seen from that request's rows (repeatable)")
+    p.add_argument("--route-trace", default=None, metavar="REQ:POS",
+                   help="instead of shadowing --op: run AR and DDTree (--budget) with --kernels, "
+                        "eager, and trace the MoE routing of the rows that feed token POS of "
+                        "request REQ in each real loop (workbench.route_trace): per-layer table "
+                        "and verdict; --csv writes every traced row")
     a = p.parse_args(argv)
     if a.device == "cpu":  # Triton variants through the interpreter (python -m workbench's rule)
         from workbench.__main__ import _interpret_triton_on_cpu
@@ -368,8 +376,17 @@ def main(argv=None) -> int:
     try:
         with ops.use(kernels):
             pass  # unknown or unavailable selections fail here, before the models load
+        if a.route_trace is not None:
+            from workbench.route_trace import parse_watch, run_cli
+
+            parse_watch(a.route_trace)  # a malformed REQ:POS fails before the models load
+            if a.budget is None:
+                raise ValueError("route-trace: expected --budget (the DDTree run), got none")
         target, drafter = load(a.preset, a.device)
         prompts = exact_prompts(a.batch, target.cfg.vocab_size, seed=a.batch)
+        if a.route_trace is not None:
+            return run_cli(target, drafter, prompts, a.route_trace, a.max_new_tokens, a.budget,
+                           kernels, a.csv)
         with shadow(a.op, a.variant, every=a.every, top=5) as sh:
             def step_line(stats, *_):
                 start = sh.bounds[-1] if sh.bounds else 0
