@@ -252,7 +252,8 @@ def build_trace(rec: _Recorder, result, prompt: list[int], position: int) -> Rou
 
 @torch.no_grad()
 def trace_run(target, drafter, prompts, request: int, position: int, max_new_tokens: int,
-              budget: int | None = None, kernels=None, progress: bool = False) -> RouteTrace:
+              budget: int | None = None, kernels=None, progress: bool = False,
+              stop_tokens=None) -> RouteTrace:
     """One real greedy loop (AR when budget is None, else DDTree), eager, traced at
     (request, position); position indexes the request's emitted tokens, 0-based."""
     from workbench.generate import generate
@@ -260,21 +261,22 @@ def trace_run(target, drafter, prompts, request: int, position: int, max_new_tok
     _check_request(request, position, prompts, max_new_tokens)
     with recording(target, request, len(prompts)) as rec:
         res = generate(target, drafter if budget else None, prompts, max_new_tokens,
-                       budget=budget, kernels=kernels, cuda_graph=False, progress=progress)
+                       budget=budget, kernels=kernels, cuda_graph=False, progress=progress,
+                       stop_tokens=stop_tokens)
     return build_trace(rec, res, list(prompts[request]), position)
 
 
 def trace_pair(target, drafter, prompts, request: int, position: int, max_new_tokens: int,
-               budget: int, kernels=None, progress: bool = False
+               budget: int, kernels=None, progress: bool = False, stop_tokens=None
                ) -> tuple[RouteTrace, RouteTrace]:
     """(AR trace, DDTree trace) of the same request and position under the same kernels."""
     _check_request(request, position, prompts, max_new_tokens)  # before either loop runs
     if budget is None:
         raise ValueError("budget: expected a DDTree budget for the DDTree run, got None")
     ar = trace_run(target, None, prompts, request, position, max_new_tokens, None, kernels,
-                   progress)
+                   progress, stop_tokens)
     dd = trace_run(target, drafter, prompts, request, position, max_new_tokens, budget,
-                   kernels, progress)
+                   kernels, progress, stop_tokens)
     return ar, dd
 
 
@@ -286,6 +288,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def layer_table(a: RouteTrace, b: RouteTrace) -> pd.DataFrame:
     """Long format, one line per (row, MoE layer) and a layer "final" line per row.
 
+    position: the emitted token the row predicts (< 0: a prompt row, predicting the prompt);
+    where_ar / where_dd: (step, row or tree node), step -1 for prefill (RouteTrace.where).
+
     MoE lines: ids_ar/ids_dd (the loops' own, in their order), ids_equal (as sets), gap_* =
     the K/K+1 router gap on that loop's input, gap_rel_* its relative size, pair_* (the K-th and
     (K+1)-th expert), hidden_rel / hidden_max_abs (DDTree vs AR input). "final" lines: ids_* =
@@ -294,7 +299,7 @@ def layer_table(a: RouteTrace, b: RouteTrace) -> pd.DataFrame:
     rows = []
     for r in range(a.row + 1):
         q = r - a.prompt_len + 1
-        base = dict(row=r, position=q if q >= 0 else None, predicting=r == a.row,
+        base = dict(row=r, position=q, predicting=r == a.row,
                     where_ar=a.where[r], where_dd=b.where[r])
         for i in a.layers:
             ia, ib = a.ids[i][r].tolist(), b.ids[i][r].tolist()
