@@ -10,12 +10,16 @@ unknown label lists the known ones."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
 
-from workbench import ops
-from workbench.ops.cases import GENERATORS
+# run as a file (python3 scripts/run_case.py) on a box without the editable install: the
+# package is the repo root's
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from workbench import ops  # noqa: E402
+from workbench.ops.cases import GENERATORS  # noqa: E402
 
 
 def main(argv=None) -> int:

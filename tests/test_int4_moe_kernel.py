@@ -18,7 +18,7 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
-            "triton_v7", "triton_v8")
+            "triton_v7", "triton_v8", "triton_v9")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -76,13 +76,15 @@ def test_edge_cases_match_reference(version):
 
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
-             "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,)}
+             "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
+             "triton_v9": (9,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
-                                     "triton_v5", "triton_v6", "triton_v7", "triton_v8"])
+                                     "triton_v5", "triton_v6", "triton_v7", "triton_v8",
+                                     "triton_v9"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -296,6 +298,58 @@ def test_v8_tiles_keep_v7_splits():
         c7, c8 = triton_v7.tiles(T, 8, 384, 7168, 2048), triton_v8.tiles(T, 8, 384, 7168, 2048)
         assert {k: c8[k] for k in keys} == {k: c7[k] for k in keys}, T
         assert (c8["BN"], c8["warps"], c8["maxnreg"]) == (128, 4, 168)
+
+
+# ---------------------------------------------------------------- v9: per-block routing
+# v9 builds the routing metadata with route_parallel (count / scan / scatter grids) above one
+# block of tokens; the metadata must be `route`'s exactly (the GEMMs then give v8's bits).
+def _route_fields(r):
+    n = int(r.n_act)
+    routed = int(r.act_cnt[:n].sum())
+    return (n, r.act_e[:n].tolist(), r.act_start[:n].tolist(), r.act_cnt[:n].tolist(),
+            r.slots[:routed].tolist(), r.bad.tolist())
+
+
+@pytest.mark.parametrize("T, E, K, bad", [
+    (1, 384, 8, False), (9, 384, 8, True), (65, 384, 8, True), (130, 16, 8, True),
+    (33, 5, 3, True), (7, 300, 6, True), (40, 64, 1, False), (300, 384, 8, False),
+])
+def test_route_parallel_equals_route(T, E, K, bad):
+    # why: E not a power of two, K not a power of two (KP > K), T not a multiple of the block,
+    # several scan tiles (T = 300: 38 blocks, BB 16), and the rejected tokens: a repeated
+    # expert, an id >= E and a negative id (flagged, never routed)
+    from workbench.kernels.int4_moe._common import route, route_parallel
+
+    g = torch.Generator().manual_seed(T)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    if bad:
+        ids[3, 0] = ids[3, 1] if K > 1 else E
+        ids[4, -1] = E + 3
+        ids[2, 0] = -1
+    assert _route_fields(route_parallel(ids, E)) == _route_fields(route(ids, E))
+
+
+@pytest.mark.parametrize("shape, cfg, name", [c for c in _V8_CASES if c[2] in (
+    "tails-masked-scales", "T=9-one-expert", "T=17-hole", "T=40-K=E")],
+    ids=["tails-masked-scales", "T=9-one-expert", "T=17-hole", "T=40-K=E"])
+def test_v9_bitwise_v8(shape, cfg, name):
+    from workbench.kernels.int4_moe import triton_v8, triton_v9
+
+    x, ids, w, ex = _v8_routing_case(**shape)
+    for route1 in (0, 64):  # every T through the per-block routing, and through v8's kernel
+        out = triton_v9.int4_moe_triton(x, ids, w, ex, cfg=cfg | dict(ROUTE1=route1))
+        assert torch.equal(out, triton_v8.int4_moe_triton(x, ids, w, ex, cfg=cfg)), route1
+
+
+def test_v9_routes_one_block_with_one_program():
+    # why: at decode T (one block of 8 tokens at K = 8) one launch beats three
+    from workbench.kernels.int4_moe import triton_v8, triton_v9
+
+    for T in (1, 8, 9, 512):
+        c8, c9 = triton_v8.tiles(T, 8, 384, 7168, 2048), triton_v9.tiles(T, 8, 384, 7168, 2048)
+        assert c9 == c8 | dict(ROUTE1=8)
+    assert triton_v9.tiles(1, 6, 384, 7168, 2048)["ROUTE1"] == 8  # KP 8: 8 tokens a block
+    assert triton_v9.tiles(1, 2, 384, 7168, 2048)["ROUTE1"] == 32
 
 
 # ---------------------------------------------------------------- v6: batch invariance
@@ -737,6 +791,25 @@ def test_v8_bitwise_v7_gpu(real_experts, skew):
         x = torch.randn(T, D, device="cuda").bfloat16()
         out = triton_v8.int4_moe_triton(x, ids, w, ex)
         assert _bits_equal(out, triton_v7.int4_moe_triton(x, ids, w, ex)), T
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v9_bitwise_v8_gpu(real_experts, skew):
+    # Kimi shapes on the H200: v9's per-block routing gives v8's bits, up to the loop's
+    # C = 32 x budget 64 verify (T = 2080: 260 blocks, 17 scan tiles); its metadata equals the
+    # one-program kernel's
+    from workbench.kernels.int4_moe import triton_v8, triton_v9
+    from workbench.kernels.int4_moe._common import route, route_parallel
+
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    for T in (1, 9, 33, 128, 512, 2080):
+        ids, w = _routing(T, E, K, seed=300 + T, skew=skew, device="cuda")
+        x = torch.randn(T, D, device="cuda").bfloat16()
+        assert _route_fields(route_parallel(ids, E)) == _route_fields(route(ids, E)), T
+        out = triton_v9.int4_moe_triton(x, ids, w, ex)
+        assert _bits_equal(out, triton_v8.int4_moe_triton(x, ids, w, ex)), T
 
 
 @pytest.mark.gpu
