@@ -83,7 +83,7 @@ def _optimized_ar(name, target, C):
 
 
 def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
-             steps_b=None, budget=None):
+             steps_b=None, budget=None, drafter=None):
     """Print each divergence's explanation (first routing flip, router margin: workbench/dist/
     check.py explain_divergence), then apply the pass rule (check_explained).
 
@@ -121,6 +121,15 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
             print(f"{what}: {line}")
     except Exception as e:
         print(f"{what}: explanation failed: {type(e).__name__}: {e}")
+    if drafter is not None and kernels_a == kernels_b:  # AR vs DDTree under one selection
+        from workbench.dist.check import explain_in_real_loops
+
+        new = explain_in_real_loops(target, drafter, prompts, ref, got, reports, budget,
+                                    kernels_b, NEW)
+        for rep_line in new:
+            if rep_line not in reports:
+                print(f"{what}: {rep_line[1]}")
+        reports = new
     found = check_explained(ref, got, margins, reports)  # raises on any other divergence
     print(f"{what}: {len(found)} divergence(s), each a reference tie or an explained near-tie: "
           + "; ".join(f"request {d['request']} position {d['position']}: {d['why']}"
@@ -144,7 +153,7 @@ def test_ddtree_equals_ar_under_optimized_graphs(pair, C, budget):
                   kernels=_kernels(), cuda_graph=True)
     assert all(len(t) == NEW for t in dd.tokens)
     _explain(target, prompts, ar, dd.tokens, f"{name} C={C} DDTree-{budget} vs AR",
-             kernels_a=_kernels(), steps_b=dd, budget=budget)
+             kernels_a=_kernels(), steps_b=dd, budget=budget, drafter=drafter)
 
 
 @pytest.mark.parametrize("C", BATCHES)

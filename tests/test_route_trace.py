@@ -237,3 +237,26 @@ def test_cli_route_trace_bad_input(args, msg, capsys):
     assert main(["--preset", "tiny", "--kernels", "reference", "--batch", "3",
                  "--max-new-tokens", "4", "--device", "cpu", *args]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_exact_rule_takes_a_real_loop_witness_only_when_it_watched_the_divergence(setup):
+    """check.explain_in_real_loops (the exact suite's second witness): a divergence the traced
+    real loops do not emit (here: a forged DDTree token; the reference loops agree bitwise) is
+    not reproduced, so check_explained still rejects it; a request without a divergence gets
+    no trace at all."""
+    from workbench.dist.check import check_explained, explain_in_real_loops
+
+    target, prompts, _ = setup
+    ar = generate(target, None, prompts, NEW).tokens
+    forged = [list(t) for t in ar]
+    pos = 2
+    forged[1][pos] = (forged[1][pos] + 1) % target.cfg.vocab_size
+    reports = explain_in_real_loops(target, _drafter(setup), prompts, ar, forged, [], BUDGET,
+                                    None, NEW)
+    assert [rep["request"] for rep, _ in reports] == [1]
+    rep, line = reports[0]
+    assert rep["witness"] == "real-loop trace" and not rep["reproduced"], line
+    assert "not reproduced" in line
+    margins = [[1.0] * len(t) for t in ar]  # decided everywhere: only an explanation passes
+    with pytest.raises(AssertionError, match="request 1 position 2"):
+        check_explained(ar, forged, margins, reports)

@@ -53,6 +53,11 @@ divergence; its flip report still shows where the two runs' numerics part. Measu
 H200 (session 4, trained pair): the argmax near-ties the rule explains sat at margin_rel
 0.0034-0.0091 with final-norm inputs 0.0057-0.0072 apart; the one divergence it does not
 explain (reference margin 0.40, margin_rel 0.2) is also not reproduced by one forward.
+For AR vs DDTree under one kernel selection, such a divergence gets a second witness
+(explain_in_real_loops): the routing trace of the real loops themselves (workbench.route_trace),
+judged by the same rule; it counts only when the traced loops emit the runs' tokens up to the
+position. H200, session 6: that case is a layer-4 router near-tie of the real batched loops
+(margin_rel 0.0166, input rel 0.0056), invisible to the one-request replay.
 """
 
 from __future__ import annotations
@@ -399,4 +404,51 @@ def explain_divergences(target, prompts, ref_tokens, got_tokens, kernels_a=None,
                                        n, **(schedule(b, n) if schedule else {}))
         rep["request"] = b
         out.append((rep, f"request {b}: {line}"))
+    return out
+
+
+def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, reports, budget,
+                          kernels, max_new_tokens: int, tie: float = TIE_MARGIN
+                          ) -> list[tuple[dict, str]]:
+    """For AR (ref) vs DDTree (got) runs under the same kernels: every divergence that is no
+    reference tie and whose teacher-forced pair does not reproduce it gets a second, stronger
+    witness, the routing trace of the REAL loops (workbench.route_trace: the same prompts, batch,
+    budget and kernels, eager, recording every MoE router of the rows that feed the position).
+    That trace's report replaces the teacher-forced one when the traced loops emit the runs'
+    tokens up to and including the position (so it watched the divergence itself, not a
+    neighbour); its verdict applies check_explained's rule unchanged (explained AND reproduced).
+    Why: the teacher-forced pair replays one request, so a flip that needs the batch's own
+    numerics (other requests' rows in a kernel's tiles) is invisible to it (H200, session 6:
+    trained C = 32 budget 64 request 21 position 9, a layer-4 router near-tie in the real loops).
+    Returns reports with the replacements; traces that fail to run leave the old report."""
+    from workbench.route_trace import compare_traces, trace_pair
+
+    margins_unknown = [[float("inf")] * len(r) for r in ref_tokens]
+    by_req = {rep["request"]: i for i, (rep, _) in enumerate(reports)}
+    out = list(reports)
+    for d in divergences(ref_tokens, got_tokens, margins_unknown):
+        b, n = d["request"], d["position"]
+        i = by_req.get(b)
+        if i is not None and out[i][0].get("explained") and out[i][0].get("reproduced"):
+            continue
+        if n >= min(len(ref_tokens[b]), len(got_tokens[b])):
+            continue  # a length difference, no token to trace
+        try:
+            a_tr, b_tr = trace_pair(target, drafter, prompts, b, n, max_new_tokens, budget,
+                                    kernels=kernels)
+            rep, _table, line = compare_traces(a_tr, b_tr, target)
+        except Exception as e:  # a trace that cannot run explains nothing
+            print(f"request {b}: real-loop trace failed: {type(e).__name__}: {e}")
+            continue
+        same = (a_tr.tokens[: n + 1] == list(ref_tokens[b][: n + 1])
+                and b_tr.tokens[: n + 1] == list(got_tokens[b][: n + 1]))
+        rep = rep | {"request": b, "reproduced": bool(rep["reproduced"] and same),
+                     "witness": "real-loop trace"}
+        line = f"request {b}: real-loop trace: {line}" + (
+            "" if same else " (the traced eager loops emit other tokens than the runs: "
+            "not reproduced)")
+        if i is None:
+            out.append((rep, line))
+        else:
+            out[i] = (rep, line)
     return out
