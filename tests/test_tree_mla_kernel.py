@@ -23,13 +23,15 @@ from workbench.kernels.tree_mla import (
     triton_v2,
     triton_v3,
     triton_v4,
+    triton_v7,
 )
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
 
 VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton,
-            "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512}
+            "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
+            "v7": triton_v7.tree_mla_triton}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
@@ -140,7 +142,7 @@ EDGE = {
 # CPU budget: v1, v3 and v4 keep both seeds; v2 runs seed 0, the policy twins (v2_split128,
 # v4_split512) seed 1 and skip split-len-grows (at P = 8300 their partition is v2's / v4's)
 EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1), "v4": (0, 1),
-              "v4_split512": (1,)}
+              "v4_split512": (1,), "v7": (1,)}
 
 
 @pytest.mark.parametrize("name", list(EDGE))
@@ -214,6 +216,30 @@ def test_v4_split_policy_depends_on_prefix_only():
         for short in (triton_v4.SHORT_LEN, 512):
             assert all(triton_v4.num_parts(p, short)[1] <= triton_v4.parts_grid(T, short)
                        for p in range(0, T + 1, 1 if T < 5000 else 37))
+
+
+def test_v7_policy_by_heads():
+    # why: v7 = v4's kernels under policy_for(H): v4's policy at 64 heads (TP1), 128-key splits
+    # and up to 64 of them below 32 heads (a TP8 rank's 8); the grid still covers every P <= T
+    assert triton_v7.policy_for(64) is triton_v4.V4 and triton_v7.policy_for(32) is triton_v4.V4
+    few = triton_v7.policy_for(8)
+    assert [triton_v4.split_len(p, policy=few) for p in (1, 1024, 2048, 2049, 8192, 32768)] == \
+        [128, 128, 128, 128, 128, 512]
+    assert [triton_v4.num_parts(p, policy=few)[1] for p in (63, 64, 1024, 2048, 8192, 32768)] == \
+        [1, 1, 8, 16, 65, 65]
+    for T in (63, 64, 1027, 2048, 2049, 4099, 16387, 40000):
+        assert all(triton_v4.num_parts(p, policy=few)[1] <= triton_v4.parts_grid(T, policy=few)
+                   for p in range(0, T + 1, 1 if T < 5000 else 37))
+
+
+def test_v7_few_heads_long_context_paths(poisoned):
+    # why: v7's few-head policy past P = 2048 (128-key splits, the tree in a part of its own,
+    # up to 64 parts merged) and below it (short splits, tree on the last), in one launch
+    case = make_case((2100, 300, 40), random_parents(5, torch.Generator().manual_seed(14)),
+                     H=2, label="v7 paths")
+    assert [triton_v4.num_parts(p, policy=triton_v7.FEW_HEADS) for p in (2100, 300, 40)] == \
+        [(17, 18), (3, 3), (0, 1)]
+    assert_matches_reference(case, triton_v7.tree_mla_triton)
 
 
 def test_harness_edge_cases(poisoned):

@@ -20,6 +20,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                row's own key count: bitwise AR == DDTree
     triton_v6  triton_v5's invariance with TMA for the tiles wholly inside the prefix (one tile
                function for both loads) and v4's short splits chosen by the row's key count
+    triton_v7  triton_v4's kernels under a policy by head count and context: below 32 heads
+               128-key splits, up to 64 of them (a TP8 rank's small verify fills the GPU)
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -42,6 +44,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v4_split512": f"{_MOD}.triton_v4:tree_mla_triton_split512",
         "triton_v5": f"{_MOD}.triton_v5:tree_mla_triton",
         "triton_v6": f"{_MOD}.triton_v6:tree_mla_triton",
+        "triton_v7": f"{_MOD}.triton_v7:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -65,6 +68,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v6"): "triton_v5 (position-invariant) with the tiles wholly inside the "
     "prefix loaded by TMA and the rest gathered, both through one tile function, v4's 256-key "
     "splits chosen by the row's own key count, PDL combine",
+    ("tree_mla", "triton_v7"): "triton_v4's kernels with a split policy by head count and "
+    "context: below 32 heads 128-key splits (up to 64 past P = 2048), so a small TP8 verify "
+    "fills the GPU; v4's policy at 64 heads",
 }
 
 

@@ -34,6 +34,7 @@ Legend: _common.py. Softmax in base 2.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -59,30 +60,49 @@ LONG_MIN = 512
 MAX_SPLITS = 32
 
 
-def split_len(P: int, short_len: int = SHORT_LEN) -> int:
-    """Host twin of _parts: keys per prefix split of a request with prefix length P
-    (short_len: SHORT_LEN, or 512 for triton_v4_split512)."""
-    if P <= SHORT_UPTO:
-        return short_len
-    per = -(-P // MAX_SPLITS)
-    return max(LONG_MIN, -(-per // BLOCK_N) * BLOCK_N)
+class Policy(NamedTuple):
+    """The split policy's constants (constexprs of both kernels; host twins below). Other
+    versions reuse v4's kernels with other values (triton_v7: by the head count)."""
+
+    short_upto: int = SHORT_UPTO  # P <= short_upto: splits of short_len keys, tree on the last
+    short_len: int = SHORT_LEN
+    long_min: int = LONG_MIN  # P > short_upto: >= long_min keys, <= max_splits splits, the
+    max_splits: int = MAX_SPLITS  # tree in a part of its own
 
 
-def num_parts(P: int, short_len: int = SHORT_LEN) -> tuple[int, int]:
+V4 = Policy()
+
+
+def _with(policy: Policy, short_len: int | None) -> Policy:
+    return policy if short_len is None else policy._replace(short_len=short_len)
+
+
+def split_len(P: int, short_len: int | None = None, policy: Policy = V4) -> int:
+    """Host twin of _parts: keys per prefix split of a request with prefix length P under
+    `policy` (short_len overrides its short_len: 512 for triton_v4_split512)."""
+    policy = _with(policy, short_len)
+    if P <= policy.short_upto:
+        return policy.short_len
+    per = -(-P // policy.max_splits)
+    return max(policy.long_min, -(-per // BLOCK_N) * BLOCK_N)
+
+
+def num_parts(P: int, short_len: int | None = None, policy: Policy = V4) -> tuple[int, int]:
     """(prefix splits, parts) of a request: what _parts computes on the device."""
-    n_pre = -(-P // split_len(P, short_len)) if P >= BLOCK_N else 0
-    return n_pre, max(1, n_pre + int(P > SHORT_UPTO))
+    n_pre = -(-P // split_len(P, short_len, policy)) if P >= BLOCK_N else 0
+    return n_pre, max(1, n_pre + int(P > policy.short_upto))
 
 
-def parts_grid(T: int, short_len: int = SHORT_LEN) -> int:
+def parts_grid(T: int, short_len: int | None = None, policy: Policy = V4) -> int:
     """Part programs per request in the grid, from T only: max of num_parts(P) over P <= T
     (P is clamped to T in the kernels)."""
+    policy = _with(policy, short_len)
     if T < BLOCK_N:
         return 1
-    short = -(-min(T, SHORT_UPTO) // short_len)
-    if T <= SHORT_UPTO:
+    short = -(-min(T, policy.short_upto) // policy.short_len)
+    if T <= policy.short_upto:
         return short
-    return max(short, min(MAX_SPLITS, -(-T // LONG_MIN)) + 1)
+    return max(short, min(policy.max_splits, -(-T // policy.long_min)) + 1)
 
 
 @triton.jit
@@ -245,7 +265,7 @@ def _combine_kernel(plen_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_plen, T, M
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            short_len):
+            short_len: int | None, policy: Policy = V4):
     B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
                                             kv_lora_rank)
     if validate:
@@ -256,7 +276,8 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     if B == 0:
         return o_lat, lse
     CP, RP = _common.next_pow2(C), max(16, _common.next_pow2(D - C))
-    G = parts_grid(T, short_len)  # part programs per request (>= 1: the tree needs one)
+    policy = _with(policy, short_len)
+    G = parts_grid(T, policy=policy)  # part programs per request (>= 1: the tree needs one)
     m_blocks = triton.cdiv(M, BLOCK_M)
     o_part = torch.empty(B, G, M, CP, dtype=torch.float32, device=q.device) if G > 1 else lse
     l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
@@ -284,8 +305,8 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     # PDL (griddepcontrol) is sm_90+ inline PTX: not in the interpreter
     use_pdl = not interp and G > 1 and "pdl" not in ablate
     pdl = {} if interp else {"launch_pdl": use_pdl}
-    policy = dict(SHORT_UPTO=SHORT_UPTO, SHORT_LEN=short_len, LONG_MIN=LONG_MIN,
-                  MAX_SPLITS=MAX_SPLITS, BLOCK_N=BLOCK_N)
+    policy = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
+                  LONG_MIN=policy.long_min, MAX_SPLITS=policy.max_splits, BLOCK_N=BLOCK_N)
     _attn_kernel[(G, m_blocks, B)](
         q, kv_cache, qc_desc, qr_desc, kc_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
         *q.stride(), *kv_cache.stride(), prefix_lens.stride(0), *anc_bits.stride(),
