@@ -189,16 +189,59 @@ rep[["mode", "budget", "acceptance", "tau", "trace tau", "experts_per_layer", "s
 
 # %% [markdown]
 # ## GPU numbers
-# When the H200 run has written `traces/loopbench.csv` (small preset, optimized kernels, one
-# CUDA graph per step, replay from the trace above), it is read here.
+# The H200 runs append their rows (small preset, one CUDA graph per step, replay from the trace
+# above) to `traces/loopbench_small_engine.csv` (the `engine` preset: our kernels + cuBLAS bf16
+# dense ops, the fast one) and `traces/loopbench_small_optimized.csv` (our kernels + the float64
+# reference dense ops); the latest commit's rows are shown.
 
 # %%
-gpu_csv = ROOT / "traces" / "loopbench.csv"
-if gpu_csv.exists():
+for name in ("engine", "optimized"):
+    gpu_csv = ROOT / "traces" / f"loopbench_small_{name}.csv"
+    if not gpu_csv.exists():
+        print(f"no {gpu_csv.name} in this checkout")
+        continue
     gpu = pd.read_csv(gpu_csv)
-    print(gpu[["gpu", "model", "kernels"]].drop_duplicates().to_string(index=False))
+    gpu = gpu[gpu["git_sha"] == gpu["git_sha"].iloc[-1]]
+    print(f"{gpu_csv.name}: {gpu['gpu'].iloc[0]}, git {gpu['git_sha'].iloc[0][:7]}")
     display(best_per_C(gpu))
     display(gpu[["mode", "budget", "C", "tau", "experts_per_layer", "step_ms", "graph_step_ms",
                  "floor_step_ms", "tokens_per_s", "tokens_per_s_floor"]].round(3))
+
+# %% [markdown]
+# ## When DDTree and AR part: the real loops' routing
+# Under kernels that are not batch-invariant, DDTree may emit another token than AR where the
+# model is nearly undecided (DESIGN.md §7's tie rule). `python -m workbench shadow --route-trace
+# REQ:POS` (`workbench/route_trace.py`) runs both real loops and records every MoE router on
+# the rows that feed one position; the exact suite uses it as a second witness. Below, the
+# H200 trace of the one case a one-request replay could not explain (trained pair, C 32,
+# budget 64, request 21, position 9): the MoE inputs of the two loops differ at rounding level
+# (left), until layer 4's router, whose K-th and (K+1)-th experts were a near-tie on the
+# predicting row, picks another expert (right): the later layers then differ by ~10x more.
+
+# %%
+from workbench.dist.check import NEAR_TIE_REL, ROUNDING_REL
+
+rt_csv = ROOT / "traces" / "gpu" / "session6" / "route_trace.csv"
+if rt_csv.exists():
+    rt = pd.read_csv(rt_csv)
+    dec = rt[(rt["position"] >= 0) & (rt["layer"] != "final")].astype({"layer": int})
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.4))
+    for pos, g in dec.groupby("position"):
+        a.semilogy(g["layer"], g["hidden_rel"].clip(lower=1e-6), marker=".",
+                   alpha=1.0 if g["predicting"].any() else 0.35, label=f"position {pos}")
+    a.axhline(ROUNDING_REL, ls="--", c="k", lw=0.8)
+    a.set(xlabel="MoE layer", ylabel="MoE-input rel. difference", title="AR vs DDTree inputs")
+    a.legend(fontsize=6, ncol=2)
+    row = dec[dec["predicting"]]
+    b.semilogy(row["layer"], row["gap_rel_ar"], marker="o", label="AR router gap (rel)")
+    flips = row[~row["ids_equal"]]
+    b.scatter(flips["layer"], flips["gap_rel_ar"], s=120, facecolors="none", edgecolors="r",
+              label="expert set differs")
+    b.axhline(NEAR_TIE_REL, ls="--", c="k", lw=0.8, label="near-tie line")
+    b.set(xlabel="MoE layer", title="the predicting row's K / K+1 gap")
+    b.legend(fontsize=7)
+    plt.tight_layout()
+    display(fig)
+    assert (~row["ids_equal"]).any() and (flips["gap_rel_ar"] < NEAR_TIE_REL).all()
 else:
-    print("no traces/loopbench.csv yet: it comes from the next H200 session")
+    print("no route trace in this checkout (traces/gpu/session6/route_trace.csv)")
