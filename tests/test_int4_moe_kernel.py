@@ -18,7 +18,7 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
-            "triton_v7", "triton_v8", "triton_v9")
+            "triton_v7", "triton_v8", "triton_v9", "triton_v10")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -77,14 +77,14 @@ def test_edge_cases_match_reference(version):
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
-             "triton_v9": (9,)}
+             "triton_v9": (9,), "triton_v10": (10,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
-                                     "triton_v9"])
+                                     "triton_v9", "triton_v10"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -350,6 +350,26 @@ def test_v9_routes_one_block_with_one_program():
         assert c9 == c8 | dict(ROUTE1=8)
     assert triton_v9.tiles(1, 6, 384, 7168, 2048)["ROUTE1"] == 8  # KP 8: 8 tokens a block
     assert triton_v9.tiles(1, 2, 384, 7168, 2048)["ROUTE1"] == 32
+
+
+# ---------------------------------------------------------------- v10: wide gate/up slot tile
+def test_v10_tiles():
+    # why: BM1 32 only where experts average > 16 slots (S > 16 E); v9's tiles (bits) below
+    from workbench.kernels.int4_moe import triton_v9, triton_v10
+
+    for T in (1, 9, 128, 512, 768):
+        assert triton_v10.tiles(T, 8, 384, 7168, 2048) == triton_v9.tiles(T, 8, 384, 7168, 2048)
+    for T in (769, 2080):
+        assert triton_v10.tiles(T, 8, 384, 7168, 2048) == \
+            triton_v9.tiles(T, 8, 384, 7168, 2048) | dict(BM1=32)
+
+
+def test_v10_wide_tile_matches_reference():
+    # why: the BM1 32 path (S = 160 > 16 E = 64, 40 slots an expert: two 32-slot chunks with a
+    # tail), against the reference within the harness tolerance
+    x, ids, w, ex = _v8_routing_case(**_v8_shape(40, 4, 64, 32, 4))
+    assert 40 * 4 > 16 * 4
+    _check("triton_v10", [_case(x, ids, w, ex, "T=40 K=E BM1=32")])
 
 
 # ---------------------------------------------------------------- v6: batch invariance
@@ -810,6 +830,26 @@ def test_v9_bitwise_v8_gpu(real_experts, skew):
         assert _route_fields(route_parallel(ids, E)) == _route_fields(route(ids, E)), T
         out = triton_v9.int4_moe_triton(x, ids, w, ex)
         assert _bits_equal(out, triton_v8.int4_moe_triton(x, ids, w, ex)), T
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v10_large_verify_gpu(real_experts, skew):
+    # Kimi shapes on the H200: v10 == v9 bit for bit up to T = 768 (same tiles), and against
+    # the reference at the loop's large verify batches (T = 1024, 2080: BM1 32)
+    from workbench.kernels.int4_moe import triton_v9, triton_v10
+
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    for T in (512, 768):
+        ids, w = _routing(T, E, K, seed=400 + T, skew=skew, device="cuda")
+        x = torch.randn(T, D, device="cuda").bfloat16()
+        assert _bits_equal(triton_v10.int4_moe_triton(x, ids, w, ex),
+                           triton_v9.int4_moe_triton(x, ids, w, ex)), T
+    for T in (1024, 2080):
+        ids, w = _routing(T, E, K, seed=500 + T, skew=skew, device="cuda")
+        x = torch.randn(T, D, device="cuda").bfloat16()
+        _check("triton_v10", [_case(x, ids, w, ex, f"T={T} skew={skew}", kind="real")])
 
 
 @pytest.mark.gpu

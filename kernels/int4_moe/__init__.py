@@ -18,6 +18,8 @@ Versions (README.md has the design and the version log), each with the contract 
                v7's per-tile loop overhead paid per 256 weights a thread; v7's bits
     triton_v9  v8 with the routing metadata from per-block programs (count, scan, scatter)
                above one block of tokens: no more ~4 µs per 8 tokens in one program; v8's bits
+    triton_v10 v9 with a 32-slot gate/up tile where experts average > 16 slots (T > 768 at
+               Kimi shapes: the large verify batches); v9's tiles and bits below
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -32,7 +34,7 @@ BEST = "triton_v9"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 10)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 11)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -64,6 +66,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "tokens (histogram, one-program prefix over the blocks, scatter) instead of one program "
     "walking the blocks (~4 µs each: ~250 µs at T = 512); one program still at T <= 8; "
     "outputs bitwise v8's",
+    ("int4_moe", "triton_v10"): "v9 with the gate/up slot tile at 32 (wgmma m64n32) where "
+    "experts average more than 16 slots (S > 16 E): half the slot chunks re-reading each "
+    "weight slice at large verify batches; v9's tiles (and bits) below",
 }
 
 
