@@ -155,3 +155,17 @@ def test_invariant_preset_is_optimized_with_the_invariant_versions():
     assert (inv["int4_moe"], inv["tree_mla"]) == ("triton_v6", "triton_v6")
     for op, name in inv.items():
         assert name in ops.op_spec(op).variants, (op, name)
+
+
+def test_cli_kernels_preset_with_overrides():
+    # why: --kernels "engine,int4_moe=triton_v10" runs a candidate inside a preset (the loop
+    # benchmarks and the exact suite name kernels this way); a bad preset names the choices
+    from workbench.__main__ import _kernels
+    from workbench.ops.registry import PRESETS, UnknownOpError
+
+    sel = _kernels("engine,int4_moe=triton_v10")
+    assert sel == {**PRESETS["engine"], "int4_moe": "triton_v10"}
+    assert _kernels("int4_moe=triton_v9") == {"int4_moe": "triton_v9"}
+    assert _kernels("optimized") == "optimized"
+    with pytest.raises(UnknownOpError, match="nosuch"):
+        _kernels("nosuch,int4_moe=triton_v9")

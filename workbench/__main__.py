@@ -29,13 +29,22 @@ def _ids(text: str) -> list[int]:
 
 
 def _kernels(text: str | None):
+    """--kernels: a named selection ("reference", "optimized", "engine", ...), "op=variant,...",
+    or a named selection then overrides ("engine,int4_moe=triton_v10": the preset's ops with
+    those replaced)."""
     if not text:
         return None
     if "=" not in text:
         return text  # a named selection such as "reference"
     out = {}
     for part in text.split(","):
-        op, _, variant = part.partition("=")
+        op, eq, variant = part.partition("=")
+        if not eq:  # a named selection, expanded where it stands (later parts override it)
+            import workbench.ops  # noqa: F401  (registers the kernel folders and the presets)
+            from workbench.ops.registry import _normalize
+
+            out.update(_normalize(op.strip()))
+            continue
         out[op.strip()] = variant.strip()
     return out
 
