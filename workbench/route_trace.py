@@ -13,7 +13,7 @@ Why: check.explain_divergence replays one request teacher-forced (the request re
 batch's row count), so it misses a divergence that needs the real batch's numerics (other
 requests' rows in int4_moe's tiles, the verify batch's row count, the cache's length). Here
 nothing is replayed: while `generate` runs (eager, cuda_graph=False) the registry hook
-(registry._WRAP, as workbench.shadow uses it) wraps `moe_route` (the MoE input rows and the
+(registry.wrapping, as workbench.shadow uses it) wraps `moe_route` (the MoE input rows and the
 chosen ids of the watched request, per MoE layer), the target's final `rmsnorm` (its input) and
 the `lm_head` call right after it (the loop's own logits: argmax and top-2), and `tree_walk`
 (each DDTree step's accepted path, tree tokens, positions and choices). After the run the rows
@@ -45,7 +45,13 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from workbench.dist.check import NEAR_TIE_REL, ROUNDING_REL, logit_margin, router_margin
+from workbench.dist.check import (
+    NEAR_TIE_REL,
+    ROUNDING_REL,
+    explanation,
+    logit_margin,
+    router_margin,
+)
 from workbench.ops import registry
 from workbench.shadow import step_of
 
@@ -154,13 +160,8 @@ def recording(target, request: int, batch: int) -> Iterator[_Recorder]:
     """While active, the target's moe_route / final rmsnorm / lm_head and the loop's tree_walk
     calls are recorded for `request` of a `batch`-request run (another shadow keeps working)."""
     rec = _Recorder(target, request, batch)
-    outer = registry._WRAP.get()
-    token = registry._WRAP.set(rec.wrap if outer is None else
-                               (lambda name, fn: rec.wrap(name, outer(name, fn))))
-    try:
+    with registry.wrapping(rec.wrap):
         yield rec
-    finally:
-        registry._WRAP.reset(token)
 
 
 def _check_request(request: int, position: int, prompts, max_new_tokens: int) -> None:
@@ -376,48 +377,20 @@ def compare_traces(a: RouteTrace, b: RouteTrace, target=None, near_tie: float = 
 
 
 def _verdict(d: dict, near_tie: float, rounding: float) -> str:
-    """explain_divergence's rule and line, for the real loops (AR = a, DDTree = b); sets
-    d["explained"]: True / False, None when the row's argmax and every expert set agree."""
+    """check.explanation's rule and line for the real loops (AR = a, DDTree = b); d["explained"]
+    is None when the row's argmax and every expert set agree (nothing to explain there)."""
     head = (f"request {d['request']} position {d['position']} (row {d['row']}, prompt "
             f"{d['prompt_len']}): real loops emit AR {d['argmax_a']} vs DDTree {d['argmax_b']} "
             f"({'differ' if d['reproduced'] else 'same'}); logit top-2 margin AR "
             f"{d['logit_margin']:.4g}, DDTree {d['logit_margin_b']:.4g}; final-norm input rel "
             f"{d['final_rel']:.3g}")
-    if not d["flips"]:
+    if not d["flips"] and not d["reproduced"]:  # same token, same experts
         i, w = max(d["hidden"].items(), key=lambda kv: kv[1]["max_rel"], default=(None, {}))
         worst = (f"largest MoE-input difference rel {w['max_rel']:.3g} (abs {w['max_abs']:.3g}) "
                  f"at layer {i}" if w else "no MoE layer")
-        if not d["reproduced"]:  # same token, same experts: nothing to explain at this row
-            d["explained"] = None
-            return (f"NO DIVERGENCE at this row: {head}; no routing differs; {worst}")
-        d["explained"] = (d["logit_margin_rel"] < near_tie and d["final_rel"] < rounding
-                          and (not w or w["max_rel"] < rounding))
-        verdict = ("EXPLAINED (argmax near-tie)" if d["explained"]
-                   else "NOT routing-driven, NOT explained")
-        return (f"{verdict}: {head}; no routing differs; {worst}; argmax margin rel "
-                f"{d['logit_margin_rel']:.3g} (near-tie < {near_tie:.3g}), final-norm input "
-                f"rel {d['final_rel']:.3g} (rounding < {rounding:.3g})"
-                + ("" if d["explained"] else " -> a kernel-accuracy question"))
-
-    def ok(f):  # explain_divergence's rule (check.py)
-        return (f["router_margin_rel"] < near_tie and f["hidden_rel"] < rounding
-                and (f["router_ok_b"] or f["router_margin_rel_b"] < near_tie))
-
-    d["explained"] = all(ok(f) for f in d["flips"])
-    f, fl = d["flips"][0], d["flips"]
-    more = "" if len(fl) == 1 else (
-        f"; over its {len(fl)} rows: rel margin <= {max(x['router_margin_rel'] for x in fl):.3g}, "
-        f"input rel <= {max(x['hidden_rel'] for x in fl):.3g}")
-    verdict = "EXPLAINED (router near-tie)" if d["explained"] else "NOT explained (kernel?)"
-    bad = "" if f["router_ok_a"] and f["router_ok_b"] else (
-        f", router ids differ from the reference rule (a {f['router_ok_a']}, b {f['router_ok_b']})")
-    return (f"{verdict}: {head}; first routing flip at layer {d['layer']} row {f['row']} "
-            f"(position {f['position']}; {len(fl)} row(s) there): ids {f['ids_a']} vs "
-            f"{f['ids_b']}, router K/K+1 margin {f['router_margin']:.3g} (rel "
-            f"{f['router_margin_rel']:.3g}, near-tie < {near_tie:.3g}; b {f['router_margin_b']:.3g}"
-            f" on b's input, b's own rel {f['router_margin_rel_b']:.3g}), input diff abs "
-            f"{f['hidden_diff']:.3g} rel {f['hidden_rel']:.3g} (rounding < {rounding:.3g})"
-            + bad + more)
+        d["explained"] = None
+        return f"NO DIVERGENCE at this row: {head}; no routing differs; {worst}"
+    return explanation(d, head, near_tie, rounding)
 
 
 def parse_watch(text: str) -> tuple[int, int]:

@@ -283,13 +283,8 @@ def shadow(op: str, variant: str | None = None, *, every: int = 1, rows_dim: int
     if not isinstance(every, int) or every < 1:
         raise ValueError(f"every: expected a positive int, got {every!r}")
     sh = Shadow(op, variant, every, rows_dim, top)
-    outer = registry._WRAP.get()  # another shadow (another op) keeps working inside this one
-    token = registry._WRAP.set(sh.wrap if outer is None else
-                               (lambda name, fn: sh.wrap(name, outer(name, fn))))
-    try:
+    with registry.wrapping(sh.wrap):  # another shadow (another op) keeps working inside this one
         yield sh
-    finally:
-        registry._WRAP.reset(token)
 
 
 def step_of(result, request: int, position: int) -> int | None:

@@ -190,6 +190,58 @@ def dequant_triton(packed: Tensor, scale: Tensor) -> Tensor:
     return w
 
 
+# --- routing metadata: the block helpers both routers share (a block = BT tokens, BT * KP slots)
+
+
+@triton.jit
+def _route_block(ids_ptr, s_it, s_ik, T, E, b, K: tl.constexpr, KP: tl.constexpr,
+                 BT: tl.constexpr):
+    """Block b's slots flattened in slot order: (expert id or 0, routed?, slot id, token mask
+    [BT, KP], ids [BT, KP], in-range [BT, KP], tokens [BT])."""
+    SB: tl.constexpr = BT * KP
+    j = tl.arange(0, KP)
+    t = b * BT + tl.arange(0, BT)
+    m = (t < T)[:, None] & (j < K)[None, :]
+    e = tl.load(ids_ptr + t[:, None] * s_it + j[None, :] * s_ik, mask=m, other=0)
+    in_range = (e >= 0) & (e < E)
+    e = e.to(tl.int32)
+    ok = tl.reshape(m & in_range, (SB,))
+    ef = tl.reshape(tl.where(m & in_range, e, 0), (SB,))
+    slot = tl.reshape(t[:, None] * K + j[None, :], (SB,))
+    return ef, ok, slot, m, e, in_range, t
+
+
+@triton.jit
+def _route_bad(m, e, in_range, j):
+    """[BT] 1 for a token with an id outside [0, E) or two slots naming one expert."""
+    rep = (e[:, :, None] == e[:, None, :]) & (j[None, :, None] < j[None, None, :])
+    rep = rep & m[:, :, None] & m[:, None, :]
+    return tl.max(tl.max(rep.to(tl.int32), 2), 1) | tl.max((m & ~in_range).to(tl.int32), 1)
+
+
+@triton.jit
+def _route_rank(ef, ok, SB: tl.constexpr):
+    """[SB] each routed slot's rank among the block's earlier slots of the same expert."""
+    idx = tl.arange(0, SB)
+    before = (ef[:, None] == ef[None, :]) & (idx[None, :] < idx[:, None]) & ok[None, :]
+    return tl.sum(before.to(tl.int32), 1)
+
+
+@triton.jit
+def _route_active(counts, act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr, EP: tl.constexpr):
+    """From the per-expert slot counts [EP]: the active experts in ascending id order (id, first
+    sorted position, count) and their number; returns every expert's first position [EP]."""
+    ex = tl.arange(0, EP)
+    active = counts > 0
+    rank = tl.cumsum(active.to(tl.int32), 0) - 1
+    start = tl.cumsum(counts, 0) - counts  # exclusive prefix: first sorted position per expert
+    tl.store(act_e_ptr + rank, ex, mask=active)
+    tl.store(act_start_ptr + rank, start, mask=active)
+    tl.store(act_cnt_ptr + rank, counts, mask=active)
+    tl.store(n_act_ptr, tl.sum(active.to(tl.int32), 0))
+    return start
+
+
 @triton.jit
 def _route_kernel(ids_ptr, s_it, s_ik, T, E,
                   slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr, bad_ptr,
@@ -198,41 +250,15 @@ def _route_kernel(ids_ptr, s_it, s_ik, T, E,
     Pass 2: the slots grouped by expert (slot order within an expert)."""
     SB: tl.constexpr = BT * KP  # slots per block, flattened (t, j) row-major = slot order
     j = tl.arange(0, KP)
-    ex = tl.arange(0, EP)
     counts = tl.zeros([EP], tl.int32)
-    for t0 in range(0, T, BT):
-        t = t0 + tl.arange(0, BT)
-        m = (t < T)[:, None] & (j < K)[None, :]
-        e = tl.load(ids_ptr + t[:, None] * s_it + j[None, :] * s_ik, mask=m, other=0)
-        in_range = (e >= 0) & (e < E)
-        e = e.to(tl.int32)
-        # a token is bad if an id is out of range or two of its slots name one expert
-        rep = (e[:, :, None] == e[:, None, :]) & (j[None, :, None] < j[None, None, :])
-        rep = rep & m[:, :, None] & m[:, None, :]
-        bad = tl.max(tl.max(rep.to(tl.int32), 2), 1) | tl.max((m & ~in_range).to(tl.int32), 1)
-        tl.store(bad_ptr + t, bad.to(tl.int8), mask=t < T)
-        ok = tl.reshape(m & in_range, (SB,))
-        counts += tl.histogram(tl.reshape(tl.where(m & in_range, e, 0), (SB,)), EP, mask=ok)
-    active = counts > 0
-    rank = tl.cumsum(active.to(tl.int32), 0) - 1
-    start = tl.cumsum(counts, 0) - counts  # exclusive prefix: first sorted position per expert
-    tl.store(act_e_ptr + rank, ex, mask=active)
-    tl.store(act_start_ptr + rank, start, mask=active)
-    tl.store(act_cnt_ptr + rank, counts, mask=active)
-    tl.store(n_act_ptr, tl.sum(active.to(tl.int32), 0))
-    nxt = start  # next free sorted position per expert
-    idx = tl.arange(0, SB)
-    for t0 in range(0, T, BT):
-        t = t0 + tl.arange(0, BT)
-        m = (t < T)[:, None] & (j < K)[None, :]
-        e = tl.load(ids_ptr + t[:, None] * s_it + j[None, :] * s_ik, mask=m, other=0)
-        ok = tl.reshape(m & (e >= 0) & (e < E), (SB,))
-        ef = tl.reshape(tl.where(m, e.to(tl.int32), 0), (SB,))
-        ef = tl.where(ok, ef, 0)
-        slot = tl.reshape(t[:, None] * K + j[None, :], (SB,))
-        # rank among this block's earlier slots of the same expert
-        before = (ef[:, None] == ef[None, :]) & (idx[None, :] < idx[:, None]) & ok[None, :]
-        pos = tl.gather(nxt, ef, 0) + tl.sum(before.to(tl.int32), 1)
+    for b in range(0, tl.cdiv(T, BT)):
+        ef, ok, slot, m, e, in_range, t = _route_block(ids_ptr, s_it, s_ik, T, E, b, K, KP, BT)
+        tl.store(bad_ptr + t, _route_bad(m, e, in_range, j).to(tl.int8), mask=t < T)
+        counts += tl.histogram(ef, EP, mask=ok)
+    nxt = _route_active(counts, act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr, EP)
+    for b in range(0, tl.cdiv(T, BT)):  # nxt: the next free sorted position per expert
+        ef, ok, slot, m, e, in_range, t = _route_block(ids_ptr, s_it, s_ik, T, E, b, K, KP, BT)
+        pos = tl.gather(nxt, ef, 0) + _route_rank(ef, ok, SB)
         tl.store(slots_ptr + pos, slot, mask=ok)
         nxt += tl.histogram(ef, EP, mask=ok)
 
@@ -297,34 +323,11 @@ def route(topk_ids: Tensor, E: int) -> Routing:
 
 
 @triton.jit
-def _route_block(ids_ptr, s_it, s_ik, T, E, b, K: tl.constexpr, KP: tl.constexpr,
-                 BT: tl.constexpr):
-    """Block b's slots flattened in slot order: (expert id or 0, routed?, slot id, token mask
-    [BT, KP], ids [BT, KP], in-range [BT, KP], tokens [BT])."""
-    SB: tl.constexpr = BT * KP
-    j = tl.arange(0, KP)
-    t = b * BT + tl.arange(0, BT)
-    m = (t < T)[:, None] & (j < K)[None, :]
-    e = tl.load(ids_ptr + t[:, None] * s_it + j[None, :] * s_ik, mask=m, other=0)
-    in_range = (e >= 0) & (e < E)
-    e = e.to(tl.int32)
-    ok = tl.reshape(m & in_range, (SB,))
-    ef = tl.reshape(tl.where(m & in_range, e, 0), (SB,))
-    slot = tl.reshape(t[:, None] * K + j[None, :], (SB,))
-    return ef, ok, slot, m, e, in_range, t
-
-
-@triton.jit
 def _route_count_kernel(ids_ptr, s_it, s_ik, T, E, cnt_ptr, bad_ptr, K: tl.constexpr,
                         KP: tl.constexpr, EP: tl.constexpr, BT: tl.constexpr):
     b = tl.program_id(0)
-    j = tl.arange(0, KP)
     ef, ok, slot, m, e, in_range, t = _route_block(ids_ptr, s_it, s_ik, T, E, b, K, KP, BT)
-    # a token is bad if an id is out of range or two of its slots name one expert
-    rep = (e[:, :, None] == e[:, None, :]) & (j[None, :, None] < j[None, None, :])
-    rep = rep & m[:, :, None] & m[:, None, :]
-    bad = tl.max(tl.max(rep.to(tl.int32), 2), 1) | tl.max((m & ~in_range).to(tl.int32), 1)
-    tl.store(bad_ptr + t, bad.to(tl.int8), mask=t < T)
+    tl.store(bad_ptr + t, _route_bad(m, e, in_range, tl.arange(0, KP)).to(tl.int8), mask=t < T)
     tl.store(cnt_ptr + b * EP + tl.arange(0, EP), tl.histogram(ef, EP, mask=ok))
 
 
@@ -341,27 +344,17 @@ def _route_scan_kernel(cnt_ptr, off_ptr, NB, act_e_ptr, act_start_ptr, act_cnt_p
         tl.store(off_ptr + rows[:, None] * EP + ex[None, :],
                  carry[None, :] + tl.cumsum(c, 0) - c, mask=(rows < NB)[:, None])
         carry += tl.sum(c, 0)
-    active = carry > 0
-    rank = tl.cumsum(active.to(tl.int32), 0) - 1
-    start = tl.cumsum(carry, 0) - carry  # exclusive prefix: first sorted position per expert
-    tl.store(act_e_ptr + rank, ex, mask=active)
-    tl.store(act_start_ptr + rank, start, mask=active)
-    tl.store(act_cnt_ptr + rank, carry, mask=active)
-    tl.store(n_act_ptr, tl.sum(active.to(tl.int32), 0))
+    start = _route_active(carry, act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr, EP)
     tl.store(off_ptr + NB * EP + ex, start)  # row NB of off: the experts' starts
 
 
 @triton.jit
 def _route_scatter_kernel(ids_ptr, s_it, s_ik, T, E, off_ptr, NB, slots_ptr, K: tl.constexpr,
                           KP: tl.constexpr, EP: tl.constexpr, BT: tl.constexpr):
-    SB: tl.constexpr = BT * KP
     b = tl.program_id(0)
     ef, ok, slot, m, e, in_range, t = _route_block(ids_ptr, s_it, s_ik, T, E, b, K, KP, BT)
-    idx = tl.arange(0, SB)
-    # rank among this block's earlier slots of the same expert
-    before = (ef[:, None] == ef[None, :]) & (idx[None, :] < idx[:, None]) & ok[None, :]
     first = tl.load(off_ptr + NB * EP + ef) + tl.load(off_ptr + b * EP + ef)
-    tl.store(slots_ptr + first + tl.sum(before.to(tl.int32), 1), slot, mask=ok)
+    tl.store(slots_ptr + first + _route_rank(ef, ok, BT * KP), slot, mask=ok)
 
 
 def route_parallel(topk_ids: Tensor, E: int) -> Routing:

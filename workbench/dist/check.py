@@ -331,6 +331,16 @@ def explain_divergence(target, prompt, tokens, kernels_a=None, kernels_b=None,
     head = (f"position {d['position']} (row {d['row']}, prompt {d['prompt_len']}): logit margin "
             f"{d['logit_margin']:.4g}, max|dlogit| {d['logit_diff']:.3g}, the teacher-forced "
             f"pair {'reproduces' if d['reproduced'] else 'does not reproduce'} the divergence")
+    return d, explanation(d, head, near_tie, rounding)
+
+
+def explanation(d: dict, head: str, near_tie: float = NEAR_TIE_REL,
+                rounding: float = ROUNDING_REL) -> str:
+    """The explanation rule (module docstring) on a divergence report d with
+    first_discrete_divergence's keys (flips, layer, hidden, logit_margin_rel, final_rel): sets
+    d["explained"] and returns the verdict line, `head` after the verdict. Shared by the
+    teacher-forced pair (explain_divergence) and the real loops' trace (workbench.route_trace:
+    its flips carry a "position")."""
     if not d["flips"]:
         i, w = max(d["hidden"].items(), key=lambda kv: kv[1]["max_rel"], default=(None, {}))
         worst = (f"largest MoE-input difference rel {w['max_rel']:.3g} (abs {w['max_abs']:.3g}) "
@@ -342,8 +352,8 @@ def explain_divergence(target, prompt, tokens, kernels_a=None, kernels_b=None,
                           and (not w or w["max_rel"] < rounding))
         verdict = ("EXPLAINED (argmax near-tie)" if d["explained"]
                    else "NOT routing-driven, NOT explained")
-        return d, (f"{verdict}: {head}; no routing differs; {worst}; {tie}"
-                   + ("" if d["explained"] else " -> a kernel-accuracy question"))
+        return (f"{verdict}: {head}; no routing differs; {worst}; {tie}"
+                + ("" if d["explained"] else " -> a kernel-accuracy question"))
 
     def ok(f):  # (A's margin is a near-tie already, so A's router may take it either way)
         return (f["router_margin_rel"] < near_tie and f["hidden_rel"] < rounding
@@ -357,12 +367,14 @@ def explain_divergence(target, prompt, tokens, kernels_a=None, kernels_b=None,
     verdict = "EXPLAINED (router near-tie)" if d["explained"] else "NOT explained (kernel?)"
     bad = "" if f["router_ok_a"] and f["router_ok_b"] else (
         f", router ids differ from the reference rule (a {f['router_ok_a']}, b {f['router_ok_b']})")
-    return d, (f"{verdict}: {head}; first routing flip at layer {d['layer']} row {f['row']} "
-               f"({len(fl)} row(s) there): ids {f['ids_a']} vs {f['ids_b']}, router K/K+1 "
-               f"margin {f['router_margin']:.3g} (rel {f['router_margin_rel']:.3g}, near-tie < "
-               f"{near_tie:.3g}; b {f['router_margin_b']:.3g} on b's input), input diff abs "
-               f"{f['hidden_diff']:.3g} rel {f['hidden_rel']:.3g} (rounding < {rounding:.3g})"
-               + bad + more)
+    where = (f"position {f['position']}; " if "position" in f else "") + f"{len(fl)} row(s) there"
+    own_b = (f", b's own rel {f['router_margin_rel_b']:.3g}" if "position" in f else "")
+    return (f"{verdict}: {head}; first routing flip at layer {d['layer']} row {f['row']} "
+            f"({where}): ids {f['ids_a']} vs {f['ids_b']}, router K/K+1 "
+            f"margin {f['router_margin']:.3g} (rel {f['router_margin_rel']:.3g}, near-tie < "
+            f"{near_tie:.3g}; b {f['router_margin_b']:.3g} on b's input{own_b}), input diff abs "
+            f"{f['hidden_diff']:.3g} rel {f['hidden_rel']:.3g} (rounding < {rounding:.3g})"
+            + bad + more)
 
 
 def check_explained(ref_tokens, got_tokens, margins, reports, tie: float = TIE_MARGIN

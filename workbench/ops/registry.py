@@ -91,6 +91,19 @@ _WRAP: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("workben
                                                                        default=None)
 
 
+@contextlib.contextmanager
+def wrapping(wrap: Callable) -> Iterator[None]:
+    """While active, `get` returns wrap(name, fn) for every op (workbench.shadow compares calls
+    with the reference, workbench.route_trace records them). An outer wrapper stays in force:
+    the inner one sees the outer's result as its fn."""
+    outer = _WRAP.get()
+    token = _WRAP.set(wrap if outer is None else (lambda name, fn: wrap(name, outer(name, fn))))
+    try:
+        yield
+    finally:
+        _WRAP.reset(token)
+
+
 def register_op(name: str, doc: str, reference: str | Callable, **hooks) -> OpSpec:
     if name in _OPS:
         raise ValueError(f"op {name!r} is already registered")
