@@ -322,6 +322,41 @@ def test_a_rank_that_dies_is_named_with_its_exit_code():
         run_distributed(_die_on, 2, 1, **RUN)
 
 
+def test_a_silent_death_goes_before_the_peer_error_it_caused(monkeypatch):
+    # why: CI (session 6) got "rank 0 failed: ... Connection reset by peer (then rank 1: exited
+    # with code 3)": the peer's error landed in the queue between the supervisor's drain and
+    # silent_deaths' own drain, and was listed first. Deterministic here: a fake queue that
+    # delivers rank 0's error exactly then, rank 1 already dead with code 3
+    import workbench.dist.launch as launch
+
+    class Queue:
+        _reader, calls, items = None, 0, []
+
+        def empty(self):
+            self.calls += 1
+            if self.calls == 2:  # between the loop's drain and silent_deaths' drain
+                self.items.append(("err", 0, "RuntimeError: Connection reset by peer", "tb0"))
+            return not self.items
+
+        def get(self):
+            return self.items.pop(0)
+
+    class Proc:
+        sentinel = None
+
+        def __init__(self, alive, code):
+            self.alive, self.exitcode = alive, code
+
+        def is_alive(self):
+            return self.alive
+
+    monkeypatch.setattr(launch, "wait", lambda *a, **k: None)
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    with pytest.raises(DistributedError, match="rank 1 of 2 failed: exited with code 3") as e:
+        launch._supervise([Proc(True, None), Proc(False, 3)], Queue(), time.monotonic() + 5, 5)
+    assert "then rank 0: RuntimeError: Connection reset" in str(e.value)
+
+
 def test_a_hung_collective_times_out_with_a_clear_error():
     t0 = time.monotonic()
     with pytest.raises(DistributedError, match="rank 0 of 2 failed") as e:

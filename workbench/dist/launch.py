@@ -174,8 +174,8 @@ def _supervise(procs, q, deadline, timeout_s):
     while len(done) < world:
         wait([q._reader] + [p.sentinel for p in procs], timeout=0.05)
         drain()
-        if not errors:
-            errors += silent_deaths()
+        if not errors:  # (not +=: silent_deaths' own drain may append a peer's error first)
+            errors[:0] = silent_deaths()
         if errors:
             time.sleep(0.3)  # let peers' follow-on errors arrive, then report the first
             errors[:0] = silent_deaths()
