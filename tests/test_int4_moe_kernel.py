@@ -330,15 +330,14 @@ def test_route_parallel_equals_route(T, E, K, bad):
 
 
 @pytest.mark.parametrize("shape, cfg, name", [c for c in _V8_CASES if c[2] in (
-    "tails-masked-scales", "T=9-one-expert", "T=17-hole", "T=40-K=E")],
-    ids=["tails-masked-scales", "T=9-one-expert", "T=17-hole", "T=40-K=E"])
+    "T=9-one-expert", "T=17-hole", "T=40-K=E")], ids=["T=9-one-expert", "T=17-hole", "T=40-K=E"])
 def test_v9_bitwise_v8(shape, cfg, name):
+    # every T through the per-block routing (ROUTE1 = 0); at T <= ROUTE1 v9 runs v8's code
     from workbench.kernels.int4_moe import triton_v8, triton_v9
 
     x, ids, w, ex = _v8_routing_case(**shape)
-    for route1 in (0, 64):  # every T through the per-block routing, and through v8's kernel
-        out = triton_v9.int4_moe_triton(x, ids, w, ex, cfg=cfg | dict(ROUTE1=route1))
-        assert torch.equal(out, triton_v8.int4_moe_triton(x, ids, w, ex, cfg=cfg)), route1
+    out = triton_v9.int4_moe_triton(x, ids, w, ex, cfg=cfg | dict(ROUTE1=0))
+    assert torch.equal(out, triton_v8.int4_moe_triton(x, ids, w, ex, cfg=cfg))
 
 
 def test_v9_routes_one_block_with_one_program():
