@@ -286,6 +286,26 @@ def test_drafter_ids_may_swap_only_inside_tie_bands():
     assert new_head["bitwise"] == "FAIL"
 
 
+def test_drafter_logprobs_carry_the_logits_absolute_error():
+    # why: at k = 1 the log-probs' own RMS (< 1) made the floor 0.06 while the logits (std 10)
+    # carry ~0.07 of bf16 error at one sigma (CI, session 6): the floor is the logits' 6 sigma
+    # (atol_abs) wherever that is larger, and a real error still fails
+    from workbench.ops.cases import tolerance
+
+    case = Case("drafter", "", (), dims=dict(layers=2, F=64, V=64))
+    tol = tolerance("drafter", "logprobs", torch.float32, case)
+    assert 0.5 < tol.atol_abs < 1.0 and tolerance("drafter", "ids", torch.int64, case).exact
+    lp = torch.tensor([[-0.64, -0.71], [-0.30, -0.52]])
+    ids = torch.tensor([[3, 7], [9, 11]])
+    names = HARNESS["drafter"].outputs
+    noisy = compare_outputs((lp, ids), (lp + torch.tensor([[0.08, -0.1], [0.05, 0.0]]), ids), case,
+                            names, {"ids": "logprobs"})
+    assert noisy["elementwise"] == "pass" and noisy["global"] == "pass", noisy["mismatches"]
+    wrong = compare_outputs((lp, ids), (lp + torch.tensor([[1.5, 0.0], [0.0, 0.0]]), ids), case,
+                            names, {"ids": "logprobs"})
+    assert wrong["elementwise"] == "FAIL" and wrong["mismatches"].startswith("logprobs[0, 0]")
+
+
 def test_declared_out_buffers_are_poisoned_compared_and_may_be_written(monkeypatch):
     """An op with an out= buffer (none of today's ops has one): the hook names it."""
 

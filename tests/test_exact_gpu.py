@@ -125,7 +125,7 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
         from workbench.dist.check import explain_in_real_loops
 
         new = explain_in_real_loops(target, drafter, prompts, ref, got, reports, budget,
-                                    kernels_b, NEW)
+                                    kernels_b, NEW, margins=margins)
         for rep_line in new:
             if rep_line not in reports:
                 print(f"{what}: {rep_line[1]}")

@@ -260,3 +260,6 @@ def test_exact_rule_takes_a_real_loop_witness_only_when_it_watched_the_divergenc
     margins = [[1.0] * len(t) for t in ar]  # decided everywhere: only an explanation passes
     with pytest.raises(AssertionError, match="request 1 position 2"):
         check_explained(ar, forged, margins, reports)
+    margins[1][pos] = 0.001  # a reference tie passes anyway: no trace is run for it
+    assert explain_in_real_loops(target, _drafter(setup), prompts, ar, forged, [], BUDGET, None,
+                                 NEW, margins=margins) == []

@@ -420,7 +420,7 @@ def explain_divergences(target, prompts, ref_tokens, got_tokens, kernels_a=None,
 
 
 def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, reports, budget,
-                          kernels, max_new_tokens: int, tie: float = TIE_MARGIN
+                          kernels, max_new_tokens: int, tie: float = TIE_MARGIN, margins=None
                           ) -> list[tuple[dict, str]]:
     """For AR (ref) vs DDTree (got) runs under the same kernels: every divergence that is no
     reference tie and whose teacher-forced pair does not reproduce it gets a second, stronger
@@ -432,16 +432,19 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
     Why: the teacher-forced pair replays one request, so a flip that needs the batch's own
     numerics (other requests' rows in a kernel's tiles) is invisible to it (H200, session 6:
     trained C = 32 budget 64 request 21 position 9, a layer-4 router near-tie in the real loops).
-    Returns reports with the replacements; traces that fail to run leave the old report."""
+    margins (reference_margins, optional): reference ties (margin < tie) pass check_explained
+    anyway and are not traced. Returns reports with the replacements; traces that fail to run
+    leave the old report."""
     from workbench.route_trace import compare_traces, trace_pair
 
-    margins_unknown = [[float("inf")] * len(r) for r in ref_tokens]
+    margins = margins or [[float("inf")] * len(r) for r in ref_tokens]
     by_req = {rep["request"]: i for i, (rep, _) in enumerate(reports)}
     out = list(reports)
-    for d in divergences(ref_tokens, got_tokens, margins_unknown):
+    for d in divergences(ref_tokens, got_tokens, margins):
         b, n = d["request"], d["position"]
         i = by_req.get(b)
-        if i is not None and out[i][0].get("explained") and out[i][0].get("reproduced"):
+        if d["margin"] < tie or (i is not None and out[i][0].get("explained")
+                                 and out[i][0].get("reproduced")):
             continue
         if n >= min(len(ref_tokens[b]), len(got_tokens[b])):
             continue  # a length difference, no token to trace
