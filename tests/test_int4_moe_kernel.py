@@ -708,6 +708,13 @@ def test_decode_token_exact_with_kernel(tiny_target):
 REAL_T = (1, 9, 17, 33, 65, 128, 512)
 
 
+def _real_inputs(cfg, T, seed, skew):
+    """x [T, D] bf16, ids, weights on CUDA at the config's E, K, D (routing seeded, x drawn)."""
+    ids, w = _routing(T, cfg.n_routed_experts, cfg.n_experts_per_tok, seed=seed, skew=skew,
+                      device="cuda")
+    return torch.randn(T, cfg.hidden_size, device="cuda").bfloat16(), ids, w
+
+
 @pytest.fixture(scope="module")
 def real_experts():
     from workbench.config import ModelConfig
@@ -804,10 +811,8 @@ def test_v8_bitwise_v7_gpu(real_experts, skew):
     from workbench.kernels.int4_moe import triton_v7, triton_v8
 
     ex, cfg = real_experts
-    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
     for T in (1, 2, 9, 33, 65, 128, 512):
-        ids, w = _routing(T, E, K, seed=200 + T, skew=skew, device="cuda")
-        x = torch.randn(T, D, device="cuda").bfloat16()
+        x, ids, w = _real_inputs(cfg, T, 200 + T, skew)
         out = triton_v8.int4_moe_triton(x, ids, w, ex)
         assert _bits_equal(out, triton_v7.int4_moe_triton(x, ids, w, ex)), T
 
@@ -822,10 +827,9 @@ def test_v9_bitwise_v8_gpu(real_experts, skew):
     from workbench.kernels.int4_moe._common import route, route_parallel
 
     ex, cfg = real_experts
-    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
     for T in (1, 9, 33, 128, 512, 2080):
-        ids, w = _routing(T, E, K, seed=300 + T, skew=skew, device="cuda")
-        x = torch.randn(T, D, device="cuda").bfloat16()
+        x, ids, w = _real_inputs(cfg, T, 300 + T, skew)
+        E = cfg.n_routed_experts
         assert _route_fields(route_parallel(ids, E)) == _route_fields(route(ids, E)), T
         out = triton_v9.int4_moe_triton(x, ids, w, ex)
         assert _bits_equal(out, triton_v8.int4_moe_triton(x, ids, w, ex)), T
@@ -839,15 +843,12 @@ def test_v10_large_verify_gpu(real_experts, skew):
     from workbench.kernels.int4_moe import triton_v9, triton_v10
 
     ex, cfg = real_experts
-    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
     for T in (512, 768):
-        ids, w = _routing(T, E, K, seed=400 + T, skew=skew, device="cuda")
-        x = torch.randn(T, D, device="cuda").bfloat16()
+        x, ids, w = _real_inputs(cfg, T, 400 + T, skew)
         assert _bits_equal(triton_v10.int4_moe_triton(x, ids, w, ex),
                            triton_v9.int4_moe_triton(x, ids, w, ex)), T
     for T in (1024, 2080):
-        ids, w = _routing(T, E, K, seed=500 + T, skew=skew, device="cuda")
-        x = torch.randn(T, D, device="cuda").bfloat16()
+        x, ids, w = _real_inputs(cfg, T, 500 + T, skew)
         _check("triton_v10", [_case(x, ids, w, ex, f"T={T} skew={skew}", kind="real")])
 
 
