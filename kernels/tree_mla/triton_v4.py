@@ -305,7 +305,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     # PDL (griddepcontrol) is sm_90+ inline PTX: not in the interpreter
     use_pdl = not interp and G > 1 and "pdl" not in ablate
     pdl = {} if interp else {"launch_pdl": use_pdl}
-    policy = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
+    consts = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
                   LONG_MIN=policy.long_min, MAX_SPLITS=policy.max_splits, BLOCK_N=BLOCK_N)
     _attn_kernel[(G, m_blocks, B)](
         q, kv_cache, qc_desc, qr_desc, kc_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
@@ -313,13 +313,13 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         T, N, H, M, G, float(softmax_scale) * LOG2E,
         C=C, R=D - C, CP=CP, RP=RP, BLOCK_M=BLOCK_M, MASKED_BLOCK_N=MASKED_BLOCK_N,
         UPCAST=interp, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        USE_TMA=use_tma, USE_PDL=use_pdl, Q_TMA=q_tma, **policy, num_warps=8 if CP >= 256 else 4,
+        USE_TMA=use_tma, USE_PDL=use_pdl, Q_TMA=q_tma, **consts, num_warps=8 if CP >= 256 else 4,
         num_stages=2)
     if G > 1:
         block_c = min(CP, 128)
         _combine_kernel[(triton.cdiv(M, COMBINE_ROWS), CP // block_c, B)](
             prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=C,
-            CP=CP, BLOCK_R=COMBINE_ROWS, BLOCK_C=block_c, **policy, USE_PDL=use_pdl,
+            CP=CP, BLOCK_R=COMBINE_ROWS, BLOCK_C=block_c, **consts, USE_PDL=use_pdl,
             num_warps=4, **pdl)
     return o_lat, lse
 
