@@ -195,12 +195,17 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     return launch(x, topk_ids, topk_weights, experts, validate, cfg, tiles, down_select=False)
 
 
+def route_one_program(topk_ids: Tensor, E: int, c: dict):
+    """v7's and v8's router at every T: the one-program `_common.route` (c: unused knobs)."""
+    return route(topk_ids, E)
+
+
 def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
-           tiles_of, down_select: bool, router=route) -> Tensor:
+           tiles_of, down_select: bool, router=route_one_program) -> Tensor:
     """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around
     `_gemm_kernel` with the knobs tiles_of(T, K, E, D, I) (| cfg); down_select: compile the
     gate/up select into the down launch too (v8; never taken there, see `_gemm_kernel`);
-    router(topk_ids, E, cfg) -> Routing, or the one-program `route` (v7, v8)."""
+    router(topk_ids, E, knobs) -> Routing (v9 picks one by T)."""
     check_inputs(x, topk_ids, topk_weights, experts, validate)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
@@ -221,7 +226,7 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     dev = x.device
     run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
     common = dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run)
-    r = route(topk_ids, E) if router is route else router(topk_ids, E, c)
+    r = router(topk_ids, E, c)
     meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
     xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
     _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4)
