@@ -49,6 +49,7 @@ from workbench.dist.check import (
     NEAR_TIE_REL,
     ROUNDING_REL,
     explanation,
+    largest_input_difference,
     logit_margin,
     router_margin,
 )
@@ -385,11 +386,9 @@ def _verdict(d: dict, near_tie: float, rounding: float) -> str:
             f"{d['logit_margin']:.4g}, DDTree {d['logit_margin_b']:.4g}; final-norm input rel "
             f"{d['final_rel']:.3g}")
     if not d["flips"] and not d["reproduced"]:  # same token, same experts
-        i, w = max(d["hidden"].items(), key=lambda kv: kv[1]["max_rel"], default=(None, {}))
-        worst = (f"largest MoE-input difference rel {w['max_rel']:.3g} (abs {w['max_abs']:.3g}) "
-                 f"at layer {i}" if w else "no MoE layer")
         d["explained"] = None
-        return f"NO DIVERGENCE at this row: {head}; no routing differs; {worst}"
+        return (f"NO DIVERGENCE at this row: {head}; no routing differs; "
+                f"{largest_input_difference(d['hidden'])}")
     return explanation(d, head, near_tie, rounding)
 
 

@@ -334,6 +334,13 @@ def explain_divergence(target, prompt, tokens, kernels_a=None, kernels_b=None,
     return d, explanation(d, head, near_tie, rounding)
 
 
+def largest_input_difference(hidden: dict) -> str:
+    """The report's words for its per-layer MoE-input differences {layer: {max_rel, max_abs}}."""
+    i, w = max(hidden.items(), key=lambda kv: kv[1]["max_rel"], default=(None, {}))
+    return (f"largest MoE-input difference rel {w['max_rel']:.3g} (abs {w['max_abs']:.3g}) at "
+            f"layer {i}" if w else "no MoE layer")
+
+
 def explanation(d: dict, head: str, near_tie: float = NEAR_TIE_REL,
                 rounding: float = ROUNDING_REL) -> str:
     """The explanation rule (module docstring) on a divergence report d with
@@ -342,14 +349,12 @@ def explanation(d: dict, head: str, near_tie: float = NEAR_TIE_REL,
     teacher-forced pair (explain_divergence) and the real loops' trace (workbench.route_trace:
     its flips carry a "position")."""
     if not d["flips"]:
-        i, w = max(d["hidden"].items(), key=lambda kv: kv[1]["max_rel"], default=(None, {}))
-        worst = (f"largest MoE-input difference rel {w['max_rel']:.3g} (abs {w['max_abs']:.3g}) "
-                 f"at layer {i}" if w else "no MoE layer")
+        worst = largest_input_difference(d["hidden"])
         tie = (f"argmax margin rel {d['logit_margin_rel']:.3g} (near-tie < {near_tie:.3g}), "
                f"final-norm input rel {d['final_rel']:.3g} (rounding < {rounding:.3g})")
         # the argmax is the last discrete decision: the router rule applied to it
         d["explained"] = (d["logit_margin_rel"] < near_tie and d["final_rel"] < rounding
-                          and (not w or w["max_rel"] < rounding))
+                          and all(h["max_rel"] < rounding for h in d["hidden"].values()))
         verdict = ("EXPLAINED (argmax near-tie)" if d["explained"]
                    else "NOT routing-driven, NOT explained")
         return (f"{verdict}: {head}; no routing differs; {worst}; {tie}"
