@@ -71,6 +71,7 @@ class Policy(NamedTuple):
 
 
 V4 = Policy()
+SPLIT512 = V4._replace(short_len=512)  # triton_v4_split512: v3's partition up to 2048
 
 
 def _with(policy: Policy, short_len: int | None) -> Policy:
@@ -265,7 +266,7 @@ def _combine_kernel(plen_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_plen, T, M
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            short_len: int | None, policy: Policy = V4):
+            policy: Policy):
     B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
                                             kv_lora_rank)
     if validate:
@@ -276,7 +277,6 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     if B == 0:
         return o_lat, lse
     CP, RP = _common.next_pow2(C), max(16, _common.next_pow2(D - C))
-    policy = _with(policy, short_len)
     G = parts_grid(T, policy=policy)  # part programs per request (>= 1: the tree needs one)
     m_blocks = triton.cdiv(M, BLOCK_M)
     o_part = torch.empty(B, G, M, CP, dtype=torch.float32, device=q.device) if G > 1 else lse
@@ -330,8 +330,7 @@ def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.
     """q [B, N, H, C+R], kv_cache [B, T, C+R], prefix_lens [B], anc_bits [B, N, W] int64
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla; v4's split
     policy (module docstring). No host sync unless validate=True."""
-    return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-                   SHORT_LEN)
+    return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate, V4)
 
 
 def tree_mla_triton_split512(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
@@ -340,4 +339,4 @@ def tree_mla_triton_split512(q: torch.Tensor, kv_cache: torch.Tensor, prefix_len
     """As tree_mla_triton with v3's 512-key splits up to P = 2048 (2 at P = 1024, not 4): the
     control for the short splits' partial traffic where M is large; the same above 2048."""
     return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-                   512)
+                   SPLIT512)

@@ -42,4 +42,4 @@ def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.
     under policy_for(H). No host sync unless validate=True."""
     H = q.shape[2] if q.dim() == 4 else 0  # a bad rank is reported by v4's input checks
     return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-                   None, policy_for(H))
+                   policy_for(H))
