@@ -9,8 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}; NAME=${NAME:?set NAME}; KREGEX=${KREGEX:?set KREGEX}
 mkdir -p "$OUT"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[ -n "$NCU" ] || { echo "ncu: not found"; exit 3; }
+. scripts/ncu_find.sh
 SECTIONS=${SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis WarpStateStats SchedulerStats Occupancy LaunchStats ComputeWorkloadAnalysis}
 "$NCU" --clock-control none --kernel-name "regex:$KREGEX" \
     --launch-skip "${SKIP:-0}" --launch-count "${COUNT:-2}" \

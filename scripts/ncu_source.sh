@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}; NAME=${NAME:?set NAME}
 SECTIONS="SpeedOfLight WarpStateStats SourceCounters" COUNT=1 bash scripts/ncu_kernel.sh "$@"
 rc=$?
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+. scripts/ncu_find.sh
 if [ -f "$OUT/$NAME.ncu-rep.gz" ]; then
     gunzip -kf "$OUT/$NAME.ncu-rep.gz"
     "$NCU" --import "$OUT/$NAME.ncu-rep" --page source --csv --print-source sass \

@@ -10,8 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[ -n "$NCU" ] || { echo "ncu: not found"; exit 3; }
+. scripts/ncu_find.sh
 "$NCU" --version | tail -1
 # The filter comes from workbench.tracing.ncu_filter: '/' inside a range name must be escaped
 # (an unescaped "ddtree@ddtree/verify/" matched no kernel on the H200, session 3).
