@@ -294,14 +294,19 @@ class Routing:
         self.bad = torch.empty(T, dtype=torch.int8, device=device)  # [T] 1 = rejected token
 
 
+def block_tokens(K: int) -> int:
+    """BT, the tokens of one routing block: 64 slots (K rounded up to a power of two), so the
+    block's [SB, SB] rank compare stays small. Both routers use it (the same sorted order)."""
+    return max(1, 64 // next_pow2(K))
+
+
 def route(topk_ids: Tensor, E: int) -> Routing:
     """The routing metadata in one program (`_route_kernel`): ~4 µs per block of 8 tokens on
     the H200 (both passes walk the blocks one after the other), fine for decode, ~250 µs at
     T = 512; `route_parallel` has the same outputs from per-block programs."""
     T, K = topk_ids.shape
     r = Routing(T, K, E, topk_ids.device)
-    KP = next_pow2(K)
-    BT = max(1, 64 // KP)  # 64 slots per block: the [SB, SB] rank compare stays small
+    KP, BT = next_pow2(K), block_tokens(K)
     _route_kernel[(1,)](topk_ids, topk_ids.stride(0), topk_ids.stride(1), T, E,
                         r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act, r.bad,
                         K=K, KP=KP, EP=next_pow2(E), BT=BT, num_warps=4)
@@ -363,8 +368,7 @@ def route_parallel(topk_ids: Tensor, E: int) -> Routing:
     scratch cnt / off [NB (+1), EP] int32 (NB = ceil(T / 8): 0.5 MB at T = 2080, E = 384)."""
     T, K = topk_ids.shape
     r = Routing(T, K, E, topk_ids.device)
-    KP, EP = next_pow2(K), next_pow2(E)
-    BT = max(1, 64 // KP)  # 64 slots per block, as `route`
+    KP, EP, BT = next_pow2(K), next_pow2(E), block_tokens(K)
     NB = triton.cdiv(T, BT)
     cnt = torch.empty(NB, EP, dtype=torch.int32, device=topk_ids.device)
     off = torch.empty(NB + 1, EP, dtype=torch.int32, device=topk_ids.device)

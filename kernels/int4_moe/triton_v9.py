@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ._common import next_pow2, route, route_parallel
+from ._common import block_tokens, route, route_parallel
 from .triton_v7 import launch
 from .triton_v8 import tiles as _tiles_v8
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int) -> dict:
     """v8's tiles, plus ROUTE1: the largest T routed by the one-program kernel."""
-    return _tiles_v8(T, K, E, D, I) | dict(ROUTE1=max(1, 64 // next_pow2(K)))  # route's BT
+    return _tiles_v8(T, K, E, D, I) | dict(ROUTE1=block_tokens(K))  # one block: one program
 
 
 def _router(topk_ids: Tensor, E: int, c: dict):
