@@ -199,9 +199,11 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
         fn()
         comm.log.sync()
     per = kernel_times(prof, cuda)
-    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])[:top]
+    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
     return {"kernel_s": sum(v[1] for v in per.values()) * 1e-6,
-            "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}" for k, v in ranked)}
+            "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}"
+                                     for k, v in ranked[:top]),
+            "kernels": [(k, v[0], v[1]) for k, v in ranked]}
 
 
 @torch.no_grad()
@@ -274,7 +276,7 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             # graph-replay estimate: the step's kernels back to back, plus the same comm
             "kernel_ms": kernel * 1e3, "kernel_step_ms": (kernel + comm_s) * 1e3,
             "kernel_tokens_per_s": batch * tau / (kernel + comm_s),
-            "top_kernels": meas.get("top_kernels", "")}
+            "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", [])}
 
 
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
@@ -328,6 +330,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--kernels", help="op=variant[,op=variant] (python -m workbench generate's)")
     p.add_argument("--csv", help="write the table here")
+    p.add_argument("--kernel-table", help="write every configuration's kernels here (CSV: "
+                   "layout, C, mode, kernel, calls, us), largest first")
     p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
                    "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
     a = p.parse_args(argv)
@@ -345,7 +349,14 @@ def main(argv=None) -> int:
 
     def save(rows):  # the table so far, with the run's provenance on every row
         if a.csv:
-            pd.DataFrame([{**r, **meta} for r in rows]).to_csv(a.csv, index=False)
+            pd.DataFrame([{**{k: v for k, v in r.items() if k != "kernel_list"}, **meta}
+                          for r in rows]).to_csv(a.csv, index=False)
+        if a.kernel_table:
+            seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
+            pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], "kernel": k,
+                           "calls": n, "us": us, **meta}
+                          for key, r in seen.items() for k, n, us in r["kernel_list"]]
+                         ).to_csv(a.kernel_table, index=False)
 
     links = (NVLINK4, PCIE5)
     if a.measured_link:
