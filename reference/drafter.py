@@ -95,6 +95,8 @@ class DFlashDrafter(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> DrafterCache:
         """K and V [layers, B, T, Hkv, d] bf16, NaN-filled so unwritten rows show."""
         c = self.cfg
+        # context slots < max_len; a block starts at most at max_len
+        self.rope.reserve(max_len + c.block_size, self.device)
         shape = (c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim)
         return DrafterCache(*(torch.full(shape, float("nan"), dtype=torch.bfloat16,
                                          device=self.device) for _ in range(2)))

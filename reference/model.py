@@ -193,6 +193,7 @@ class KimiModel(nn.Module):
         return self.lm_head.weight.device
 
     def new_cache(self, batch: int, max_len: int) -> torch.Tensor:
+        self.rope.reserve(max_len, self.device)  # positions are cache slots: < max_len
         return new_latent_cache(self.cfg, len(self.layer_ids), batch, max_len, self.device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -64,6 +64,7 @@ class Rope:
         self.attn_factor = _yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor,
                                                                               mscale_all_dim)
         self._inv_freq_on: dict[torch.device, torch.Tensor] = {}
+        self._tables: dict[torch.device, torch.Tensor] = {}  # reserve(): [n, dim] cos | sin
 
     def inv_freq_on(self, device: torch.device) -> torch.Tensor:
         """inv_freq on `device`, copied once: a per-call host->device copy would sync every
@@ -73,10 +74,27 @@ class Rope:
             t = self._inv_freq_on[device] = self.inv_freq.to(device)
         return t
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [...] int -> cos, sin [..., dim/2] float32 (angles in float64)."""
+    def reserve(self, n: int, device) -> None:
+        """Tabulate cos/sin for positions [0, n) on `device` (a cache of n slots calls this):
+        later `cos_sin` calls there gather rows (one kernel) instead of ~10 float64 kernels
+        per call. The rows are the per-call values bit for bit (same float64 math, same
+        device). Positions must then stay below the largest n reserved (cache slots do)."""
+        pos = torch.arange(n, device=device)
+        table = self._tables.get(pos.device)
+        if table is None or table.shape[0] < n:
+            self._tables[pos.device] = torch.cat(self._compute(pos), -1)  # [n, dim] cos | sin
+
+    def _compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq_on(positions.device)
         return ((ang.cos() * self.attn_factor).float(), (ang.sin() * self.attn_factor).float())
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [...] int -> cos, sin [..., dim/2] float32 (angles in float64)."""
+        table = self._tables.get(positions.device)
+        if table is None:
+            return self._compute(positions)
+        cs = table[positions]  # [..., dim]
+        return cs[..., : self.dim // 2], cs[..., self.dim // 2 :]
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [..., S, (heads,) dim] at positions [..., S]; heads broadcast. fp32 math, x.dtype out."""

@@ -84,6 +84,22 @@ def test_rope_half_is_interleaved_up_to_a_permutation():
     torch.testing.assert_close(h.apply(x[:, perm], pos), a.apply(x, pos)[:, perm])
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rope_reserved_table_is_the_per_call_math_bit_for_bit(interleaved):
+    """A cache reserves a cos/sin table (one gather a call, graph-safe); its rows must be
+    the float64-angle values computed per call, so the loops' tokens cannot change."""
+    fresh = Rope(64, 50000.0, 32.0, 4096, 32.0, 1.0, 0.707, 0.707, interleaved=interleaved)
+    tab = Rope(64, 50000.0, 32.0, 4096, 32.0, 1.0, 0.707, 0.707, interleaved=interleaved)
+    tab.reserve(100, "cpu")
+    tab.reserve(30, "cpu")  # a smaller cache later keeps the larger table
+    assert tab._tables[torch.device("cpu")].shape == (100, 64)
+    pos = torch.randint(0, 100, (3, 5))
+    for a, b in zip(tab.cos_sin(pos), fresh.cos_sin(pos), strict=True):
+        assert torch.equal(a, b)
+    x = torch.randn(3, 5, 4, 64, dtype=torch.float32).to(torch.bfloat16)
+    assert torch.equal(tab.apply(x, pos), fresh.apply(x, pos))
+
+
 def test_int4_pack_unpack_roundtrip_and_literal_formula():
     q = torch.randint(-8, 8, (6, 64), dtype=torch.int8)
     packed = pack_int4(q)
@@ -224,3 +240,23 @@ def test_causal_bits_is_prefill_attention():
 def test_softmax_scale_used_not_576():
     c = ModelConfig.preset("kimi-k2.6")
     assert not math.isclose(c.softmax_scale, 576**-0.5)
+
+
+def test_engine_router_top_k_is_a_stable_sorts_prefix():
+    """kernels/dense moe_route picks experts with one int64-key top-k instead of a sort: it
+    must be the reference rule (stable descending sort, equal values lowest index first),
+    including ties, +-0.0 and negative values."""
+    from workbench.kernels.dense.torch_bf16 import stable_topk
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        x = torch.randn(5, 384, generator=g)
+        if trial % 2:
+            x = torch.round(x * 4) / 4  # many exact ties
+        if trial % 3 == 0:
+            x[:, :10], x[:, 10:20] = 0.0, -0.0
+        if trial % 5 == 0:
+            x = -x.abs()
+        for k in (1, 8, 384):
+            want = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+            assert torch.equal(stable_topk(x, k), want), (trial, k)

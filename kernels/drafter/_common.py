@@ -36,15 +36,12 @@ def _require(ok: bool, name: str, expected, got) -> None:
         raise ValueError(f"{name}: expected {expected}, got {got}")
 
 
-def check_args(drafter, target, cache, bonus: Tensor, start: Tensor, k) -> int:
-    """Shape / dtype / device checks that need no device sync (CUDA-graph capturable).
-    Returns k clamped to V, as the reference's top-k clamps it. Values of `start` are not read
-    (that would sync): the kernels clamp P into [0, T] so a bad value cannot read out of bounds."""
+def check_block_args(drafter, cache, bonus: Tensor, start: Tensor) -> int:
+    """The block forward's shape / dtype / device checks (no device sync: CUDA-graph
+    capturable). Returns B. Values of `start` are not read (that would sync): the kernels
+    clamp P into [0, T] so a bad value cannot read out of bounds."""
     c = drafter.cfg
     dev = drafter.device
-    V, D = target.lm_head.weight.shape
-    _require(D == c.hidden_size, "target.lm_head.weight", f"[V, {c.hidden_size}]",
-             tuple(target.lm_head.weight.shape))
     _require(isinstance(bonus, Tensor) and bonus.dim() == 1, "bonus", "a 1-d tensor [B]",
              getattr(bonus, "shape", type(bonus).__name__))
     B = bonus.shape[0]
@@ -61,14 +58,26 @@ def check_args(drafter, target, cache, bonus: Tensor, start: Tensor, k) -> int:
         _require(t.device == dev, name, f"on {dev}", t.device)
     _require(cache.k.shape[2] == cache.v.shape[2], "cache.v", f"T = {cache.k.shape[2]}",
              cache.v.shape[2])
-    for name, t in (("bonus", bonus), ("start", start), ("target.lm_head.weight",
-                                                        target.lm_head.weight)):
+    for name, t in (("bonus", bonus), ("start", start)):
         _require(t.device == dev, name, f"on {dev} (the drafter's device)", t.device)
+    _require(c.head_dim >= 16 and c.head_dim & (c.head_dim - 1) == 0, "drafter.head_dim",
+             "a power of two >= 16 (tl.dot tiles)", c.head_dim)
+    return B
+
+
+def check_args(drafter, target, cache, bonus: Tensor, start: Tensor, k) -> int:
+    """`check_block_args` plus the LM head and k. Returns k clamped to V, as the reference's
+    top-k clamps it."""
+    c = drafter.cfg
+    V, D = target.lm_head.weight.shape
+    _require(D == c.hidden_size, "target.lm_head.weight", f"[V, {c.hidden_size}]",
+             tuple(target.lm_head.weight.shape))
+    _require(target.lm_head.weight.device == drafter.device, "target.lm_head.weight",
+             f"on {drafter.device} (the drafter's device)", target.lm_head.weight.device)
+    check_block_args(drafter, cache, bonus, start)
     _require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "an int >= 1", k)
     k = min(k, V)
     _require(k <= MAX_K, "k", f"<= {MAX_K} (triton_v1's top-k buffers)", k)
-    _require(c.head_dim >= 16 and c.head_dim & (c.head_dim - 1) == 0, "drafter.head_dim",
-             "a power of two >= 16 (tl.dot tiles)", c.head_dim)
     return k
 
 
@@ -78,7 +87,6 @@ class Prepared:
 
     qkv: list[Tensor]  # per layer [(Hq + 2 Hkv) d, D]: one GEMM for q, k and v
     gate_up: list[Tensor]  # per layer [2F, D]: one GEMM for gate and up
-    inv_freq: Tensor  # [d/2] float64 on the device (the reference's YaRN frequencies)
     key: tuple
 
 
@@ -96,18 +104,17 @@ def prepared(drafter) -> Prepared:
             at = layer.self_attn
             qkv.append(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight], 0))
             gu.append(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight], 0))
-        inv = drafter.rope.inv_freq_on(drafter.device)
-        p = Prepared(qkv, gu, inv, key)
+        drafter.rope.inv_freq_on(drafter.device)  # now, outside a capture: no host copy later
+        p = Prepared(qkv, gu, key)
         _PREPARED[drafter] = p
     return p
 
 
-def rope_tables(drafter, inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+def rope_tables(drafter, positions: Tensor) -> tuple[Tensor, Tensor]:
     """positions [...] -> cos, sin [..., d/2] fp32, exactly the reference's (`Rope.cos_sin`:
-    angles in float64), but with the frequencies already on the device (no host copy)."""
-    ang = positions.to(torch.float64).unsqueeze(-1) * inv_freq
-    f = drafter.rope.attn_factor
-    return (ang.cos() * f).float().contiguous(), (ang.sin() * f).float().contiguous()
+    rows of its table once a cache was made, else angles in float64), contiguous."""
+    cos, sin = drafter.rope.cos_sin(positions)
+    return cos.contiguous(), sin.contiguous()
 
 
 def next_pow2(n: int) -> int:

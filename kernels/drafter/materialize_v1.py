@@ -98,7 +98,6 @@ def _kv_scatter_kernel(kv_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, cnt_ptr, ck_pt
 class _Weights:
     kv: Tensor  # [l * 2 * Hkv * d, D]: every layer's [Wk; Wv], one GEMM for all layers
     k_norm: Tensor  # [l, d] the k_norm weights, stacked
-    inv_freq: Tensor  # [d/2] float64 on the device
     key: tuple
 
 
@@ -114,7 +113,8 @@ def prepared_kv(drafter) -> _Weights:
         kv = torch.cat([t for layer in drafter.layers for t in (layer.self_attn.k_proj.weight,
                                                                  layer.self_attn.v_proj.weight)])
         kn = torch.stack([layer.self_attn.k_norm.weight for layer in drafter.layers])
-        w = _Weights(kv, kn.contiguous(), drafter.rope.inv_freq_on(drafter.device), key)
+        drafter.rope.inv_freq_on(drafter.device)  # now, outside a capture: no host copy later
+        w = _Weights(kv, kn.contiguous(), key)
         _WEIGHTS[drafter] = w
     return w
 
@@ -173,7 +173,7 @@ def materialize_triton(drafter, cache, target_hidden: Tensor, positions: Tensor,
                           c.rms_norm_eps))  # [M, D]
     kv = F.linear(ctx, w.kv)  # [M, l * 2 * Hkv * d] bf16
     pos = positions.reshape(M).to(torch.int64)  # [M]
-    cos, sin = rope_tables(drafter, w.inv_freq, pos)  # [M, d/2] fp32, the reference's angles
+    cos, sin = rope_tables(drafter, pos)  # [M, d/2] fp32, the reference's angles
     cnt = count.to(torch.int64)
     ck, cv = cache.k, cache.v
     _kv_scatter_kernel[(M, nl)](kv, w.k_norm, cos, sin, pos, cnt, ck, cv, N, T, Hkv,

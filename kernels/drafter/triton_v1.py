@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._attention import block_attention
-from ._common import check_args, prepared, rope_tables, to_bf16
+from ._common import check_args, check_block_args, prepared, rope_tables, to_bf16
 from ._fused import qk_norm_rope, rmsnorm, silu_mul
 from ._lm_head_topk import lm_head_topk
 
@@ -41,21 +41,38 @@ def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
     """Same contract as `workbench.reference.drafter.draft_topk`:
     bonus [B], start [B] -> (logprobs fp32 [B, L, k], ids int64 [B, L, k])."""
     k = check_args(drafter, target, cache, bonus, start, k)
+    B, L = bonus.shape[0], drafter.cfg.depth
+    z = _block_hidden(drafter, target, cache, bonus, start)  # [B*L, D]
+    if B == 0:
+        return (torch.empty(0, L, k, dtype=torch.float32, device=z.device),
+                torch.empty(0, L, k, dtype=torch.int64, device=z.device))
+    lp, ids = lm_head_topk(z, target.lm_head.weight, k)  # [B*L, k]
+    return lp.view(B, L, k), ids.view(B, L, k)
+
+
+def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tensor:
+    """The step without its LM head: bonus [B], start [B] -> the final-normed hidden of the
+    decoded rows 1..L, [B*L, D] bf16 (what the head reads). The distributed drafter puts its
+    vocab-parallel head on this (workbench/dist/vocab.py). `target` gives the embedding."""
+    check_block_args(drafter, cache, bonus, start)
+    return _block_hidden(drafter, target, cache, bonus, start)
+
+
+def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tensor:
     c = drafter.cfg
     B, L, S = bonus.shape[0], c.depth, c.block_size
     Hq, Hkv, d, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
     dev = drafter.device
+    if B == 0:
+        return torch.empty(0, D, dtype=torch.bfloat16, device=dev)
     w = prepared(drafter)
     eps = c.rms_norm_eps
-    if B == 0:
-        return (torch.empty(0, L, k, dtype=torch.float32, device=dev),
-                torch.empty(0, L, k, dtype=torch.int64, device=dev))
 
     block = torch.full((B, S), c.mask_token_id, dtype=torch.long, device=dev)
     block[:, 0] = bonus
     start = start.to(torch.int32)
     pos = start.view(B, 1).to(torch.long) + torch.arange(S, device=dev)  # [B, S]
-    cos, sin = rope_tables(drafter, w.inv_freq, pos.view(-1))  # [M, d/2] fp32
+    cos, sin = rope_tables(drafter, pos.view(-1))  # [M, d/2] fp32
     n_sm = _sm_count(dev)
 
     x = target.embed(block).reshape(B * S, D)  # [M, D] bf16
@@ -73,6 +90,4 @@ def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
         h = to_bf16(silu_mul(F.linear(a2, w.gate_up[li])))  # [M, F]
         x = x + F.linear(h, layer.mlp.down_proj.weight)
     # only rows 1..L are decoded (row 0, the bonus, is not)
-    z = to_bf16(rmsnorm(x.view(B, S, D)[:, 1:].reshape(B * L, D), drafter.norm.weight, eps))
-    lp, ids = lm_head_topk(z, target.lm_head.weight, k)  # [B*L, k]
-    return lp.view(B, L, k), ids.view(B, L, k)
+    return to_bf16(rmsnorm(x.view(B, S, D)[:, 1:].reshape(B * L, D), drafter.norm.weight, eps))
