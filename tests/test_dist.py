@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import workbench
+from workbench import ops
 from workbench.dist.check import TIE_MARGIN, check_tokens, reference_margins
 from workbench.dist.comm import TorchComm
 from workbench.dist.decode import dist_config, dist_generate, generate_main_distributed
@@ -213,6 +214,20 @@ def _vocab_ops(rank, world, logits):
             dist_topk_logprobs(logits[..., v0:v1], v0, 5, comm),
             dist_topk_logprobs(logits[..., v0:v1], v0, 100, comm),  # k > V/world and > V
             dist_sample(flat[:, v0:v1], v0, 1.0, g, comm))
+
+
+def test_distributed_drafter_runs_the_selected_variants_body(monkeypatch):
+    """DistDrafter puts its vocab-parallel head on the `drafter` variant's block body; a
+    variant without one is an error, never a silent switch to the reference body."""
+    from workbench.dist.vocab import block_body
+    from workbench.kernels import drafter as kd
+
+    assert block_body() is None  # reference: DFlashDrafter.forward_block
+    with ops.use(drafter="triton_v1"):
+        assert block_body().__name__ == "block_hidden"
+        monkeypatch.setattr(kd, "BLOCK_HIDDEN", {})
+        with pytest.raises(ValueError, match="drafter: .*'triton_v1'.*expected one of"):
+            block_body()
 
 
 def test_vocab_parallel_argmax_topk_and_sampling_use_global_ids():

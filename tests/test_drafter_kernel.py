@@ -124,6 +124,28 @@ def test_step_errors(tiny):
         draft_topk_triton(d, t, type(cache)(cache.k.float(), cache.v), bonus, start, 4)
 
 
+def test_block_hidden_is_the_step_without_its_head(tiny):
+    """What the distributed drafter runs under its vocab-parallel head: the fused step's head
+    input exactly, and the reference's final-normed hidden within bf16 noise."""
+    from workbench.kernels.drafter.triton_v1 import block_hidden
+
+    d, t, cache, bonus, start = args = _setup(tiny, (0, 9, 41), seed=5)
+    z = block_hidden(d, t, cache, bonus, start)  # [B*L, D]
+    B, L, D = 3, tiny.drafter.depth, tiny.hidden_size
+    assert z.shape == (B * L, D) and z.dtype == torch.bfloat16
+    lp, ids = draft_topk_triton(*args, 4)
+    lp2, ids2 = lm_head_topk(z, t.lm_head.weight, 4)
+    assert torch.equal(lp.view(B * L, 4), lp2) and torch.equal(ids.view(B * L, 4), ids2)
+    blk = torch.cat([bonus.view(B, 1), torch.full((B, L), tiny.drafter.mask_token_id)], 1)
+    ref = d.forward_block(cache, blk, start, t)[:, 1:].reshape(B * L, D).float()
+    sigma = math.sqrt(6 * tiny.drafter.num_layers + 2) * BF16_U * ref.pow(2).mean().sqrt()
+    assert (z.float() - ref).abs().max() <= 6 * sigma + 2 * BF16_U * ref.abs().max()
+    with pytest.raises(ValueError, match="bonus"):
+        block_hidden(d, t, cache, bonus.view(B, 1), start)
+    empty = type(cache)(cache.k[:, :0], cache.v[:, :0])
+    assert block_hidden(d, t, empty, bonus[:0], start[:0]).shape == (0, D)
+
+
 # ---------------------------------------------------------------- parts with an exact spec
 
 

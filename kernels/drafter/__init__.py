@@ -24,6 +24,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     # the first (only) entry is what the "optimized" preset selects (kernels.register_all)
     "drafter_materialize": {"triton_v1": MATERIALIZE},
 }
+# each `drafter` variant's step without its LM head (bonus, start -> final-normed hidden of
+# rows 1..L): the distributed drafter puts its vocab-parallel head on it (workbench/dist/vocab.py)
+BLOCK_HIDDEN: dict[str, str] = {"triton_v1": f"{_MOD}.triton_v1:block_hidden"}
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("drafter", "triton_v1"): "Triton norms/RoPE/split-KV attention/SwiGLU epilogue + cuBLAS "
     "GEMMs + fused LM head log-softmax top-k",

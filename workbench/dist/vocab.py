@@ -76,8 +76,10 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
 
 class DistDrafter:
     """A replicated DFlashDrafter for the decode loop on a DistKimiModel: the loop calls
-    `draft_override`, which runs the drafter op's block forward and then the vocab-parallel
-    log-softmax top-K (the single-process `drafter` op would read a full LM head)."""
+    `draft_override`, which runs the selected `drafter` variant's block forward (the
+    reference's `forward_block`, or the kernel's `BLOCK_HIDDEN` body) and then the
+    vocab-parallel log-softmax top-K (the single-process `drafter` op would read a full LM
+    head); `materialize` runs the `drafter_materialize` op."""
 
     def __init__(self, drafter, target):
         self.drafter, self.target = drafter, target
@@ -88,14 +90,39 @@ class DistDrafter:
 
     def materialize(self, cache, target_hidden, positions, count) -> None:
         with self.target.log("draft"):
-            self.drafter.materialize(cache, target_hidden, positions, count)
+            ops.get("drafter_materialize")(self.drafter, cache, target_hidden, positions, count)
 
     def draft_override(self, drafter, target, cache, bonus, start, k):
         """(logprobs fp32 [B, L, k], global ids int64 [B, L, k]), as the `drafter` op."""
         with target.log("draft"):
-            z = self.drafter.forward_block(cache, block_ids(self.cfg, bonus), start, target)
-            local = ops.get("lm_head")(z[:, 1:], target.lm_head_shard.weight)  # [B, L, V/w]
+            body = block_body()
+            if body is None:
+                z = self.drafter.forward_block(cache, block_ids(self.cfg, bonus), start,
+                                               target)[:, 1:]  # [B, L, D]
+            else:
+                z = body(self.drafter, target, cache, bonus, start).view(
+                    bonus.shape[0], self.cfg.depth, -1)
+            local = ops.get("lm_head")(z, target.lm_head_shard.weight)  # [B, L, V/w]
             return dist_topk_logprobs(local, target.vocab_start, k, target.comm)
+
+
+def block_body():
+    """The selected `drafter` variant's block forward without its head (kernels/drafter
+    BLOCK_HIDDEN), None for the reference; a variant without one is an error, not a silent
+    switch to the reference body."""
+    import importlib
+
+    from workbench.kernels.drafter import BLOCK_HIDDEN
+
+    name = ops.selected("drafter")
+    if name == ops.REFERENCE:
+        return None
+    if name not in BLOCK_HIDDEN:
+        raise ValueError(f"drafter: the distributed drafter needs a block body for variant "
+                         f"{name!r}; expected one of {sorted(BLOCK_HIDDEN)} or "
+                         f"{ops.REFERENCE!r}")
+    mod, fn = BLOCK_HIDDEN[name].split(":")
+    return getattr(importlib.import_module(mod), fn)
 
 
 def block_ids(cfg, bonus: torch.Tensor) -> torch.Tensor:
