@@ -151,9 +151,13 @@ def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Exp
         y_pair = parts[:, :, 0]
         for i in range(1, tp):  # width-slice partials summed in rank order
             y_pair = y_pair + parts[:, :, i]
-    out = torch.zeros(plan.chunk, D, dtype=ACC, device=h.device)  # padded slice
-    for j in range(K):  # the reference's fixed slot order
-        out[:Tm] += w[plan.lo : plan.hi, j : j + 1].to(ACC) * y_pair[:, j]
+    if op_dtype() == ACC or lay.moe_exact:
+        out = torch.zeros(plan.chunk, D, dtype=ACC, device=h.device)  # padded slice
+        for j in range(K):  # the reference's fixed slot order
+            out[:Tm] += w[plan.lo : plan.hi, j : j + 1].to(ACC) * y_pair[:, j]
+    else:  # engine (bf16 rows): one fp32 weighted sum, as an engine's combine kernel does
+        out = torch.einsum("tk,tkd->td", w[plan.lo : plan.hi].float(), y_pair.float())
+        out = torch.nn.functional.pad(out, (0, 0, 0, plan.chunk - Tm))  # padded slice
     return comm.all_gather_cat(out.to(h.dtype), 0)[:T]
 
 
