@@ -10,6 +10,11 @@ engine runs: bf16 cuBLAS GEMMs with fp32 accumulation, fp32 norms. It is NOT bat
 preset, whose loop is token-exact on the GPU, and sits in the "engine" preset (optimized +
 these), which the full-size emulation uses to time an engine-like step.
 
+`triton_v1` (rmsnorm only) is that fp32 RMSNorm as one Triton kernel, one program per row
+(the drafter's row kernel, kernels/drafter/_fused.py) instead of torch's ~6 elementwise
+kernels; rounded once to x.dtype, batch-invariant per row, not bitwise the float64 reference.
+The "engine" preset takes it for rmsnorm; `torch_bf16` stays registered as its baseline.
+
 Importing this package imports no Triton; `register()` adds the variants to the registry.
 """
 
@@ -18,8 +23,11 @@ from __future__ import annotations
 _MOD = "workbench.kernels.dense.torch_bf16"
 OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route", "mla_q_absorb", "mla_v_up")
 VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
+VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rmsnorm", "torch_bf16"): ("fp32 RMSNorm, one pass, rounded once (engine-style)", ()),
+    ("rmsnorm", "triton_v1"): ("one Triton program per row: fp32 math, rounded once to x.dtype "
+                               "(one kernel instead of ~6)", ("triton",)),
     ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
@@ -32,7 +40,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("mla_v_up", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "
                                  "accumulate (batch-variant)", ()),
 }
-ENGINE = {op: "torch_bf16" for op in OPS}  # the "engine" preset's part from this folder
+# the "engine" preset's part from this folder
+ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1"}
 
 
 def register() -> list[str]:
