@@ -146,6 +146,7 @@ class DistKimiModel(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> torch.Tensor:
         """Latent cache [layers, B, T, C+R] bf16, NaN-filled; REPLICATED: the same on every rank
         (its bytes are kept in `cache_bytes`, the measured price of the replication)."""
+        self.rope.reserve(max_len, self.device)  # positions are cache slots: < max_len
         cache = new_latent_cache(self.cfg, len(self.layer_ids), batch, max_len, self.device)
         self.cache_bytes = cache.numel() * cache.element_size()
         return cache
