@@ -451,8 +451,17 @@ def test_emulation_projects_tp8_and_ep8_over_both_links():
         want = CFG.num_layers + 1 + moe_layers * per_moe + 1 + (0 if mode == "AR" else 2)
         assert r["collectives"] == want, (lay, mode, r["collectives"])
     assert by[("TP8", 1, "DDTree-8", "NVLink4")]["tokens_per_s"] > 0
+    for lay in ("TP8", "EP8"):  # 9 verify rows touch more experts and cache than 1
+        assert (by[(lay, 4, "DDTree-8", "NVLink4")]["verify_floor_ms"]
+                > by[(lay, 4, "AR", "NVLink4")]["verify_floor_ms"])
     for r in rows:  # the kernel-sum (graph-replay) estimate: profiled, named, priced alike
         assert 0 < r["kernel_ms"] and r["top_kernels"]
+        # the rank's roofline: every phase floored, the bar's ratio against it
+        phases = ("verify",) if r["mode"] == "AR" else ("verify", "draft", "commit")
+        assert r["floor_ms"] == pytest.approx(sum(r[f"{p}_floor_ms"] for p in phases))
+        assert all(r[f"{p}_floor_ms"] > 0 for p in phases)
+        assert r["x_floor"] == pytest.approx(r["kernel_step_ms"] / r["floor_ms"])
+        assert r["floor_tokens_per_s"] > r["kernel_tokens_per_s"]
         assert r["kernel_step_ms"] == pytest.approx(r["kernel_ms"] + r["comm_ms"])
         assert r["kernel_tokens_per_s"] == pytest.approx(
             r["C"] * r["tau"] / (r["kernel_step_ms"] / 1e3))

@@ -137,20 +137,29 @@ def phase_floors(target, drafter, C: int, budget: int | None, ctx: int, experts:
     if budget is not None:
         d = drafter.cfg
         L, K = d.depth, min(budget, V)
-        dkv = 0
-        for kind in d.layer_types:
-            span = min(ctx, d.sliding_window) if kind == "sliding_attention" and d.sliding_window \
-                else ctx
-            dkv += C * span * 2 * d.num_kv_heads * d.head_dim * 2
-        draft_rows = C * (L + 1)
-        f["draft"] = (sizes["drafter_bytes"] + sizes["lm_head_bytes"] + dkv + 2 * C * L * V * 4,
-                      2 * draft_rows * sizes["drafter_params"] + 2 * C * L * sizes["lm_head_params"])
+        f["draft"] = draft_terms(d, C, ctx, sizes["drafter_bytes"], sizes["drafter_params"],
+                                 sizes["lm_head_bytes"], sizes["lm_head_params"], V)
         W = -(-N // 64)
         f["build"] = (C * L * K * 12 + C * N * (6 * 8 + 8 * W), 0)
         f["walk"] = (C * N * 8 * 5, 0)
         f["commit"] = (2 * cfg.num_layers * C * N * cache_row + sizes["drafter_ctx_bytes"]
                        + C * N * len(d.target_layer_ids) * cfg.hidden_size * 2, 0)
     return {p: max(b / (bw_tbs * 1e12), fl / (tflops * 1e12)) * 1e3 for p, (b, fl) in f.items()}
+
+
+def draft_terms(d, C: int, ctx: int, drafter_bytes: int, drafter_params: int, head_bytes: int,
+                head_params: int, V: int) -> tuple[float, float]:
+    """(bytes, FLOPs) of one draft forward: the drafter's weights, the LM head (or its vocab
+    shard: head_* and V of the shard), the drafter's cached K/V (sliding layers: their window)
+    and C x L rows of fp32 logits; d = the drafter config."""
+    L = d.depth
+    dkv = 0
+    for kind in d.layer_types:
+        span = min(ctx, d.sliding_window) if kind == "sliding_attention" and d.sliding_window \
+            else ctx
+        dkv += C * span * 2 * d.num_kv_heads * d.head_dim * 2
+    return (drafter_bytes + head_bytes + dkv + 2 * C * L * V * 4,
+            2 * C * (L + 1) * drafter_params + 2 * C * L * head_params)
 
 
 # -- one configuration ----------------------------------------------------------------------

@@ -229,7 +229,10 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
 
         wall = _timed(ar_step, comm, repeats)
         out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
-        return {**out, **_kernel_time(ar_step, comm, dev)}
+        routing = model(bonus.view(-1, 1), prefix.view(-1, 1), cache, prefix, anc,
+                        want_logits=False, record_routing=True).stats.get("routing", [])
+        floors = rank_floors(model, drafter, batch, None, ctx, routing)
+        return {**out, **_kernel_time(ar_step, comm, dev), **_floor_cols(floors)}
     dcache = drafter.new_cache(batch, ctx + n + 1)
     for t in dcache:
         for layer in t:
@@ -254,7 +257,67 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     out = {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
     draft = _kernel_time(lambda: drafter.draft_override(None, model, dcache, bonus, prefix, k),
                          comm, dev)  # the draft forward's share of the kernel sum
-    return {**out, **_kernel_time(step, comm, dev), "draft_kernel_s": draft["kernel_s"]}
+    routing = model(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
+                    want_logits=False, record_routing=True).stats.get("routing", [])
+    floors = rank_floors(model, drafter, batch, budget, ctx, routing)
+    return {**out, **_kernel_time(step, comm, dev), "draft_kernel_s": draft["kernel_s"],
+            **_floor_cols(floors)}
+
+
+def _floor_cols(floors: dict) -> dict:
+    """The floors as measure() columns: {phase}_floor_s and their sum floor_s."""
+    return {**{f"{p}_floor_s": v for p, v in floors.items()}, "floor_s": sum(floors.values())}
+
+
+def rank_floors(model: DistKimiModel, drafter, C: int, budget: int | None, ctx: int,
+                routing: list[torch.Tensor], bw_tbs: float | None = None,
+                tflops: float | None = None) -> dict:
+    """{phase: floor seconds} of this rank's step (loopbench.phase_floors' rules on the
+    shard): max(bytes / copy bandwidth, FLOPs / bf16 peak) per phase.
+
+    verify: the shard's dense weights (attention heads, dense / shared-expert slices, norms,
+    router), the LOCAL experts the step's routing touches (`routing`: [B, N, K] global ids
+    per MoE layer; EP: ids in this rank's range, each read once), the LM-head shard, the
+    whole latent cache (replicated: every rank reads it for its heads), the logits shard.
+    draft (DDTree): the replicated drafter + LM-head shard (`loopbench.draft_terms`).
+    commit: the verify rows' cache writes + the drafter's context weights (fc, K/V)."""
+    from workbench.loopbench import H200_BF16_TFLOPS, H200_COPY_TBS, draft_terms
+
+    bw, pk = (bw_tbs or H200_COPY_TBS) * 1e12, (tflops or H200_BF16_TFLOPS) * 1e12
+    cfg, lay = model.cfg, model.layout
+    nb = lambda t: t.numel() * t.element_size()  # noqa: E731
+    other_b = other_p = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if not ("embed_tokens" in name or name.startswith("lm_head") or ".mlp.experts." in name):
+            other_b, other_p = other_b + nb(t), other_p + t.numel()
+    head = model.lm_head_shard.weight
+    e0, e1 = lay.experts(cfg)
+    moe = [m.mlp.experts for m in model.model.layers.values() if m.is_moe]
+    exp_b = sum(nb(b) for b in moe[0].buffers()) / (e1 - e0) if moe else 0.0
+    exp_p = sum(b.numel() * 8 for n, b in moe[0].named_buffers() if n.endswith("_packed")) / (
+        e1 - e0) if moe else 0.0
+    touched = pairs = 0
+    for ids in routing:
+        mine = ids[(ids >= e0) & (ids < e1)]
+        touched += mine.unique().numel()
+        pairs += mine.numel()
+    N = 1 if budget is None else budget + 1
+    rows, H = C * N, cfg.num_heads // lay.tp
+    layers, lat = len(model.layer_ids), cfg.latent_dim
+    attn = 2 * H * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers
+    f = {"verify": (other_b + touched * exp_b + nb(head) + layers * C * ctx * lat * 2
+                    + rows * head.shape[0] * 4,
+                    2 * rows * (other_p + head.numel() + attn / 2) + 2 * pairs * exp_p)}
+    if budget is not None:
+        d, dm = drafter.cfg, drafter.drafter
+        dp = list(dm.named_parameters())
+        f["draft"] = draft_terms(d, C, ctx, sum(nb(t) for _, t in dp),
+                                 sum(t.numel() for _, t in dp), nb(head), head.numel(),
+                                 head.shape[0])
+        ctx_w = sum(nb(t) for n, t in dp
+                    if n.startswith("fc.") or "k_proj" in n or "v_proj" in n)
+        f["commit"] = (2 * layers * rows * lat * 2 + ctx_w, 0)
+    return {p: max(b / bw, fl / pk) for p, (b, fl) in f.items()}
 
 
 def _phases(comm: StandInComm) -> dict:
@@ -269,7 +332,8 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
     comm_s = sum(priced.values())
     step = meas["wall_s"] + comm_s
     row = {k: v * 1e3 for k, v in meas.items()
-           if k.endswith("_s") and k not in ("wall_s", "kernel_s", "draft_kernel_s")}
+           if k.endswith("_s") and k not in ("wall_s", "kernel_s", "draft_kernel_s")
+           and not k.endswith("floor_s")}
     row = {k.replace("_s", "_ms"): v for k, v in row.items()}
     kernel = meas.get("kernel_s", math.nan)
     return {**row, "compute_ms": meas["wall_s"] * 1e3, "comm_ms": comm_s * 1e3,
@@ -278,6 +342,10 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             # graph-replay estimate: the step's kernels back to back, plus the same comm
             "kernel_ms": kernel * 1e3, "kernel_step_ms": (kernel + comm_s) * 1e3,
             "draft_kernel_ms": meas.get("draft_kernel_s", math.nan) * 1e3,
+            **{k.replace("_s", "_ms"): v * 1e3 for k, v in meas.items() if k.endswith("floor_s")},
+            # the bar's ratio: the graph-replay estimate (kernels + comm) over the floor sum
+            "x_floor": (kernel + comm_s) / meas["floor_s"] if meas.get("floor_s") else math.nan,
+            "floor_tokens_per_s": batch * tau / meas["floor_s"] if meas.get("floor_s") else math.nan,
             "kernel_tokens_per_s": batch * tau / (kernel + comm_s),
             "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", [])}
 
@@ -372,7 +440,8 @@ def main(argv=None) -> int:
                    on_rows=save)
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
-            "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "kernel_tokens_per_s"]
+            "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",
+            "kernel_tokens_per_s"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     return 0 if all(math.isfinite(r["step_ms"]) for r in rows) else 1
 
