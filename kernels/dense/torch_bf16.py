@@ -51,8 +51,16 @@ def lm_head(h: torch.Tensor, weight: torch.Tensor, chunk: int = 16384) -> torch.
 
 def moe_route(h: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, top_k: int,
               scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); the reference's rule in fp32."""
-    s = torch.sigmoid(F.linear(h.float(), gate_weight.float()))  # [T, E] fp32
+    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); the reference's rule in fp32.
+
+    CUDA, bf16 h and weight: one bf16 cuBLAS GEMM with fp32 accumulation and output (the
+    products of bf16 values are exact in fp32, so this is the fp32 GEMM of the upcast
+    values up to summation order, without upcasting the [E, D] weight every call or running
+    an fp32 SIMT GEMM: ~19 µs a layer at Kimi size on the H200)."""
+    if h.is_cuda and h.dtype == gate_weight.dtype == torch.bfloat16:
+        s = torch.sigmoid(torch.mm(h, gate_weight.t(), out_dtype=torch.float32))  # [T, E]
+    else:
+        s = torch.sigmoid(F.linear(h.float(), gate_weight.float()))  # [T, E] fp32
     choice = s + bias.float()
     ids = stable_topk(choice, top_k)
     w = s.gather(1, ids)
