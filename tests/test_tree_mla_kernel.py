@@ -1,5 +1,5 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
-triton_v4, triton_v4_split512): equal to the dense-mask reference.
+triton_v4, triton_v4_split512, triton_v7, triton_v8): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -24,6 +24,7 @@ from workbench.kernels.tree_mla import (
     triton_v3,
     triton_v4,
     triton_v7,
+    triton_v8,
 )
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
@@ -31,7 +32,7 @@ from workbench.reference.tree_mla import pack_anc_bits, tree_mla
 VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
-            "v7": triton_v7.tree_mla_triton}
+            "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
@@ -142,7 +143,7 @@ EDGE = {
 # CPU budget: v1, v3 and v4 keep both seeds; v2 runs seed 0, the policy twins (v2_split128,
 # v4_split512) seed 1 and skip split-len-grows (at P = 8300 their partition is v2's / v4's)
 EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1), "v4": (0, 1),
-              "v4_split512": (1,), "v7": (1,)}
+              "v4_split512": (1,), "v7": (1,), "v8": (1,)}
 
 
 @pytest.mark.parametrize("name", list(EDGE))
@@ -240,6 +241,19 @@ def test_v7_few_heads_long_context_paths(poisoned):
     assert [triton_v4.num_parts(p, policy=triton_v7.FEW_HEADS) for p in (2100, 300, 40)] == \
         [(17, 18), (3, 3), (0, 1)]
     assert_matches_reference(case, triton_v7.tree_mla_triton)
+
+
+def test_v8_chunked_combine(poisoned):
+    # why: v8's combine loads 16 parts a chunk into [16, 16, 32] tiles: C = 512 (K2.6's latent,
+    # 16 column blocks), P = 4096 -> 33 parts (chunks of 16, 16, 1: the last one 15 dead parts
+    # that must add nothing), P = 1000 -> 8 parts (one half-dead chunk), P = 40 -> direct
+    # write; H = 3, N = 7: M = 21 rows, the second row block mostly past M. Within the
+    # tolerances of v7 (a different, fixed summation order)
+    case = make_case((4096, 1000, 40), random_parents(7, torch.Generator().manual_seed(15)),
+                     H=3, C=512, R=64, label="v8 combine")
+    assert [triton_v4.num_parts(p, policy=triton_v7.FEW_HEADS)[1] for p in (4096, 1000, 40)] == \
+        [33, 8, 1]
+    assert_matches_reference(case, triton_v8.tree_mla_triton)
 
 
 def test_harness_edge_cases(poisoned):
@@ -351,6 +365,8 @@ def test_registered_variants():
         assert ops.get("tree_mla") is triton_v4.tree_mla_triton
     with ops.use(tree_mla="triton_v4_split512"):
         assert ops.get("tree_mla") is triton_v4.tree_mla_triton_split512
+    with ops.use(tree_mla="triton_v8"):
+        assert ops.get("tree_mla") is triton_v8.tree_mla_triton
 
 
 @pytest.mark.parametrize("budget", [None, 5])

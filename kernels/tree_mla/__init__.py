@@ -22,6 +22,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                function for both loads) and v4's short splits chosen by the row's key count
     triton_v7  triton_v4's kernels under a policy by head count and context: below 32 heads
                128-key splits, up to 64 of them (a TP8 rank's small verify fills the GPU)
+    triton_v8  triton_v7 with a combine that loads its parts 16 at a time (one barrier a chunk,
+               not a load latency a part) in 32-column blocks; a fixed but different merge tree
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -45,6 +47,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v5": f"{_MOD}.triton_v5:tree_mla_triton",
         "triton_v6": f"{_MOD}.triton_v6:tree_mla_triton",
         "triton_v7": f"{_MOD}.triton_v7:tree_mla_triton",
+        "triton_v8": f"{_MOD}.triton_v8:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -71,6 +74,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v7"): "triton_v4's kernels with a split policy by head count and "
     "context: below 32 heads 128-key splits (up to 64 past P = 2048), so a small TP8 verify "
     "fills the GPU; v4's policy at 64 heads",
+    ("tree_mla", "triton_v8"): "triton_v7 with a combine that is not a chain of one load per "
+    "part: all lse at once, 16 parts a [16, 16, 32] tile load, 32-column blocks (4x v4's "
+    "programs); a fixed merge tree per request (batch invariant, not v7's bits)",
 }
 
 

@@ -2,6 +2,7 @@
 and whether the dots became wgmma and the loads TMA (DESIGN.md §10).
 
     python -m workbench.kernels.tree_mla.sm90 [--versions 1,2,3,4] [--heads 64] [--rows 9]
+    python -m workbench.kernels.tree_mla.sm90 --versions 4,8 --heads 8 --rows 17   # v8 combine
 
 Each launcher runs once on CPU tensors with its kernels swapped for recorders, so signatures
 and constexprs are exactly what a CUDA launch passes; then `triton.compile` targets
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -37,15 +39,20 @@ def capture(module, *args) -> list[tuple]:
     names = [n for n in dir(module) if n.startswith("_") and n.endswith("_kernel")]
     kernels = {n: getattr(module, n) for n in names}
     recs = {n: _Recorder(n) for n in names}
+    # a kernel imported from another version (v8 launches v4's _attn_kernel through v4's
+    # _launch) is swapped in the module that defines it as well
+    homes = {n: {module, sys.modules[kernels[n].module]} for n in names}
     os.environ["TRITON_INTERPRET"] = "1"  # pass the launcher's CPU-tensor check
     try:
         for n in names:
-            setattr(module, n, recs[n])
+            for home in homes[n]:
+                setattr(home, n, recs[n])
         module.tree_mla_triton(*args)
     finally:
         os.environ.pop("TRITON_INTERPRET")
         for n in names:
-            setattr(module, n, kernels[n])
+            for home in homes[n]:
+                setattr(home, n, kernels[n])
     out = []
     for n in names:
         for _, grid, pos, kw in recs[n].calls:

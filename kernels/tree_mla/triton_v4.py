@@ -265,8 +265,19 @@ def _combine_kernel(plen_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_plen, T, M
         tl.store(lse_ptr + o_rows, (m + tl.log2(l_sum)) * LN2, mask=row_ok & (cb == 0))
 
 
+def _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts,
+                    use_pdl, pdl):
+    """v4's combine launch: grid (ceil(M / 16), CP / 128, B), parts merged one after another
+    (triton_v8 passes its own launcher to _launch)."""
+    block_c = min(CP, 128)
+    _combine_kernel[(triton.cdiv(M, COMBINE_ROWS), CP // block_c, o_part.shape[0])](
+        prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=C,
+        CP=CP, BLOCK_R=COMBINE_ROWS, BLOCK_C=block_c, **consts, USE_PDL=use_pdl,
+        num_warps=4, **pdl)
+
+
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy):
+            policy: Policy, combine=None):
     B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
                                             kv_lora_rank)
     if validate:
@@ -315,12 +326,9 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         UPCAST=interp, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         USE_TMA=use_tma, USE_PDL=use_pdl, Q_TMA=q_tma, **consts, num_warps=8 if CP >= 256 else 4,
         num_stages=2)
-    if G > 1:
-        block_c = min(CP, 128)
-        _combine_kernel[(triton.cdiv(M, COMBINE_ROWS), CP // block_c, B)](
-            prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=C,
-            CP=CP, BLOCK_R=COMBINE_ROWS, BLOCK_C=block_c, **consts, USE_PDL=use_pdl,
-            num_warps=4, **pdl)
+    if G > 1:  # combine: the LSE-merge launcher (None: v4's, looked up at call time)
+        (combine or _launch_combine)(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP,
+                                     consts, use_pdl, pdl)
     return o_lat, lse
 
 
