@@ -113,14 +113,16 @@ class MLA(nn.Module):
         cfg, B, N = self.cfg, x.shape[0], x.shape[1]
         H, C, dn = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_dim
         eps, linear, rmsnorm = cfg.rms_norm_eps, ops.get("linear"), ops.get("rmsnorm")
+        table = rope.table(positions.device)  # [T, R] fp32 cos|sin, reserved by new_cache
 
         cq = rmsnorm(linear(x, self.q_a_proj.weight), self.q_a_layernorm.weight, eps)
         q = linear(cq, self.q_b_proj.weight).view(B, N, H, cfg.qk_head_dim)
-        q_nope, q_pe = q[..., :dn], rope.apply(q[..., dn:], positions)  # [B, N, H, dn|R]
+        q_nope = q[..., :dn]  # [B, N, H, dn]
+        q_pe = ops.get("rope")(q[..., dn:], positions, table, rope.interleaved)  # [B, N, H, R]
 
         kv = linear(x, self.kv_a_proj_with_mqa.weight)  # [B, N, C+R]
         c = rmsnorm(kv[..., :C], self.kv_a_layernorm.weight, eps)
-        k_pe = rope.apply(kv[..., C:], positions)
+        k_pe = ops.get("rope")(kv[..., C:], positions, table, rope.interleaved)  # [B, N, R]
         slots = prefix_lens.view(B, 1) + torch.arange(N, device=x.device)  # [B, N]
         kv_cache[torch.arange(B, device=x.device).view(B, 1), slots] = torch.cat([c, k_pe], -1)
 

@@ -96,17 +96,48 @@ class Rope:
         cs = table[positions]  # [..., dim]
         return cs[..., : self.dim // 2], cs[..., self.dim // 2 :]
 
+    def table(self, device) -> torch.Tensor:
+        """The reserved [n, dim] fp32 cos | sin table on `device` (what the "rope" op reads).
+        Raises ValueError when `reserve` was not called there: the op has no fallback, since
+        tabulating on the fly would need max(positions), a host sync (KimiModel.new_cache and
+        DistKimiModel.new_cache reserve their cache length)."""
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:  # reserve keys tensors' devices: cuda:i
+            dev = torch.device("cuda", torch.cuda.current_device())
+        t = self._tables.get(dev)
+        if t is None:
+            raise ValueError(f"rope table: none reserved on {dev}; call Rope.reserve(n, device) "
+                             "first (a model's new_cache does)")
+        return t
+
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [..., S, (heads,) dim] at positions [..., S]; heads broadcast. fp32 math, x.dtype out."""
         cos, sin = self.cos_sin(positions)
-        if x.dim() == positions.dim() + 2:  # a heads axis between S and dim
-            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        xf = x.float()
-        if self.interleaved:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]
-            out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        else:
-            half = self.dim // 2
-            x1, x2 = xf[..., :half], xf[..., half:]
-            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
+        return rotate(x, positions, cos, sin, self.interleaved)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           interleaved: bool) -> torch.Tensor:
+    """Rope.apply's math once cos, sin [..., S, dim/2] are gathered (shared by the op)."""
+    if x.dim() == positions.dim() + 2:  # a heads axis between S and dim
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    xf = x.float()
+    if interleaved:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = xf[..., :half], xf[..., half:]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
+         interleaved: bool) -> torch.Tensor:
+    """The "rope" op's reference: x [..., S, (H,) R] rotated at int positions [..., S] with the
+    cos | sin rows of table [n, R] fp32 (Rope.table). Bit for bit Rope.apply (the same gather
+    and the same `rotate`), x.dtype out. interleaved: pairs (2i, 2i+1) (target MLA), else
+    rotate-half pairs (i, i + R/2) (drafter)."""
+    cs = table[positions]  # [..., S, R]
+    half = table.shape[-1] // 2
+    return rotate(x, positions, cs[..., :half], cs[..., half:], interleaved)

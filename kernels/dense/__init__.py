@@ -1,5 +1,5 @@
-"""Supporting ops of the model (rmsnorm, linear, swiglu_mlp, lm_head, moe_route, and the
-absorbed-MLA projections mla_q_absorb and mla_v_up), engine-style.
+"""Supporting ops of the model (rmsnorm, linear, swiglu_mlp, lm_head, moe_route, the
+absorbed-MLA projections mla_q_absorb and mla_v_up, and rope), engine-style.
 
 The references (reference/layers.py, reference/moe_route.py) accumulate in float64 so that a
 row's result never depends on its batch: the loop is token-exact by construction, but at
@@ -15,6 +15,12 @@ these), which the full-size emulation uses to time an engine-like step.
 kernels; rounded once to x.dtype, batch-invariant per row, not bitwise the float64 reference.
 The "engine" preset takes it for rmsnorm; `torch_bf16` stays registered as its baseline.
 
+`rope_triton_v1` (variant `triton_v1` of op rope) is the target MLA's RoPE (q_pe, k_pe) as one
+Triton kernel instead of Rope.apply's ~10 torch kernels: cos|sin rows gathered by position
+from the table Rope.reserve made, fp32 math (FMA-contracted on the GPU: not bitwise), rounded
+once. It needs the reserved table (no on-the-fly fallback); the "engine" preset takes it, the
+reference (bitwise Rope.apply) is its baseline.
+
 Importing this package imports no Triton; `register()` adds the variants to the registry.
 """
 
@@ -24,10 +30,14 @@ _MOD = "workbench.kernels.dense.torch_bf16"
 OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route", "mla_q_absorb", "mla_v_up")
 VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
 VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
+VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rmsnorm", "torch_bf16"): ("fp32 RMSNorm, one pass, rounded once (engine-style)", ()),
     ("rmsnorm", "triton_v1"): ("one Triton program per row: fp32 math, rounded once to x.dtype "
                                "(one kernel instead of ~6)", ("triton",)),
+    ("rope", "triton_v1"): ("one Triton kernel: cos|sin rows gathered from the reserved table "
+                            "by position, fp32 math (FMA-contracted), rounded once to x.dtype "
+                            "(one kernel instead of ~10)", ("triton",)),
     ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
@@ -41,7 +51,7 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                  "accumulate (batch-variant)", ()),
 }
 # the "engine" preset's part from this folder
-ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1"}
+ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1"}
 
 
 def register() -> list[str]:

@@ -200,11 +200,12 @@ class DistKimiModel(nn.Module):
 
         cq = rmsnorm(linear(x, at.q_a_proj.weight), at.q_a_layernorm.weight, eps)
         q = linear(cq, at.q_b_proj.weight).view(B, N, H, cfg.qk_head_dim)
-        q_nope, q_pe = q[..., :dn], self.rope.apply(q[..., dn:], positions)  # [B, N, H, dn|R]
+        rope, table = ops.get("rope"), self.rope.table(positions.device)  # [T, R] fp32 cos|sin
+        q_nope, q_pe = q[..., :dn], rope(q[..., dn:], positions, table, self.rope.interleaved)
         # every rank writes the same latent rows: the cache is replicated
         kv = linear(x, at.kv_a_proj_with_mqa.weight)  # [B, N, C+R]
         c = rmsnorm(kv[..., :C], at.kv_a_layernorm.weight, eps)
-        k_pe = self.rope.apply(kv[..., C:], positions)
+        k_pe = rope(kv[..., C:], positions, table, self.rope.interleaved)  # [B, N, R]
         slots = prefix_lens.view(B, 1) + torch.arange(N, device=x.device)  # [B, N]
         kv_cache[torch.arange(B, device=x.device).view(B, 1), slots] = torch.cat([c, k_pe], -1)
 

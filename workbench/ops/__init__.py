@@ -5,7 +5,7 @@
 
 Ops the model calls (the four mission ops first): int4_moe, tree_mla, tree_build, drafter,
 then the loop's tree_walk and drafter_materialize, and the supporting ops rmsnorm, linear,
-swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up.
+swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope.
 """
 
 from . import cases as _cases
@@ -53,6 +53,9 @@ register_op("mla_q_absorb", "Absorbed-MLA query: q_nope x W_UK per head -> laten
             f"{_R}.layers:mla_q_absorb", **_H("mla_q_absorb"))
 register_op("mla_v_up", "Absorbed-MLA output: latent o x W_UV^T per head -> value heads",
             f"{_R}.layers:mla_v_up", **_H("mla_v_up"))
+register_op("rope", "Target MLA RoPE (q_pe, k_pe): x at int positions rotated with the reserved "
+            "fp32 cos|sin table, interleaved or rotate-half pairs", f"{_R}.rope:rope",
+            **_H("rope"))
 
 __all__ = [
     "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant", "VariantUnavailable", "get",

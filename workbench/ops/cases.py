@@ -592,6 +592,61 @@ def _mla_proj_roofline(c: Case) -> dict:
             "flops": 2 * d["rows"] * d["H"] * d["K"] * d["O"]}
 
 
+def rope_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """x [B, N, (H,) R] bf16 (q_pe with heads, k_pe without), positions [B, N] int, table [T, R]
+    fp32 (Rope.reserve's cos|sin rows), interleaved. The model passes column slices of q and kv:
+    the strided cases put NaN in the columns next to the slice, which must not leak in."""
+    from workbench.reference.rope import Rope, target_rope
+
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(B, N, H, T, label, why="", R=None, interleaved=True, sliced=False, int32=False):
+        R = R or cfg.qk_rope_dim
+        rope = target_rope(cfg) if R == cfg.qk_rope_dim else Rope(
+            R, cfg.rope_theta, cfg.rope_factor, cfg.rope_original_max_position,
+            cfg.rope_beta_fast, cfg.rope_beta_slow)  # the table does not depend on the layout
+        rope.reserve(T, device)
+        heads = () if H == 0 else (H,)
+        if sliced:  # q[..., dn:] of q [B, N, H, dn + R]: row stride dn + R, NaN in the dn part
+            dn = 8
+            x = r.normal(B, N, *heads, dn + R)
+            x[..., :dn] = NAN
+            x = x[..., dn:]
+        else:
+            x = r.normal(B, N, *heads, R)
+        pos = r.ints(0, T, B, N, dtype=torch.int32 if int32 else torch.int64)
+        pos[0, -1] = T - 1  # the table's last row
+        dims = dict(rows=B * N, H=max(H, 1), R=R, T=T, itemsize=x.element_size())
+        return Case("rope", label, (x, pos, rope.table(device), interleaved), dims=dims,
+                    why=why, kind=shapes)
+
+    if shapes == "edge":
+        H = cfg.num_heads
+        return [
+            case(1, 1, 0, 1, "k_pe one row", "one position, no heads axis, a one-row table"),
+            case(2, 5, 3, 37, "q_pe [2,5,3]", "heads axis, B N H odd, repeated positions"),
+            case(1, 13, H, 251, "q_pe sliced", "x = q[..., dn:]: strided rows, NaN next to the "
+                 "slice", sliced=True),
+            case(3, 7, 0, 64, "k_pe sliced int32", "x = kv[..., C:] without heads; int32 "
+                 "positions", sliced=True, int32=True),
+            case(2, 9, 4, 50, "rotate-half", "the drafter's pair layout (i, i + R/2)",
+                 interleaved=False),
+            case(1, 6, 2, 40, "R=38", "19 pairs: not a power of two (the pair mask)", R=38),
+        ]
+    T, H = 8192, cfg.num_heads
+    return [case(1, n, h, T, f"rows={n} H={h}") for n in REAL_ROWS
+            for h in (max(1, H // 8), H)] + [  # q_pe at TP8 and TP1
+        case(1, n, 0, T, f"rows={n} k_pe") for n in REAL_ROWS]
+
+
+def rope_roofline(c: Case) -> dict:
+    """x read + y written, one fp32 table row (R) and one position per row; 3 flops an element."""
+    d = c.dims
+    elems = d["rows"] * d["H"] * d["R"]
+    return {"bytes": _nb((elems, 2 * d["itemsize"]), (d["rows"], 4 * d["R"] + 8)),
+            "flops": 3 * elems}
+
+
 def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
     """h [T, D] bf16, gate_weight [E, D] bf16, bias [E] fp32, top_k, scaling."""
     cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
@@ -640,6 +695,7 @@ ROOFLINES = {
     "moe_route": _dense_roofline("T", lambda d: (d["E"] * d["D"], d["K"] * 3), out_itemsize=4),
     "lm_head": _dense_roofline("rows", lambda d: (d["V"] * d["D"], d["V"]), out_itemsize=4),
     "mla_q_absorb": _mla_proj_roofline, "mla_v_up": _mla_proj_roofline,
+    "rope": rope_roofline,
 }
 
 
@@ -659,7 +715,7 @@ class Harness:
 HARNESS = {
     "int4_moe": Harness(), "rmsnorm": Harness(), "linear": Harness(), "swiglu_mlp": Harness(),
     "lm_head": Harness(), "tree_build": Harness(), "mla_q_absorb": Harness(),
-    "mla_v_up": Harness(),
+    "mla_v_up": Harness(), "rope": Harness(),
     "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
     "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
     "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
@@ -672,7 +728,7 @@ GENERATORS = {
     "tree_walk": tree_walk_cases,
     "drafter": drafter_cases, "drafter_materialize": drafter_materialize_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
     "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
-    "mla_q_absorb": mla_q_absorb_cases, "mla_v_up": mla_v_up_cases,
+    "mla_q_absorb": mla_q_absorb_cases, "mla_v_up": mla_v_up_cases, "rope": rope_cases,
 }
 
 
