@@ -304,10 +304,10 @@ def rank_floors(model: DistKimiModel, drafter, C: int, budget: int | None, ctx: 
     N = 1 if budget is None else budget + 1
     rows, H = C * N, cfg.num_heads // lay.tp
     layers, lat = len(model.layer_ids), cfg.latent_dim
-    attn = 2 * H * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers
+    attn = 2 * H * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers  # FLOPs a row
     f = {"verify": (other_b + touched * exp_b + nb(head) + layers * C * ctx * lat * 2
                     + rows * head.shape[0] * 4,
-                    2 * rows * (other_p + head.numel() + attn / 2) + 2 * pairs * exp_p)}
+                    2 * rows * (other_p + head.numel()) + rows * attn + 2 * pairs * exp_p)}
     if budget is not None:
         d, dm = drafter.cfg, drafter.drafter
         dp = list(dm.named_parameters())

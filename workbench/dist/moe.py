@@ -162,7 +162,7 @@ def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Exp
             out[:Tm] += w[plan.lo : plan.hi, j : j + 1].to(ACC) * y_pair[:, j]
     else:  # engine (bf16 rows): one fp32 weighted sum, as an engine's combine kernel does
         out = torch.einsum("tk,tkd->td", w[plan.lo : plan.hi].float(), y_pair.float())
-        out = torch.nn.functional.pad(out, (0, 0, 0, plan.chunk - Tm))  # padded slice
+        out = F.pad(out, (0, 0, 0, plan.chunk - Tm))  # padded slice
     return comm.all_gather_cat(out.to(h.dtype), 0)[:T]
 
 
