@@ -21,6 +21,12 @@ from the table Rope.reserve made, fp32 math (FMA-contracted on the GPU: not bitw
 once. It needs the reserved table (no on-the-fly fallback); the "engine" preset takes it, the
 reference (bitwise Rope.apply) is its baseline.
 
+`moe_route_triton_v1` (variant `triton_v1` of op moe_route) keeps the router GEMM in cuBLAS
+(bf16 in, fp32 out) and does the rest in one Triton kernel instead of ~8 torch kernels: one
+program per token, sigmoid + bias, K rounds of "max, lowest index among equals" (the
+reference's tie rule, -0.0 == +0.0), the unbiased scores renormalised. Not bitwise (Triton's
+fast-exp sigmoid, sum order): the "engine" preset takes it, `torch_bf16` stays its baseline.
+
 Importing this package imports no Triton; `register()` adds the variants to the registry.
 """
 
@@ -30,6 +36,7 @@ _MOD = "workbench.kernels.dense.torch_bf16"
 OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route", "mla_q_absorb", "mla_v_up")
 VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
 VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
+VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
 VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rmsnorm", "torch_bf16"): ("fp32 RMSNorm, one pass, rounded once (engine-style)", ()),
@@ -45,13 +52,17 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),
+    ("moe_route", "triton_v1"): ("router GEMM in cuBLAS (fp32 out), then one Triton program "
+                                 "per token: sigmoid + bias, K rounds of max / lowest index, "
+                                 "renormalised (2 kernels instead of ~9)", ("triton",)),
     ("mla_q_absorb", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "
                                      "accumulate (batch-variant)", ()),
     ("mla_v_up", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "
                                  "accumulate (batch-variant)", ()),
 }
 # the "engine" preset's part from this folder
-ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1"}
+ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1",
+          "moe_route": "triton_v1"}
 
 
 def register() -> list[str]:

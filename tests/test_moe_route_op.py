@@ -1,0 +1,176 @@
+"""kernels/dense moe_route_triton_v1 (the "engine" preset's router) against the float64
+reference (reference/moe_route.py), through workbench.check and with explicit tie tables.
+
+The checker NaN-fills every allocation, compares ids exactly (moe_route has no `ranked` ties
+band) and weights within the dtype-derived tolerance, and checks the inputs are untouched.
+tests/test_equivalence.py runs non-BEST Triton variants only with `-m extended` and
+kernels/dense has no BEST, so the EDGE cases run here. On CPU the kernel runs under the Triton
+interpreter (conftest.py); the `gpu` test takes the REAL (kimi-k2.6) widths.
+
+Choices are set through the bias: h = 0 makes every score sigmoid(0) = 0.5 exactly (on both
+sides), so choice = 0.5 + bias is known to the bit and ties are exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench import ops
+from workbench.check import check
+from workbench.config import ModelConfig
+from workbench.kernels.dense.moe_route_triton_v1 import MAX_E, moe_route
+from workbench.kernels.dense.torch_bf16 import moe_route as moe_route_torch
+from workbench.ops.case import Case
+from workbench.reference.moe_route import moe_route as moe_route_ref
+
+SCALING = 2.827  # kimi-k2.6's routed_scaling_factor; any positive value will do
+
+
+def _failures(df) -> str:
+    bad = df[~df["pass"]]
+    return "\n".join(f"{r.case} seed {r.seed}: {r.error or r.mismatches} (why: {r.why})"
+                     for r in bad.itertuples())
+
+
+def _route(T, D, E, device, seed=0, bias_std=0.02):
+    g = torch.Generator(device=device).manual_seed(seed)
+    h = torch.randn(T, D, generator=g, device=device).to(torch.bfloat16)
+    w = (torch.randn(E, D, generator=g, device=device) * D**-0.5).to(torch.bfloat16)
+    return h, w, bias_std * torch.randn(E, generator=g, device=device)
+
+
+def _tied(bias: list[float], device, T=2):
+    """Zero h: every score is 0.5, so choice = 0.5 + bias exactly (see the module docstring)."""
+    E = len(bias)
+    return (torch.zeros(T, 16, dtype=torch.bfloat16, device=device),
+            torch.randn(E, 16, device=device).to(torch.bfloat16),
+            torch.tensor(bias, dtype=torch.float32, device=device))
+
+
+def test_engine_preset_runs_triton_v1_and_keeps_torch_bf16():
+    spec = ops.op_spec("moe_route")
+    assert ops.PRESETS["engine"]["moe_route"] == "triton_v1"
+    assert "torch_bf16" in spec.variants and "triton" in spec.variant("triton_v1").needs
+    assert "moe_route" not in ops.PRESETS["optimized"]  # not bitwise: engine only
+
+
+def test_edge_cases_match_the_reference(device):
+    df = check("moe_route", "triton_v1", shapes="edge", device=device)
+    assert len(df) == 2 * len(ops.op_spec("moe_route").make_inputs("edge", 0, device=device))
+    assert df["pass"].all(), _failures(df)
+
+
+def test_ids_equal_the_reference_where_margins_are_clear(device):
+    # why: E = 384, K = 8 as Kimi, D small for the interpreter; the precondition makes sure no
+    # two of the top K + 1 choices lie within 1e-6 (fp32 sigmoid/GEMM differences are ~1e-7)
+    h, w, b = _route(24, 64, 384, device, seed=5)
+    want_ids, want_w = moe_route_ref(h, w, b, 8, SCALING)
+    s = torch.sigmoid(torch.nn.functional.linear(h.double(), w.double())).float() + b
+    top = s.sort(-1, descending=True).values[:, :9]
+    assert (top[:, :-1] - top[:, 1:]).min() > 1e-6
+    ids, wts = moe_route(h, w, b, 8, SCALING)
+    assert ids.dtype == torch.int64 and wts.dtype == torch.float32
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(wts, want_w, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
+    # and torch_bf16 (the engine's previous router) picks the same experts
+    assert torch.equal(ids, moe_route_torch(h, w, b, 8, SCALING)[0])
+
+
+# (bias per expert, K, the expected ids): choice = 0.5 + bias
+TIES = [
+    ([0.0, 0.1, 0.1, -0.1, 0.1], 3, [1, 2, 4]),  # equal maxima: ascending expert index
+    ([0.1, 0.0, 0.2, 0.0, 0.0, 0.2], 4, [2, 5, 0, 1]),  # ties at two levels, K cuts a tie group
+    ([-0.5, 0.0, -0.5, -0.5], 3, [1, 0, 2]),  # choice exactly +0.0 ties among itself
+    ([0.0] * 9, 9, list(range(9))),  # K = E all tied: the identity order
+    ([float("nan"), 0.3, float("nan"), 0.0], 3, [0, 2, 1]),  # NaN first (torch's sort), in range
+]
+
+
+@pytest.mark.parametrize("bias, k, want", TIES, ids=["max-tie", "two-levels", "zero-tie",
+                                                     "all-tied", "nan-bias"])
+def test_tie_tables_lowest_index_first(bias, k, want, device):
+    h, w, b = _tied(bias, device)
+    ids, wts = moe_route(h, w, b, k, SCALING)
+    assert ids.tolist() == [want] * h.shape[0]
+    assert torch.equal(ids, moe_route_ref(h, w, b, k, SCALING)[0])
+    # every score is 0.5 (the bias only selects): the weights split the scaling evenly
+    assert torch.allclose(wts, torch.full_like(wts, SCALING / k), rtol=1e-6, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # interpreter
+def test_signed_zero_choices_tie(device):
+    # why: choice = s + bias with s = sigmoid(-200) = 0 (fp32 underflow on both sides) and a
+    # bias of -0.0 or +0.0: the IEEE sum is +0.0 either way, and a -0.0 choice cannot arise
+    # (s >= +0); the lowest index must win whatever the bias zero's sign
+    E = 6
+    h = torch.ones(3, 1, dtype=torch.bfloat16, device=device)
+    w = torch.full((E, 1), -200.0, dtype=torch.bfloat16, device=device)
+    b = torch.tensor([-0.0, 0.0, -0.0, 0.0, -0.0, 0.0], device=device)
+    ids, wts = moe_route(h, w, b, 4, SCALING)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 3
+    assert torch.equal(ids, moe_route_ref(h, w, b, 4, SCALING)[0])
+    assert torch.equal(wts, torch.zeros_like(wts))  # 0 / (0 + 1e-20): no NaN
+
+
+def test_empty_batch_and_extreme_k(device):
+    h, w, b = _route(0, 32, 13, device)
+    ids, wts = moe_route(h, w, b, 4, SCALING)  # T = 0: no launch
+    assert ids.shape == (0, 4) and ids.dtype == torch.int64 and wts.shape == (0, 4)
+    h, w, b = _route(5, 32, 13, device, seed=1)
+    for k in (1, 13):  # K = 1 (one round), K = E (the full stable order)
+        want_ids, want_w = moe_route_ref(h, w, b, k, SCALING)
+        ids, wts = moe_route(h, w, b, k, SCALING)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(wts, want_w, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
+    h, w, b = _route(3, 32, 1, device, seed=2)  # E = 1: BLOCK_E = 1
+    ids, wts = moe_route(h, w, b, 1, SCALING)
+    assert ids.tolist() == [[0]] * 3
+    torch.testing.assert_close(wts, torch.full_like(wts, SCALING))
+
+
+def test_other_layouts_and_dtypes_match_the_reference(device):
+    h, w, b = _route(7, 2 * 64, 16, device, seed=3)
+    cases = [
+        Case("moe_route", "column slice h", (h[:, 64:], w[:, 64:].contiguous(), b, 4, SCALING),
+             dims=dict(T=7, D=64, E=16, K=4), why="h rows 2D apart, read in place by the GEMM"),
+        Case("moe_route", "fp32 h", (h.float(), w.float(), b, 4, SCALING),
+             dims=dict(T=7, D=128, E=16, K=4), why="fp32 inputs (the dist proof path)"),
+        Case("moe_route", "bf16 bias", (h, w, b.to(torch.bfloat16), 4, SCALING),
+             dims=dict(T=7, D=128, E=16, K=4), why="bias dtype != fp32: upcast once"),
+    ]
+    df = check("moe_route", "triton_v1", cases=cases)
+    assert df["pass"].all(), _failures(df)
+
+
+def test_bad_arguments_raise_naming_the_argument(device):
+    h, w, b = _route(2, 16, 8, device)
+    with pytest.raises(ValueError, match=r"top_k: expected an int in \[1, 8\] \(E\), got 0"):
+        moe_route(h, w, b, 0, SCALING)
+    with pytest.raises(ValueError, match=r"top_k: expected an int in \[1, 8\] \(E\), got 9"):
+        moe_route(h, w, b, 9, SCALING)
+    with pytest.raises(ValueError, match=r"bias: expected a floating tensor of shape \(8,\)"):
+        moe_route(h, w, b[:7], 2, SCALING)
+    with pytest.raises(ValueError, match=r"gate_weight: expected a floating tensor \[E, 16\]"):
+        moe_route(h, w[:, :8], b, 2, SCALING)
+    with pytest.raises(ValueError, match=r"h: expected a floating tensor \[T, D\]"):
+        moe_route(h[None], w, b, 2, SCALING)
+    big = MAX_E + 1
+    with pytest.raises(ValueError, match=rf"gate_weight: expected 1 <= E <= {MAX_E}.*{big}"):
+        moe_route(h, torch.zeros(big, 16, dtype=h.dtype, device=device),
+                  torch.zeros(big, device=device), 2, SCALING)
+
+
+@pytest.mark.gpu
+def test_real_widths_match_the_reference():
+    cfg = ModelConfig.preset("kimi-k2.6")
+    D, E, K = cfg.hidden_size, cfg.n_routed_experts, cfg.n_experts_per_tok
+    cases = []
+    for seed in (0, 1):
+        for T in (1, 17, 544):  # one token, a 16-node tree + bonus, a 32-request batch of them
+            h, w, b = _route(T, D, E, "cuda", seed=seed)
+            cases.append(Case("moe_route", f"T={T} E={E} K={K} seed {seed}",
+                              (h, w, b, K, cfg.routed_scaling_factor),
+                              dims=dict(T=T, D=D, E=E, K=K), kind="real"))
+    df = check("moe_route", "triton_v1", cases=cases)
+    assert df["pass"].all(), _failures(df)
