@@ -1,4 +1,4 @@
-"""kernels/dense moe_route_triton_v1 (the "engine" preset's router) against the float64
+"""kernels/dense moe_route_triton_v1 (an engine-style router, not yet in a preset) against the float64
 reference (reference/moe_route.py), through workbench.check and with explicit tie tables.
 
 The checker NaN-fills every allocation, compares ids exactly (moe_route has no `ranked` ties
@@ -48,9 +48,9 @@ def _tied(bias: list[float], device, T=2):
             torch.tensor(bias, dtype=torch.float32, device=device))
 
 
-def test_engine_preset_runs_triton_v1_and_keeps_torch_bf16():
+def test_engine_preset_keeps_torch_bf16_until_triton_v1_passes_on_the_gpu():
     spec = ops.op_spec("moe_route")
-    assert ops.PRESETS["engine"]["moe_route"] == "triton_v1"
+    assert ops.PRESETS["engine"]["moe_route"] == "torch_bf16"  # see the xfail below
     assert "torch_bf16" in spec.variants and "triton" in spec.variant("triton_v1").needs
     assert "moe_route" not in ops.PRESETS["optimized"]  # not bitwise: engine only
 
@@ -162,6 +162,11 @@ def test_bad_arguments_raise_naming_the_argument(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="H200, session 7 (94a966d): T=544 seed 0 row 324 picks "
+                   "expert 96 for slot 8 where the float64 reference picks 246 (moe_route ids "
+                   "are compared exactly, with no tie band: likely a near-tie of the 8th and "
+                   "9th choices under the fast-exp sigmoid, not yet verified), so the engine "
+                   "preset keeps torch_bf16")
 def test_real_widths_match_the_reference():
     cfg = ModelConfig.preset("kimi-k2.6")
     D, E, K = cfg.hidden_size, cfg.n_routed_experts, cfg.n_experts_per_tok
