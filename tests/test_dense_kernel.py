@@ -14,18 +14,12 @@ import pytest
 import torch
 
 from workbench import ops
-from workbench.check import check
+from workbench.check import check, failures
 from workbench.kernels.dense.torch_bf16 import rmsnorm as rmsnorm_torch
 from workbench.kernels.dense.triton_v1 import rmsnorm
 from workbench.ops.case import Case
 
 EPS = 1e-6
-
-
-def _failures(df) -> str:
-    bad = df[~df["pass"]]
-    return "\n".join(f"{r.case} seed {r.seed}: {r.error or r.mismatches} (why: {r.why})"
-                     for r in bad.itertuples())
 
 
 def test_engine_preset_runs_triton_v1_and_keeps_torch_bf16():
@@ -38,7 +32,7 @@ def test_engine_preset_runs_triton_v1_and_keeps_torch_bf16():
 def test_edge_cases_match_the_reference(device):
     df = check("rmsnorm", "triton_v1", shapes="edge", device=device)
     assert len(df) == 2 * len(ops.op_spec("rmsnorm").make_inputs("edge", 0, device=device))
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 def _cases(device) -> list[Case]:
@@ -67,7 +61,7 @@ def _cases(device) -> list[Case]:
 
 def test_other_dtypes_and_layouts_match_the_reference(device):
     df = check("rmsnorm", "triton_v1", cases=_cases(device))
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
@@ -105,4 +99,4 @@ def test_bad_arguments_raise_naming_the_argument(device):
 @pytest.mark.gpu
 def test_real_widths_match_the_reference():
     df = check("rmsnorm", "triton_v1", shapes="real", seeds=2, device="cuda")
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench import ModelConfig, ops
-from workbench.check import check, check_main, compare_outputs
+from workbench.check import check, check_main, compare_outputs, failures
 from workbench.ops import registry
 from workbench.ops.case import Case
 from workbench.ops.cases import GENERATORS, HARNESS, ROOFLINES, Harness
@@ -37,12 +37,6 @@ def _params():
             yield pytest.param(op, name, marks=marks, id=f"{op}-{name}")
 
 
-def _failures(df) -> str:
-    bad = df[~df["pass"]]
-    return "\n".join(f"{r.case} seed {r.seed}: {r.error or r.mismatches} (why: {r.why})"
-                     for r in bad.itertuples())
-
-
 @pytest.mark.parametrize("op, variant", list(_params()))
 def test_variant_matches_reference_on_edge_cases(op, variant, device):
     reason = ops.op_spec(op).variant(variant).unavailable_reason()
@@ -50,7 +44,7 @@ def test_variant_matches_reference_on_edge_cases(op, variant, device):
         pytest.skip(reason)
     df = check(op, variant, shapes="edge", device=device)
     assert len(df) == 2 * len(ops.op_spec(op).make_inputs("edge", 0, device=device))
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 # -- the generators: hostile EDGE cases, REAL derived from the config, rooflines --------------
@@ -125,7 +119,7 @@ def test_rooflines_reproduce_the_design_numbers():
 @pytest.mark.parametrize("op", sorted(GENERATORS))
 def test_reference_passes_real_cases_at_tiny_widths(op):
     df = check(op, shapes="real", cfg="tiny", seeds=1)
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 @pytest.mark.slow
@@ -138,7 +132,7 @@ def test_reference_passes_kimi_real_cases_on_cpu(op, opts):
     if op == "int4_moe":
         cases = [c for c in cases if c.dims["T"] <= 9]
     df = check(op, cases=cases, device="cpu")
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 @pytest.fixture
@@ -192,7 +186,7 @@ def _swiglu_bf16_hidden(x, g, u, d):
 def test_tolerances_admit_realistic_rounding(candidate, op, fn, shapes):
     candidate(op, fn)
     df = check(op, "candidate", shapes=shapes, cfg="tiny" if shapes == "real" else None, seeds=2)
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
     assert (df["max_abs"] > 0).any()  # it did round differently
 
 

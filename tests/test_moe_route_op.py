@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from workbench import ops
-from workbench.check import check
+from workbench.check import check, failures
 from workbench.config import ModelConfig
 from workbench.kernels.dense.moe_route_triton_v1 import MAX_E, moe_route
 from workbench.kernels.dense.torch_bf16 import moe_route as moe_route_torch
@@ -25,12 +25,6 @@ from workbench.ops.case import Case
 from workbench.reference.moe_route import moe_route as moe_route_ref
 
 SCALING = 2.827  # kimi-k2.6's routed_scaling_factor; any positive value will do
-
-
-def _failures(df) -> str:
-    bad = df[~df["pass"]]
-    return "\n".join(f"{r.case} seed {r.seed}: {r.error or r.mismatches} (why: {r.why})"
-                     for r in bad.itertuples())
 
 
 def _route(T, D, E, device, seed=0, bias_std=0.02):
@@ -58,7 +52,7 @@ def test_engine_preset_keeps_torch_bf16_until_triton_v1_passes_on_the_gpu():
 def test_edge_cases_match_the_reference(device):
     df = check("moe_route", "triton_v1", shapes="edge", device=device)
     assert len(df) == 2 * len(ops.op_spec("moe_route").make_inputs("edge", 0, device=device))
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 def test_ids_equal_the_reference_where_margins_are_clear(device):
@@ -140,7 +134,7 @@ def test_other_layouts_and_dtypes_match_the_reference(device):
              dims=dict(T=7, D=128, E=16, K=4), why="bias dtype != fp32: upcast once"),
     ]
     df = check("moe_route", "triton_v1", cases=cases)
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 def test_bad_arguments_raise_naming_the_argument(device):
@@ -178,4 +172,4 @@ def test_real_widths_match_the_reference():
                               (h, w, b, K, cfg.routed_scaling_factor),
                               dims=dict(T=T, D=D, E=E, K=K), kind="real"))
     df = check("moe_route", "triton_v1", cases=cases)
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from workbench import ops
-from workbench.check import check
+from workbench.check import check, failures
 from workbench.kernels.dense.rope_triton_v1 import rope as rope_triton
 from workbench.ops.case import Case
 from workbench.reference.rope import Rope
@@ -27,12 +27,6 @@ def _rope(dim: int, interleaved: bool, device) -> Rope:
     r = Rope(dim, 50000.0, 32.0, 4096, 32.0, 1.0, interleaved=interleaved)  # YaRN ramp active
     r.reserve(T, device)
     return r
-
-
-def _failures(df) -> str:
-    bad = df[~df["pass"]]
-    return "\n".join(f"{r.case} seed {r.seed}: {r.error or r.mismatches} (why: {r.why})"
-                     for r in bad.itertuples())
 
 
 def test_engine_preset_runs_triton_v1_and_optimized_keeps_the_reference():
@@ -59,7 +53,7 @@ def test_reference_op_is_rope_apply_bit_for_bit(interleaved, heads, dtype, devic
 def test_edge_cases_match_the_reference(device):
     df = check("rope", "triton_v1", shapes="edge", device=device)
     assert len(df) == 2 * len(ops.op_spec("rope").make_inputs("edge", 0, device=device))
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 def _cases(device) -> list[Case]:
@@ -91,7 +85,7 @@ def _cases(device) -> list[Case]:
 
 def test_other_dtypes_and_layouts_match_the_reference(device):
     df = check("rope", "triton_v1", cases=_cases(device))
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)
 
 
 def test_out_of_range_positions_give_nan_rows_or_raise_with_validate(device):
@@ -131,4 +125,4 @@ def test_bad_arguments_raise_naming_the_argument(device):
 @pytest.mark.gpu
 def test_real_shapes_match_the_reference():
     df = check("rope", "triton_v1", shapes="real", seeds=2, device="cuda")
-    assert df["pass"].all(), _failures(df)
+    assert df["pass"].all(), failures(df)

@@ -324,6 +324,14 @@ def check(op: str, variant: str = REFERENCE, cases=None, shapes: str = "edge", s
     return pd.DataFrame(rows)
 
 
+def failures(df: pd.DataFrame) -> str:
+    """`check`'s failed rows, one line each (case, seed, what differed, the case's why): the
+    message a test asserts with."""
+    bad = df[~df["pass"]]
+    return "\n".join(f"{r.case} seed {r.seed}: {r.error or r.mismatches} (why: {r.why})"
+                     for r in bad.itertuples())
+
+
 # -- command line ----------------------------------------------------------------------------
 COLUMNS = ["variant", "case", "seed", *TIERS, "max_abs", "max_rel", "rel_err", "pass"]
 
