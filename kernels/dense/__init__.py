@@ -25,11 +25,11 @@ reference (bitwise Rope.apply) is its baseline.
 (bf16 in, fp32 out) and does the rest in one Triton kernel instead of ~8 torch kernels: one
 program per token, sigmoid + bias, K rounds of "max, lowest index among equals" (the
 reference's tie rule, -0.0 == +0.0), the unbiased scores renormalised. Not bitwise (Triton's
-fast-exp sigmoid, sum order). NOT in the "engine" preset: on the H200 (session 7) its REAL
-widths test failed at T 544 (one token's 8th expert differs from the float64 reference's;
-moe_route ids are compared exactly, so likely a near-tie of the 8th and 9th choices, not yet
-verified; tests/test_moe_route_op.py, xfail until understood); in the
-emulated EP8 rank it saved ~1.6 ms of kernels a step at C 1 (traces/gpu/session7).
+fast-exp sigmoid, sum order): the "engine" preset takes it, `torch_bf16` stays its baseline.
+On the H200 its ids equal torch_bf16's at REAL widths; both differ from the float64 reference
+only at near-ties of the reference's choices (T 544: one row, margin 4.8e-7; session 7,
+scripts/diag_moe_route_tie.py); in the emulated EP8 rank it saves ~1.6 ms of kernels a step at
+C 1 (traces/gpu/session7).
 
 Importing this package imports no Triton; `register()` adds the variants to the registry.
 """
@@ -65,7 +65,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                  "accumulate (batch-variant)", ()),
 }
 # the "engine" preset's part from this folder
-ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1"}
+ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1",
+          "moe_route": "triton_v1"}
 
 
 def register() -> list[str]:
