@@ -198,3 +198,33 @@ if cb_path.exists():
     by_link
 else:
     "traces/commbench_h200x2.csv not in this checkout"
+
+# %% [markdown]
+# ## The emulated rank against its roofline (session 7)
+# `traces/emulate_engine_session7.csv`: EP8 rank 0 of `kimi-k2.6` on one H200, engine preset +
+# tree_mla v7 (`traces/gpu/session7/README.md` has the command). Each row carries the rank's
+# floor per phase (`emulate.rank_floors`: the shard's weights, the local experts the step's
+# routing touches, the latent cache, the drafter and LM-head shard) and `x_floor`, the
+# graph-replay estimate (kernel sum + modelled comm) over the floor: issue #12 asks for 1.3 at
+# C = 1, budget 16.
+
+# %%
+s7 = traces / "emulate_engine_session7.csv"
+if s7.exists():
+    e = pd.read_csv(s7)
+    e = e[e.link == "NVLink4"].reset_index(drop=True)
+    assert (e.floor_ms > 0).all() and (e.x_floor > 1).all()
+    assert (e.floor_tokens_per_s > e.kernel_tokens_per_s).all()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = range(len(e))
+    ax.bar([i - 0.2 for i in x], e.kernel_step_ms, 0.4, label="kernels + comm (graph estimate)")
+    ax.bar([i + 0.2 for i in x], e.floor_ms, 0.4, label="roofline floor")
+    ax.set_xticks(list(x), [f"C {c}\n{m}" for c, m in zip(e.C, e["mode"])], fontsize=8)
+    ax.set_ylabel("ms a step (EP8 rank 0)")
+    ax.legend(fontsize=8)
+    print(e.gpu.iloc[0], "| git", str(e.git_sha.iloc[0])[:7], "| kernels", e.kernels.iloc[0])
+    view = e[["C", "mode", "kernel_step_ms", "floor_ms", "x_floor", "kernel_tokens_per_s",
+              "floor_tokens_per_s"]].round(2)
+else:
+    view = "traces/emulate_engine_session7.csv not in this checkout"
+view
