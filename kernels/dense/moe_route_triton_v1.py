@@ -26,12 +26,12 @@ tolerance; ids equal the reference's wherever choices are a few fp32 ulps apart.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from ..drafter._common import INTERPRET, _require, next_pow2
+from .torch_bf16 import router_logits
 
 MAX_E = 1024  # one row per program in registers; K rounds of two reductions over BLOCK_E lanes
 # Up to 512 lanes one warp holds the row (16 a thread): each of the 2K + 1 reductions is then
@@ -93,10 +93,7 @@ def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
     w = torch.empty(T, top_k, dtype=torch.float32, device=h.device)
     if T == 0:
         return ids, w
-    if h.is_cuda and h.dtype == gate_weight.dtype == torch.bfloat16:
-        logits = torch.mm(h, gate_weight.t(), out_dtype=torch.float32)  # [T, E]
-    else:
-        logits = F.linear(h.float(), gate_weight.float())  # [T, E] fp32
+    logits = router_logits(h, gate_weight)  # [T, E] fp32, torch_bf16's GEMM
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     b = bias.float().contiguous()  # a no-op for the model's fp32 bias

@@ -57,14 +57,19 @@ def moe_route(h: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, to
     products of bf16 values are exact in fp32, so this is the fp32 GEMM of the upcast
     values up to summation order, without upcasting the [E, D] weight every call or running
     an fp32 SIMT GEMM: ~19 µs a layer at Kimi size on the H200)."""
-    if h.is_cuda and h.dtype == gate_weight.dtype == torch.bfloat16:
-        s = torch.sigmoid(torch.mm(h, gate_weight.t(), out_dtype=torch.float32))  # [T, E]
-    else:
-        s = torch.sigmoid(F.linear(h.float(), gate_weight.float()))  # [T, E] fp32
+    s = torch.sigmoid(router_logits(h, gate_weight))  # [T, E] fp32
     choice = s + bias.float()
     ids = stable_topk(choice, top_k)
     w = s.gather(1, ids)
     return ids, w / (w.sum(-1, keepdim=True) + 1e-20) * scaling
+
+
+def router_logits(h: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
+    """h [T, D] x gate_weight [E, D]^T -> [T, E] fp32: the bf16 cuBLAS GEMM with fp32 output
+    on CUDA for bf16 inputs (see moe_route), else an fp32 GEMM of the upcast values."""
+    if h.is_cuda and h.dtype == gate_weight.dtype == torch.bfloat16:
+        return torch.mm(h, gate_weight.t(), out_dtype=torch.float32)
+    return F.linear(h.float(), gate_weight.float())
 
 
 def stable_topk(x: torch.Tensor, k: int) -> torch.Tensor:
