@@ -37,11 +37,11 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from . import _common
-from .triton_v4 import _attn_kernel, _launch, _parts  # noqa: F401  (_attn_kernel: sm90.py)
+
+# _attn_kernel is imported for sm90.py, which compiles a version's kernels by module
+from .triton_v4 import COMBINE_ROWS, LN2, _attn_kernel, _launch, _parts  # noqa: F401
 from .triton_v7 import policy_for
 
-LN2 = tl.constexpr(0.6931471805599453)  # log2 units -> natural log
-COMBINE_ROWS = 16  # rows (heads x nodes) a combine program, as v4
 COMBINE_COLS = 32  # columns a combine program (v4: 128): 4x the programs, 16 B a thread a part
 CHUNK = 16  # parts a loop iteration: 16 independent 16 B loads a thread in flight
 # COMBINE_COLS, CHUNK and the 4 warps fix the reduction tree: never choose them from B or M
