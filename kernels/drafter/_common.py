@@ -36,10 +36,10 @@ def _require(ok: bool, name: str, expected, got) -> None:
         raise ValueError(f"{name}: expected {expected}, got {got}")
 
 
-def check_block_args(drafter, cache, bonus: Tensor, start: Tensor) -> int:
+def check_block_args(drafter, cache, bonus: Tensor, start: Tensor) -> None:
     """The block forward's shape / dtype / device checks (no device sync: CUDA-graph
-    capturable). Returns B. Values of `start` are not read (that would sync): the kernels
-    clamp P into [0, T] so a bad value cannot read out of bounds."""
+    capturable). Values of `start` are not read (that would sync): the kernels clamp P into
+    [0, T] so a bad value cannot read out of bounds."""
     c = drafter.cfg
     dev = drafter.device
     _require(isinstance(bonus, Tensor) and bonus.dim() == 1, "bonus", "a 1-d tensor [B]",
@@ -62,7 +62,6 @@ def check_block_args(drafter, cache, bonus: Tensor, start: Tensor) -> int:
         _require(t.device == dev, name, f"on {dev} (the drafter's device)", t.device)
     _require(c.head_dim >= 16 and c.head_dim & (c.head_dim - 1) == 0, "drafter.head_dim",
              "a power of two >= 16 (tl.dot tiles)", c.head_dim)
-    return B
 
 
 def check_args(drafter, target, cache, bonus: Tensor, start: Tensor, k) -> int:

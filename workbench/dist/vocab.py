@@ -110,8 +110,6 @@ def block_body():
     """The selected `drafter` variant's block forward without its head (kernels/drafter
     BLOCK_HIDDEN), None for the reference; a variant without one is an error, not a silent
     switch to the reference body."""
-    import importlib
-
     from workbench.kernels.drafter import BLOCK_HIDDEN
 
     name = ops.selected("drafter")
@@ -121,8 +119,7 @@ def block_body():
         raise ValueError(f"drafter: the distributed drafter needs a block body for variant "
                          f"{name!r}; expected one of {sorted(BLOCK_HIDDEN)} or "
                          f"{ops.REFERENCE!r}")
-    mod, fn = BLOCK_HIDDEN[name].split(":")
-    return getattr(importlib.import_module(mod), fn)
+    return ops.Variant(name, BLOCK_HIDDEN[name]).load()  # the registry's "module:function" loader
 
 
 def block_ids(cfg, bonus: torch.Tensor) -> torch.Tensor:
