@@ -222,16 +222,16 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     prefix = torch.full((batch,), ctx, dtype=torch.long, device=dev)
     bonus = torch.randint(0, cfg.vocab_size, (batch,), generator=g, device=dev)
     times: dict[str, float] = {}
+    seen: dict = {}  # the timed step's routing ids (recording them launches nothing): floors
     if budget is None:
         anc = torch.ones(batch, 1, 1, dtype=torch.long, device=dev)
         def ar_step():
-            model(bonus.view(-1, 1), prefix.view(-1, 1), cache, prefix, anc)
+            seen["routing"] = model(bonus.view(-1, 1), prefix.view(-1, 1), cache, prefix, anc,
+                                    record_routing=True).stats.get("routing", [])
 
         wall = _timed(ar_step, comm, repeats)
         out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
-        routing = model(bonus.view(-1, 1), prefix.view(-1, 1), cache, prefix, anc,
-                        want_logits=False, record_routing=True).stats.get("routing", [])
-        floors = rank_floors(model, drafter, batch, None, ctx, routing)
+        floors = rank_floors(model, drafter, batch, None, ctx, seen["routing"])
         return {**out, **_kernel_time(ar_step, comm, dev), **_floor_cols(floors)}
     dcache = drafter.new_cache(batch, ctx + n + 1)
     for t in dcache:
@@ -248,7 +248,8 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
         ops.get("tree_build")(lp, ids, budget, root_tokens=bonus, prefix_lens=prefix)
         times["tree_build_s"] = time.perf_counter() - t0
         out = model(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
-                    capture=tuple(cfg.drafter.target_layer_ids))
+                    capture=tuple(cfg.drafter.target_layer_ids), record_routing=True)
+        seen["routing"] = out.stats.get("routing", [])
         # the drafter's context for the accepted path: ACCEPTED rows per request
         drafter.materialize(dcache, out.captured, tree.positions,
                             torch.full((batch,), min(n, ACCEPTED), device=dev))
@@ -257,9 +258,7 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     out = {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
     draft = _kernel_time(lambda: drafter.draft_override(None, model, dcache, bonus, prefix, k),
                          comm, dev)  # the draft forward's share of the kernel sum
-    routing = model(tree.tokens, tree.positions, cache, prefix, tree.anc_bits,
-                    want_logits=False, record_routing=True).stats.get("routing", [])
-    floors = rank_floors(model, drafter, batch, budget, ctx, routing)
+    floors = rank_floors(model, drafter, batch, budget, ctx, seen["routing"])
     return {**out, **_kernel_time(step, comm, dev), "draft_kernel_s": draft["kernel_s"],
             **_floor_cols(floors)}
 
