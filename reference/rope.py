@@ -91,10 +91,7 @@ class Rope:
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [...] int -> cos, sin [..., dim/2] float32 (angles in float64)."""
         table = self._tables.get(positions.device)
-        if table is None:
-            return self._compute(positions)
-        cs = table[positions]  # [..., dim]
-        return cs[..., : self.dim // 2], cs[..., self.dim // 2 :]
+        return self._compute(positions) if table is None else table_rows(table, positions)
 
     def table(self, device) -> torch.Tensor:
         """The reserved [n, dim] fp32 cos | sin table on `device` (what the "rope" op reads).
@@ -132,12 +129,17 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: tor
     return out.to(x.dtype)
 
 
+def table_rows(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [..., R/2] fp32: the rows of a reserved cos | sin table [n, R] at positions."""
+    cs = table[positions]  # [..., R]
+    half = table.shape[-1] // 2
+    return cs[..., :half], cs[..., half:]
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
          interleaved: bool) -> torch.Tensor:
     """The "rope" op's reference: x [..., S, (H,) R] rotated at int positions [..., S] with the
     cos | sin rows of table [n, R] fp32 (Rope.table). Bit for bit Rope.apply (the same gather
     and the same `rotate`), x.dtype out. interleaved: pairs (2i, 2i+1) (target MLA), else
     rotate-half pairs (i, i + R/2) (drafter)."""
-    cs = table[positions]  # [..., S, R]
-    half = table.shape[-1] // 2
-    return rotate(x, positions, cs[..., :half], cs[..., half:], interleaved)
+    return rotate(x, positions, *table_rows(table, positions), interleaved)
