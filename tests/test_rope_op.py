@@ -2,10 +2,9 @@
 move), and kernels/dense rope_triton_v1 (the "engine" preset's) matches it within the
 dtype-derived tolerance through workbench.check (NaN-filled allocations, inputs untouched).
 
-tests/test_equivalence.py runs non-BEST Triton variants only with `-m extended` and
-kernels/dense has no BEST, so the EDGE cases run here. On CPU the kernel runs under the Triton
-interpreter (conftest.py), where it is bitwise (no FMA contraction); the `gpu` test takes the
-REAL (kimi-k2.6) shapes.
+The registry's EDGE cases run in tests/test_equivalence.py (the engine preset's picks run by
+default). On CPU the kernel runs under the Triton interpreter (conftest.py), where it is
+bitwise (no FMA contraction); the `gpu` test takes the REAL (kimi-k2.6) shapes.
 """
 
 from __future__ import annotations
@@ -48,12 +47,6 @@ def test_reference_op_is_rope_apply_bit_for_bit(interleaved, heads, dtype, devic
     # the table-less Rope.apply (a Rope never reserved) gives the same bits (reserve's claim)
     bare = Rope(64, 50000.0, 32.0, 4096, 32.0, 1.0, interleaved=interleaved)
     assert torch.equal(bare.apply(x, pos), want)
-
-
-def test_edge_cases_match_the_reference(device):
-    df = check("rope", "triton_v1", shapes="edge", device=device)
-    assert len(df) == 2 * len(ops.op_spec("rope").make_inputs("edge", 0, device=device))
-    assert df["pass"].all(), failures(df)
 
 
 def _cases(device) -> list[Case]:
