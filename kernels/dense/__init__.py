@@ -31,6 +31,11 @@ only at near-ties of the reference's choices (T 544: one row, margin 4.8e-7; ses
 scripts/diag_moe_route_tie.py); in the emulated EP8 rank it saves ~1.6 ms of kernels a step at
 C 1 (traces/gpu/session7).
 
+`ep_plan_triton_v1` (variant `triton_v1` of op ep_plan) is one rank's expert-parallel
+exchange plan (reference/ep_plan.py) as one Triton program of counting sorts instead of ~20
+torch kernels and two host syncs a MoE layer; discrete outputs, bitwise the reference's. The
+"engine" preset takes it (the emulated EP rank's plan).
+
 Importing this package imports no Triton; `register()` adds the variants to the registry.
 """
 
@@ -42,6 +47,7 @@ VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op
 VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
 VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
 VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
+VARIANTS["ep_plan"] = {"triton_v1": "workbench.kernels.dense.ep_plan_triton_v1:ep_plan"}
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rmsnorm", "torch_bf16"): ("fp32 RMSNorm, one pass, rounded once (engine-style)", ()),
     ("rmsnorm", "triton_v1"): ("one Triton program per row: fp32 math, rounded once to x.dtype "
@@ -49,6 +55,10 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rope", "triton_v1"): ("one Triton kernel: cos|sin rows gathered from the reserved table "
                             "by position, fp32 math (FMA-contracted), rounded once to x.dtype "
                             "(one kernel instead of ~10)", ("triton",)),
+    ("ep_plan", "triton_v1"): ("one Triton program: counting sorts over the W destinations "
+                               "(histogram, stable positions by cumsum, row-major compaction); "
+                               "bitwise the reference, no host sync (1 kernel instead of ~20)",
+                               ("triton",)),
     ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
@@ -66,7 +76,7 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
 }
 # the "engine" preset's part from this folder
 ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1",
-          "moe_route": "triton_v1"}
+          "moe_route": "triton_v1", "ep_plan": "triton_v1"}
 
 
 def register() -> list[str]:

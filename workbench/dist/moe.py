@@ -29,6 +29,7 @@ from torch import nn
 
 from workbench import ops
 from workbench.reference import layers as _layers
+from workbench.reference.ep_plan import owned
 from workbench.reference.int4_moe import Int4Experts
 
 from .comm import Comm
@@ -106,28 +107,15 @@ class EPPlan:
 
 
 def ep_plan(ids: torch.Tensor, lay: Layout, experts_per_group: int) -> EPPlan:
-    """This rank's exchange plan from the replicated routing ids [T, K]. Two host syncs (the
-    split sizes and the received rows' count: the all-to-all takes host splits), no sort but
-    the one that orders the sent rows."""
-    T, K = ids.shape
-    W, tp, dev = lay.world, lay.tp, ids.device
-    chunk = max(1, -(-T // W))
-    lo, hi = min(lay.rank * chunk, T), min((lay.rank + 1) * chunk, T)
-    grp = ids // experts_per_group  # [T, K] expert group of each pair
-    dest = (grp[lo:hi, :, None] * tp + torch.arange(tp, device=dev)).flatten()  # [S] (t, j, i)
-    order = torch.argsort(dest, stable=True)  # keeps (t, j, i) order per destination
-    send_t = lo + order // (K * tp)  # the token of each sent row (element e is token e // Ktp)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=dev)  # send position of each (t, j, i)
-    # Pairs routed to my group arrive from their owners in source-rank order, and from one
-    # source in its (t, j) order: row-major order over all T tokens is exactly that.
-    mine = grp == lay.group  # [T, K]
-    per_owner = F.pad(mine.sum(1), (0, W * chunk - T)).view(W, chunk).sum(1)  # [W] received
-    sent = (dest[:, None] == torch.arange(W, device=dev)).sum(0)  # [W] rows to each rank
-    send_splits, recv_splits = torch.stack([sent, per_owner]).tolist()  # one sync
-    rt, rj = mine.nonzero(as_tuple=True)  # [R]
-    return EPPlan(lo, hi, chunk, send_t, inverse, send_splits, rt,
-                  ids[rt, rj] - lay.group * experts_per_group, recv_splits)
+    """This rank's exchange plan from the replicated routing ids [T, K]: the `ep_plan` op
+    (reference/ep_plan.py; no host sync) and ONE sync for the split lists the all-to-all takes
+    (the received rows' count is their sum)."""
+    r = ops.get("ep_plan")(ids, lay.rank, lay.world, lay.tp, experts_per_group)
+    send_splits, recv_splits = r.splits.tolist()  # the one sync
+    chunk, lo, hi = owned(ids.shape[0], lay.rank, lay.world)
+    n = sum(recv_splits)
+    return EPPlan(lo, hi, chunk, r.send_t, r.order, send_splits, r.recv_t[:n], r.recv_e[:n],
+                  recv_splits)
 
 
 def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,

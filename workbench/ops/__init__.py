@@ -5,7 +5,7 @@
 
 Ops the model calls (the four mission ops first): int4_moe, tree_mla, tree_build, drafter,
 then the loop's tree_walk and drafter_materialize, and the supporting ops rmsnorm, linear,
-swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope.
+swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope, ep_plan.
 """
 
 from . import cases as _cases
@@ -56,6 +56,9 @@ register_op("mla_v_up", "Absorbed-MLA output: latent o x W_UV^T per head -> valu
 register_op("rope", "Target MLA RoPE (q_pe, k_pe): x at int positions rotated with the reserved "
             "fp32 cos|sin table, interleaved or rotate-half pairs", f"{_R}.rope:rope",
             **_H("rope"))
+register_op("ep_plan", "One rank's expert-parallel exchange plan from the replicated routing: "
+            "sent rows by destination, the inverse order, split sizes, received rows",
+            f"{_R}.ep_plan:ep_plan", **_H("ep_plan"))
 
 __all__ = [
     "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant", "VariantUnavailable", "get",

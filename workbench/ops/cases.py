@@ -647,6 +647,43 @@ def rope_roofline(c: Case) -> dict:
             "flops": 3 * elems}
 
 
+def ep_plan_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """ids [T, K] int64 (distinct per row, as the router gives), rank, world, tp, experts per
+    group: one rank's side of the EP exchange (reference/ep_plan.py). Discrete outputs."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(T, K, world, tp, epg, label, why="", rank=0, ids=None):
+        n_e = world // tp * epg
+        ids = r.distinct(n_e, K, T) if ids is None else ids
+        return Case("ep_plan", label, (ids, rank, world, tp, epg),
+                    dims=dict(T=T, K=K, W=world, tp=tp), why=why, kind=shapes)
+
+    if shapes == "edge":
+        one = torch.arange(4, device=r.device).repeat(7, 1)  # every pair to group 0
+        return [case(1, 2, 4, 1, 3, "T=1", "one token: ranks 1..3 own nothing", rank=0),
+                case(3, 4, 8, 1, 4, "T<W rank 5", "an empty owned slice still receives",
+                     rank=5),
+                case(13, 3, 4, 1, 5, "T=13 prime", "the last owner's slice is short", rank=3),
+                case(7, 4, 4, 1, 4, "all to group 0", "rank 0 receives every pair", ids=one),
+                case(7, 4, 4, 1, 4, "group gets none", "rank 2 receives nothing", ids=one,
+                     rank=2),
+                case(9, 4, 8, 2, 6, "EPxTP tp=2", "each pair to both members of its group",
+                     rank=3),
+                case(21, 5, 5, 1, 3, "W=5", "world not a power of two", rank=4),
+                case(6, 3, 4, 1, 3, "strided ids", "ids a stride-2 view; the gaps hold an "
+                     "out-of-range expert", rank=1, ids=_gappy(r.distinct(12, 3, 6), 10**6))]
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    return [case(T, K, 8, 1, E // 8, f"T={T} EP8 rank {rk}", rank=rk)
+            for T in (*REAL_ROWS, 528) for rk in (0, 7)]
+
+
+def ep_plan_roofline(c: Case) -> dict:
+    """ids read once per pass (4 passes at most), the int64 outputs written once."""
+    d = c.dims
+    pairs = d["T"] * d["K"]
+    return {"bytes": _nb((pairs, 8 * 4), (pairs * d["tp"], 16), (pairs, 16)), "flops": 0}
+
+
 def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
     """h [T, D] bf16, gate_weight [E, D] bf16, bias [E] fp32, top_k, scaling."""
     cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
@@ -695,7 +732,7 @@ ROOFLINES = {
     "moe_route": _dense_roofline("T", lambda d: (d["E"] * d["D"], d["K"] * 3), out_itemsize=4),
     "lm_head": _dense_roofline("rows", lambda d: (d["V"] * d["D"], d["V"]), out_itemsize=4),
     "mla_q_absorb": _mla_proj_roofline, "mla_v_up": _mla_proj_roofline,
-    "rope": rope_roofline,
+    "rope": rope_roofline, "ep_plan": ep_plan_roofline,
 }
 
 
@@ -716,6 +753,7 @@ HARNESS = {
     "int4_moe": Harness(), "rmsnorm": Harness(), "linear": Harness(), "swiglu_mlp": Harness(),
     "lm_head": Harness(), "tree_build": Harness(), "mla_q_absorb": Harness(),
     "mla_v_up": Harness(), "rope": Harness(),
+    "ep_plan": Harness(("send_t", "order", "splits", "recv_t", "recv_e")),
     "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
     "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
     "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
@@ -729,6 +767,7 @@ GENERATORS = {
     "drafter": drafter_cases, "drafter_materialize": drafter_materialize_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
     "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
     "mla_q_absorb": mla_q_absorb_cases, "mla_v_up": mla_v_up_cases, "rope": rope_cases,
+    "ep_plan": ep_plan_cases,
 }
 
 

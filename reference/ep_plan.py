@@ -1,0 +1,63 @@
+"""The expert-parallel exchange plan of one rank, from the replicated routing (plain PyTorch).
+
+Every rank routes all T tokens identically (the router is replicated), so each derives its own
+side of the all-to-all with no count exchange (workbench/dist/moe.py runs it):
+
+  token t is owned by rank t // chunk, chunk = ceil(T / world); an owner sends each of its
+  (token, slot j) pairs to the tp members of the expert's group (group = expert // experts per
+  group; member i of group g is rank g * tp + i), rows ordered by destination and, within one
+  destination, in (t, j, i) order. A rank receives the pairs routed to its group, from their
+  owners in source-rank order and from one source in (t, j) order: row-major order over all
+  T x K pairs is exactly that.
+
+The outputs are tensors only (no host sync needed to produce them): the received rows are
+padded to T*K with -1, their count is splits[1].sum(). The caller syncs once, for the split
+lists an all_to_all takes.
+Legend: T tokens, K experts per token, W world, S = (hi - lo) K tp sent rows, R received rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class EPRoutes:
+    send_t: torch.Tensor  # [S] int64: token of each sent row, in send order (by destination)
+    order: torch.Tensor  # [S] int64: send position of each (t, j, i) element, t in [lo, hi)
+    splits: torch.Tensor  # [2, W] int64: rows sent to each rank; rows received from each rank
+    recv_t: torch.Tensor  # [T*K] int64: token of each received row (row-major order), then -1
+    recv_e: torch.Tensor  # [T*K] int64: its local expert (expert - group * per group), then -1
+
+
+def owned(T: int, rank: int, world: int) -> tuple[int, int, int]:
+    """(chunk, lo, hi): rank's owned token slice [lo, hi) and the rows per rank (ceil(T/W))."""
+    chunk = max(1, -(-T // world))
+    return chunk, min(rank * chunk, T), min((rank + 1) * chunk, T)
+
+
+def ep_plan(ids: torch.Tensor, rank: int, world: int, tp: int,
+            experts_per_group: int) -> EPRoutes:
+    """ids [T, K] int (experts in [0, world / tp * experts_per_group)) -> rank's EPRoutes."""
+    T, K = ids.shape
+    dev = ids.device
+    chunk, lo, hi = owned(T, rank, world)
+    ids = ids.long()
+    grp = ids // experts_per_group  # [T, K] expert group of each pair
+    dest = (grp[lo:hi, :, None] * tp + torch.arange(tp, device=dev)).flatten()  # [S] (t, j, i)
+    by_dest = torch.argsort(dest, stable=True)  # keeps (t, j, i) order per destination
+    send_t = lo + by_dest // (K * tp)  # element e belongs to token lo + e // (K tp)
+    order = torch.empty_like(by_dest)
+    order[by_dest] = torch.arange(by_dest.numel(), device=dev)
+    mine = grp == rank // tp  # [T, K] pairs routed to my group
+    per_owner = F.pad(mine.sum(1), (0, world * chunk - T)).view(world, chunk).sum(1)  # [W]
+    sent = (dest[:, None] == torch.arange(world, device=dev)).sum(0)  # [W]
+    rt, rj = mine.nonzero(as_tuple=True)  # [R] row-major
+    recv_t = torch.full((T * K,), -1, dtype=torch.int64, device=dev)
+    recv_e = torch.full((T * K,), -1, dtype=torch.int64, device=dev)
+    recv_t[: rt.numel()] = rt
+    recv_e[: rt.numel()] = ids[rt, rj] - (rank // tp) * experts_per_group
+    return EPRoutes(send_t, order, torch.stack([sent, per_owner]), recv_t, recv_e)
