@@ -31,6 +31,10 @@ only at near-ties of the reference's choices (T 544: one row, margin 4.8e-7; ses
 scripts/diag_moe_route_tie.py); in the emulated EP8 rank it saves ~1.6 ms of kernels a step at
 C 1 (traces/gpu/session7).
 
+`swiglu_mlp_triton_v1` (variant `triton_v1` of op swiglu_mlp) keeps the three GEMMs in cuBLAS
+and makes the five elementwise kernels between them (two fp32 casts, SiLU, product, cast back)
+one Triton kernel; not bitwise torch_bf16 (Triton's exp): the "engine" preset takes it.
+
 `ep_plan_triton_v1` (variant `triton_v1` of op ep_plan) is one rank's expert-parallel
 exchange plan (reference/ep_plan.py) as one Triton program of counting sorts instead of ~20
 torch kernels and two host syncs a MoE layer; discrete outputs, bitwise the reference's. The
@@ -45,6 +49,7 @@ _MOD = "workbench.kernels.dense.torch_bf16"
 OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route", "mla_q_absorb", "mla_v_up")
 VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
 VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
+VARIANTS["swiglu_mlp"]["triton_v1"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp"
 VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
 VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
 VARIANTS["ep_plan"] = {"triton_v1": "workbench.kernels.dense.ep_plan_triton_v1:ep_plan"}
@@ -63,6 +68,9 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
                                    "(batch-variant)", ()),
+    ("swiglu_mlp", "triton_v1"): ("gate and up GEMMs in cuBLAS, SiLU(gate)*up as one Triton "
+                                  "kernel (fp32, one rounding), down GEMM in cuBLAS (4 kernels "
+                                  "instead of 8)", ("triton",)),
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),
@@ -76,7 +84,7 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
 }
 # the "engine" preset's part from this folder
 ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1",
-          "moe_route": "triton_v1", "ep_plan": "triton_v1"}
+          "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v1"}
 
 
 def register() -> list[str]:

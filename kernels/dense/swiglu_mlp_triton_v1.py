@@ -1,0 +1,67 @@
+"""Engine-style SwiGLU MLP (op swiglu_mlp) with the activation as one Triton kernel.
+
+torch_bf16.swiglu_mlp runs the gate and up GEMMs, then five elementwise kernels (two fp32
+casts, SiLU, the product, the cast back) before the down GEMM; at Kimi K2.6 size the shared
+expert is [T, 7168] x [256, 7168] per rank, so those five are ~7 µs of launches around
+~1 µs of data, 61 times a step. Here the GEMMs stay in cuBLAS (bf16 in and out, fp32
+accumulate) and SiLU(gate) * up is one kernel: fp32 math on the bf16 GEMM outputs, rounded
+once to the activation dtype, as torch_bf16 rounds. Not bitwise torch_bf16 (Triton's exp in
+the sigmoid): engine-only, within the reference's dtype-derived tolerance.
+Legend: M rows, D hidden, F width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..drafter._common import INTERPRET, _require, next_pow2
+
+BLOCK = 1024  # columns a program
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, a_ptr, F, s_g, s_u, s_a, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < F
+    g = tl.load(g_ptr + row * s_g + c, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * s_u + c, mask=ok, other=0.0).to(tl.float32)
+    tl.store(a_ptr + row * s_a + c, g / (1.0 + tl.exp(-g)) * u, mask=ok)
+
+
+def silu_mul(g: Tensor, u: Tensor) -> Tensor:
+    """g, u [M, F] -> silu(g) * u [M, F] in g.dtype (fp32 math, one rounding)."""
+    M, Fw = g.shape
+    narrow = g.dtype in (torch.bfloat16, torch.float16)  # interpreter: torch rounds (rope)
+    a = torch.empty(M, Fw, dtype=torch.float32 if INTERPRET and narrow else g.dtype,
+                    device=g.device)
+    if M and Fw:
+        _silu_mul_kernel[(M, triton.cdiv(Fw, min(BLOCK, next_pow2(Fw))))](
+            g, u, a, Fw, g.stride(0), u.stride(0), a.stride(0), BLOCK=min(BLOCK, next_pow2(Fw)),
+            num_warps=4)
+    return a.to(g.dtype)
+
+
+def swiglu_mlp(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """down(silu(gate x) * up x): [..., D] -> [..., D] in x.dtype; weights [F, D], [F, D],
+    [D, F] (cast to x.dtype when they differ, as torch_bf16 does)."""
+    _require(x.dim() >= 1 and x.is_floating_point(), "x", "a float tensor [..., D]",
+             getattr(x, "dtype", type(x)))
+    D = x.shape[-1]
+    _require(gate.dim() == 2 and gate.shape[1] == D, "gate", f"[F, {D}]", tuple(gate.shape))
+    Fw = gate.shape[0]
+    _require(tuple(up.shape) == (Fw, D), "up", f"({Fw}, {D}) (gate's shape)", tuple(up.shape))
+    _require(tuple(down.shape) == (D, Fw), "down", f"({D}, {Fw})", tuple(down.shape))
+    _require(x.is_cuda or INTERPRET, "x", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
+             x.device)
+    x2 = x.reshape(-1, D)
+
+    def w(t):
+        return t if t.dtype == x.dtype else t.to(x.dtype)
+
+    a = silu_mul(F.linear(x2, w(gate)), F.linear(x2, w(up)))  # [M, F]
+    return F.linear(a, w(down)).view(*x.shape[:-1], D)
