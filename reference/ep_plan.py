@@ -61,3 +61,26 @@ def ep_plan(ids: torch.Tensor, rank: int, world: int, tp: int,
     recv_t[: rt.numel()] = rt
     recv_e[: rt.numel()] = ids[rt, rj] - (rank // tp) * experts_per_group
     return EPRoutes(send_t, order, torch.stack([sent, per_owner]), recv_t, recv_e)
+
+
+def ep_combine(back: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, chunk: int,
+               tp: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """The owner's side of the EP combine: the expert outputs that came back, in send order,
+    to its padded slice of the routed output.
+
+    back [S, D] (S = Tm K tp rows, as sent), order [S] (EPRoutes.order: the send position of
+    each (t, j, i)), weights [Tm, K] the owned tokens' routing weights -> [chunk, D] out_dtype:
+    row t < Tm = sum_j w[t, j] * (sum_i back[order[(t K + j) tp + i]]), the tp width-slice
+    partials summed in rank order, then the slots in slot order, in float64, rounded once;
+    rows Tm..chunk-1 (the all-gather's padding) are zero."""
+    from workbench.reference.layers import ACC
+
+    Tm, K = weights.shape
+    parts = back[order].to(ACC).view(Tm, K, tp, back.shape[-1])
+    y = parts[:, :, 0]
+    for i in range(1, tp):  # width-slice partials in rank order
+        y = y + parts[:, :, i]
+    out = torch.zeros(chunk, back.shape[-1], dtype=ACC, device=back.device)
+    for j in range(K):  # the reference MoE's fixed slot order
+        out[:Tm] += weights[:, j : j + 1].to(ACC) * y[:, j]
+    return out.to(out_dtype)

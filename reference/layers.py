@@ -58,3 +58,23 @@ def mla_v_up(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
     """Absorbed MLA output back to value heads: o[h] = o_lat[h] W_UV[h]^T, per head.
     o_lat [B, N, H, C], w_uv [H, dv, C] -> [B, N, H, dv] in o_lat.dtype (float64 accumulate)."""
     return torch.einsum("bnhc,hdc->bnhd", o_lat.to(ACC), w_uv.to(ACC)).to(o_lat.dtype)
+
+
+def mla_kv_write(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                 positions: torch.Tensor, table: torch.Tensor, interleaved: bool,
+                 kv_cache: torch.Tensor, prefix_lens: torch.Tensor) -> None:
+    """The MLA latent rows of one layer into its cache, in place: kv [B, N, C+R] (kv_a's
+    output) -> kv_cache[b, P_b + i] = [rmsnorm(kv[..., :C]) | rope(kv[..., C:] at positions)].
+
+    norm_weight [C] (kv_a_layernorm); positions [B, N] int (RoPE: tree depth, not the slot);
+    table [n, R] fp32 cos|sin (Rope.table); kv_cache [B, T, C+R]; prefix_lens [B]: row i of
+    request b goes to slot P_b + i. The reference rmsnorm and rope, rounded as they round."""
+    from workbench.reference.rope import rope
+
+    B, N = kv.shape[0], kv.shape[1]
+    C = norm_weight.shape[0]
+    c = rmsnorm(kv[..., :C], norm_weight, eps)  # [B, N, C]
+    k_pe = rope(kv[..., C:], positions, table, interleaved)  # [B, N, R]
+    slots = prefix_lens.view(B, 1) + torch.arange(N, device=kv.device)  # [B, N]
+    kv_cache[torch.arange(B, device=kv.device).view(B, 1), slots] = torch.cat([c, k_pe], -1).to(
+        kv_cache.dtype)

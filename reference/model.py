@@ -121,10 +121,9 @@ class MLA(nn.Module):
         q_pe = ops.get("rope")(q[..., dn:], positions, table, rope.interleaved)  # [B, N, H, R]
 
         kv = linear(x, self.kv_a_proj_with_mqa.weight)  # [B, N, C+R]
-        c = rmsnorm(kv[..., :C], self.kv_a_layernorm.weight, eps)
-        k_pe = ops.get("rope")(kv[..., C:], positions, table, rope.interleaved)  # [B, N, R]
-        slots = prefix_lens.view(B, 1) + torch.arange(N, device=x.device)  # [B, N]
-        kv_cache[torch.arange(B, device=x.device).view(B, 1), slots] = torch.cat([c, k_pe], -1)
+        # kv_cache[b, P_b + i] = [rmsnorm(c) | rope(k_pe)]
+        ops.get("mla_kv_write")(kv, self.kv_a_layernorm.weight, eps, positions, table,
+                                rope.interleaved, kv_cache, prefix_lens)
 
         # absorb W_UK into the query: q_lat[h] = q_nope[h] W_UK[h]  ([dn] x [dn, C] -> [C])
         w_kvb = self.kv_b_proj.weight.view(H, dn + cfg.v_head_dim, C)

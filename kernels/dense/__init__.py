@@ -35,10 +35,17 @@ C 1 (traces/gpu/session7).
 and makes the five elementwise kernels between them (two fp32 casts, SiLU, product, cast back)
 one Triton kernel; not bitwise torch_bf16 (Triton's exp): the "engine" preset takes it.
 
+`mla_kv_write_triton_v1` (variant `triton_v1` of op mla_kv_write) writes a layer's latent cache
+rows in one launch: RMSNorm of the latent and RoPE of k_pe (the fp32 math of triton_v1 and
+rope_triton_v1) stored straight into slot prefix + row, instead of two ops and ~5 glue
+kernels (aranges, add, cat, index_put); engine-only (fp32, not the float64 reference).
+
 `ep_plan_triton_v1` (variant `triton_v1` of op ep_plan) is one rank's expert-parallel
 exchange plan (reference/ep_plan.py) as one Triton program of counting sorts instead of ~20
 torch kernels and two host syncs a MoE layer; discrete outputs, bitwise the reference's. The
-"engine" preset takes it (the emulated EP rank's plan).
+"engine" preset takes it (the emulated EP rank's plan). `ep_combine_triton_v1` is the plan's
+other half, the owner's weighted slot sum of what came back, as one kernel instead of the
+gather, casts, einsum and padding (fp32: engine-only).
 
 Importing this package imports no Triton; `register()` adds the variants to the registry.
 """
@@ -52,7 +59,11 @@ VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
 VARIANTS["swiglu_mlp"]["triton_v1"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp"
 VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
 VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
+VARIANTS["mla_kv_write"] = {
+    "triton_v1": "workbench.kernels.dense.mla_kv_write_triton_v1:mla_kv_write"}
 VARIANTS["ep_plan"] = {"triton_v1": "workbench.kernels.dense.ep_plan_triton_v1:ep_plan"}
+VARIANTS["ep_combine"] = {
+    "triton_v1": "workbench.kernels.dense.ep_combine_triton_v1:ep_combine"}
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rmsnorm", "torch_bf16"): ("fp32 RMSNorm, one pass, rounded once (engine-style)", ()),
     ("rmsnorm", "triton_v1"): ("one Triton program per row: fp32 math, rounded once to x.dtype "
@@ -60,10 +71,17 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rope", "triton_v1"): ("one Triton kernel: cos|sin rows gathered from the reserved table "
                             "by position, fp32 math (FMA-contracted), rounded once to x.dtype "
                             "(one kernel instead of ~10)", ("triton",)),
+    ("mla_kv_write", "triton_v1"): ("one Triton program per (request, row): the latent's fp32 "
+                                    "RMSNorm and k_pe's RoPE from the reserved table, written "
+                                    "at slot prefix + row (1 kernel instead of ~7)",
+                                    ("triton",)),
     ("ep_plan", "triton_v1"): ("one Triton program: counting sorts over the W destinations "
                                "(histogram, stable positions by cumsum, row-major compaction); "
                                "bitwise the reference, no host sync (1 kernel instead of ~20)",
                                ("triton",)),
+    ("ep_combine", "triton_v1"): ("one Triton program per (owned row, column block): gathers "
+                                  "its K x tp rows through order, fp32 slot-order sum, zero "
+                                  "padding rows (1 kernel instead of ~6)", ("triton",)),
     ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
@@ -84,7 +102,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
 }
 # the "engine" preset's part from this folder
 ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1",
-          "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v1"}
+          "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v1",
+          "mla_kv_write": "triton_v1", "ep_combine": "triton_v1"}
 
 
 def register() -> list[str]:

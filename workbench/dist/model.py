@@ -204,10 +204,8 @@ class DistKimiModel(nn.Module):
         q_nope, q_pe = q[..., :dn], rope(q[..., dn:], positions, table, self.rope.interleaved)
         # every rank writes the same latent rows: the cache is replicated
         kv = linear(x, at.kv_a_proj_with_mqa.weight)  # [B, N, C+R]
-        c = rmsnorm(kv[..., :C], at.kv_a_layernorm.weight, eps)
-        k_pe = rope(kv[..., C:], positions, table, self.rope.interleaved)  # [B, N, R]
-        slots = prefix_lens.view(B, 1) + torch.arange(N, device=x.device)  # [B, N]
-        kv_cache[torch.arange(B, device=x.device).view(B, 1), slots] = torch.cat([c, k_pe], -1)
+        ops.get("mla_kv_write")(kv, at.kv_a_layernorm.weight, eps, positions, table,
+                                self.rope.interleaved, kv_cache, prefix_lens)
 
         w_kvb = at.kv_b_proj.weight.view(H, dn + dv, C)
         q_lat = ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn])  # [B, N, H, C], local heads

@@ -29,6 +29,7 @@ from torch import nn
 
 from workbench import ops
 from workbench.reference import layers as _layers
+from workbench.reference.ep_plan import ep_combine as ep_combine_ref
 from workbench.reference.ep_plan import owned
 from workbench.reference.int4_moe import Int4Experts
 
@@ -137,20 +138,15 @@ def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Exp
     Tm, Dy = plan.hi - plan.lo, y.shape[-1]
     back = comm.all_to_all(y, plan.recv_splits, plan.send_splits,
                            standin=lambda: y.new_zeros(Tm * K * tp, Dy))
-    parts = back[plan.order].view(Tm, K, tp, Dy)
     if lay.moe_exact:  # member i computed output columns [i D/tp, (i+1) D/tp)
-        y_pair = parts.reshape(Tm, K, D)
-    else:
-        y_pair = parts[:, :, 0]
-        for i in range(1, tp):  # width-slice partials summed in rank order
-            y_pair = y_pair + parts[:, :, i]
-    if op_dtype() == ACC or lay.moe_exact:
+        y_pair = back[plan.order].view(Tm, K, D)
         out = torch.zeros(plan.chunk, D, dtype=ACC, device=h.device)  # padded slice
         for j in range(K):  # the reference's fixed slot order
             out[:Tm] += w[plan.lo : plan.hi, j : j + 1].to(ACC) * y_pair[:, j]
-    else:  # engine (bf16 rows): one fp32 weighted sum, as an engine's combine kernel does
-        out = torch.einsum("tk,tkd->td", w[plan.lo : plan.hi].float(), y_pair.float())
-        out = F.pad(out, (0, 0, 0, plan.chunk - Tm))  # padded slice
+    else:  # tp width partials in rank order, then the slots in slot order. ACC partials (the
+        # proof path) always take the reference's ACC arithmetic: the single-process combine
+        combine = ep_combine_ref if op_dtype() == ACC else ops.get("ep_combine")
+        out = combine(back, plan.order, w[plan.lo : plan.hi], plan.chunk, tp, h.dtype)
     return comm.all_gather_cat(out.to(h.dtype), 0)[:T]
 
 

@@ -5,7 +5,7 @@
 
 Ops the model calls (the four mission ops first): int4_moe, tree_mla, tree_build, drafter,
 then the loop's tree_walk and drafter_materialize, and the supporting ops rmsnorm, linear,
-swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope, ep_plan.
+swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope, mla_kv_write, ep_plan, ep_combine.
 """
 
 from . import cases as _cases
@@ -56,9 +56,15 @@ register_op("mla_v_up", "Absorbed-MLA output: latent o x W_UV^T per head -> valu
 register_op("rope", "Target MLA RoPE (q_pe, k_pe): x at int positions rotated with the reserved "
             "fp32 cos|sin table, interleaved or rotate-half pairs", f"{_R}.rope:rope",
             **_H("rope"))
+register_op("mla_kv_write", "MLA latent rows of one layer into its cache, in place: RMSNorm of "
+            "the latent, RoPE of k_pe, written at slot prefix + row", f"{_R}.layers:mla_kv_write",
+            **_H("mla_kv_write"))
 register_op("ep_plan", "One rank's expert-parallel exchange plan from the replicated routing: "
             "sent rows by destination, the inverse order, split sizes, received rows",
             f"{_R}.ep_plan:ep_plan", **_H("ep_plan"))
+register_op("ep_combine", "The EP owner's combine: expert outputs back in send order -> its "
+            "padded slice, tp partials then weighted slots in fixed order",
+            f"{_R}.ep_plan:ep_combine", **_H("ep_combine"))
 
 __all__ = [
     "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant", "VariantUnavailable", "get",

@@ -684,6 +684,91 @@ def ep_plan_roofline(c: Case) -> dict:
     return {"bytes": _nb((pairs, 8 * 4), (pairs * d["tp"], 16), (pairs, 16)), "flops": 0}
 
 
+def mla_kv_write_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """(kv [B, N, C+R] bf16, norm_weight [C], eps, positions [B, N] int, table [n, R] fp32,
+    interleaved, kv_cache [B, T, C+R] bf16 (written in place), prefix_lens [B] int). Positions
+    are tree depths (not the slots); the harness NaN-poisons the cache first, so only the
+    written rows compare (the rest must stay NaN)."""
+    from workbench.reference.rope import Rope, target_rope
+
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(B, N, T, prefix, label, why="", C=None, R=None, interleaved=True, strided=False):
+        C, R = C or cfg.kv_lora_rank, R or cfg.qk_rope_dim
+        rope = target_rope(cfg) if R == cfg.qk_rope_dim else Rope(
+            R, cfg.rope_theta, cfg.rope_factor, cfg.rope_original_max_position,
+            cfg.rope_beta_fast, cfg.rope_beta_slow)
+        rope.reserve(T, device)
+        kv = r.normal(B, N, C + R)
+        if strided:  # a column slice of a wider row, NaN next to it
+            wide = torch.full((B, N, C + R + 8), NAN, dtype=bf16, device=r.device)
+            wide[..., 8:] = kv
+            kv = wide[..., 8:]
+        pre = torch.tensor(prefix, dtype=torch.int64, device=r.device)
+        pos = pre.view(B, 1) + r.ints(0, N, B, N)  # depths: repeats, not slots
+        cache = torch.full((B, T, C + R), NAN, dtype=bf16, device=r.device)
+        w = (1 + 0.1 * r.normal(C, dtype=f32)).to(bf16)
+        dims = dict(B=B, N=N, C=C, R=R, T=T)
+        return Case("mla_kv_write", label, (kv, w, cfg.rms_norm_eps, pos, rope.table(device),
+                                            interleaved, cache, pre), dims=dims, why=why,
+                    kind=shapes)
+
+    if shapes == "edge":
+        return [case(1, 1, 4, [0], "B=1 N=1 P=0", "one row into slot 0"),
+                case(3, 5, 16, [0, 7, 11], "mixed prefixes", "per-request slots, the last "
+                     "request fills the cache to its end"),
+                case(2, 9, 24, [3, 1], "strided kv", "kv a column slice, NaN beside it",
+                     strided=True),
+                case(2, 4, 12, [2, 5], "C=40 R=6", "C and R/2 not powers of two", C=40, R=6),
+                case(1, 6, 10, [4], "rotate-half", "the drafter's pair layout",
+                     interleaved=False)]
+    return [case(B, n, 4096, [4096 - n - 5 * b for b in range(B)], f"B={B} rows={n}")
+            for B in (1, 8) for n in REAL_ROWS]
+
+
+def mla_kv_write_roofline(c: Case) -> dict:
+    """kv rows read, cache rows written (bf16), one fp32 table row and the norm weight."""
+    d = c.dims
+    rows = d["B"] * d["N"]
+    return {"bytes": _nb((rows, (d["C"] + d["R"]) * 4 + 4 * d["R"] + 16), (d["C"], 2)),
+            "flops": rows * (3 * d["C"] + 3 * d["R"])}
+
+
+def ep_combine_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """(back [S, D] bf16 expert outputs in send order, order [S] a permutation (EPRoutes.order),
+    weights [Tm, K] fp32, chunk >= Tm, tp, out dtype): the owner's weighted slot combine."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(Tm, K, tp, D, chunk, label, why="", dtype=bf16, w_strided=False):
+        S = Tm * K * tp
+        back = r.normal(S, D, dtype=dtype)
+        order = r.uniform(S).argsort() if S else torch.empty(0, dtype=torch.int64,
+                                                             device=r.device)
+        w = r.uniform(Tm, K)
+        if w_strided:
+            w = r.uniform(K, Tm).t()  # column-major weights
+        return Case("ep_combine", label, (back, order, w, chunk, tp, bf16),
+                    dims=dict(S=S, D=D, Tm=Tm, K=K, tp=tp, chunk=chunk), why=why, kind=shapes)
+
+    if shapes == "edge":
+        return [case(5, 4, 1, 64, 6, "Tm=5 chunk=6", "one padding row must come out zero"),
+                case(3, 2, 2, 100, 3, "EPxTP tp=2 D=100", "two width partials per slot; D not "
+                     "a power of two"),
+                case(0, 4, 1, 32, 1, "Tm=0", "a rank that owns no token: one zero row"),
+                case(4, 3, 1, 48, 4, "fp32 back", "fp32 partials in, bf16 out", dtype=f32),
+                case(6, 8, 1, 40, 8, "strided weights", "column-major weights [Tm, K]",
+                     w_strided=True)]
+    D, K = cfg.hidden_size, cfg.n_experts_per_tok
+    return [case(-(-T // 8), K, 1, D, -(-T // 8), f"T={T} EP8 owner") for T in (*REAL_ROWS, 528)]
+
+
+def ep_combine_roofline(c: Case) -> dict:
+    """back rows read once, the owned slice written once (bf16), weights and order."""
+    d = c.dims
+    return {"bytes": _nb((d["S"] * d["D"], 2), (d["chunk"] * d["D"], 2), (d["S"], 12)),
+            "flops": 2 * d["S"] * d["D"]}
+
+
 def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
     """h [T, D] bf16, gate_weight [E, D] bf16, bias [E] fp32, top_k, scaling."""
     cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
@@ -733,6 +818,7 @@ ROOFLINES = {
     "lm_head": _dense_roofline("rows", lambda d: (d["V"] * d["D"], d["V"]), out_itemsize=4),
     "mla_q_absorb": _mla_proj_roofline, "mla_v_up": _mla_proj_roofline,
     "rope": rope_roofline, "ep_plan": ep_plan_roofline,
+    "mla_kv_write": mla_kv_write_roofline, "ep_combine": ep_combine_roofline,
 }
 
 
@@ -754,6 +840,8 @@ HARNESS = {
     "lm_head": Harness(), "tree_build": Harness(), "mla_q_absorb": Harness(),
     "mla_v_up": Harness(), "rope": Harness(),
     "ep_plan": Harness(("send_t", "order", "splits", "recv_t", "recv_e")),
+    "ep_combine": Harness(),
+    "mla_kv_write": Harness((), written=lambda a, kw: {"kv_cache": a[6]}),
     "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
     "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
     "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
@@ -767,7 +855,8 @@ GENERATORS = {
     "drafter": drafter_cases, "drafter_materialize": drafter_materialize_cases, "rmsnorm": rmsnorm_cases, "linear": linear_cases,
     "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
     "mla_q_absorb": mla_q_absorb_cases, "mla_v_up": mla_v_up_cases, "rope": rope_cases,
-    "ep_plan": ep_plan_cases,
+    "ep_plan": ep_plan_cases, "mla_kv_write": mla_kv_write_cases,
+    "ep_combine": ep_combine_cases,
 }
 
 
