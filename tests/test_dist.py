@@ -465,3 +465,23 @@ def test_emulation_projects_tp8_and_ep8_over_both_links():
         assert r["kernel_step_ms"] == pytest.approx(r["kernel_ms"] + r["comm_ms"])
         assert r["kernel_tokens_per_s"] == pytest.approx(
             r["C"] * r["tau"] / (r["kernel_step_ms"] / 1e3))
+
+
+def test_stacked_weight_is_one_buffer_the_parameters_view():
+    """Engine path: projections of one input share a GEMM through one [sum O, I] buffer; the
+    parameters become views of it (no doubled memory, later in-place loads land in it)."""
+    from workbench.dist.model import stacked_weight
+    from workbench.reference.model import Linear
+
+    g = torch.Generator().manual_seed(0)
+    a, b = Linear(8, 3), Linear(8, 5)
+    wa, wb = torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g)
+    a.weight.data.copy_(wa)
+    b.weight.data.copy_(wb)
+    wa, wb = a.weight.detach().clone(), b.weight.detach().clone()  # in the weights' dtype
+    s = stacked_weight(a, b)
+    assert s.shape == (8, 8) and torch.equal(s[:3], wa) and torch.equal(s[3:], wb)
+    assert a.weight.data_ptr() == s.data_ptr() and b.weight.data_ptr() == s[3:].data_ptr()
+    assert stacked_weight(a, b).data_ptr() == s.data_ptr()  # adjacent already: no new buffer
+    b.weight.data.copy_(2 * wb)  # a load_shard-style copy into the parameter
+    assert torch.equal(stacked_weight(a, b)[3:], 2 * wb)

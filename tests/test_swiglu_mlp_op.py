@@ -79,3 +79,30 @@ def test_empty_rows_and_bad_arguments(device):
 def test_real_widths_match_the_reference():
     df = check("swiglu_mlp", "triton_v1", shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)
+
+
+def test_stacked_gate_up_take_one_gemm_and_agree(device):
+    # why: when up follows gate in one buffer (workbench.dist.model.stacked_weight) the op
+    # runs one [M, 2F] GEMM; the result must match the two-GEMM path
+    from workbench.kernels.dense.swiglu_mlp_triton_v1 import adjacent
+
+    g = torch.Generator(device=device).manual_seed(4)
+    gu, wd = _w(g, 2 * 24, 64), _w(g, 64, 24)
+    gate, up = gu[:24], gu[24:]
+    assert adjacent(gate, up) and not adjacent(up, gate)
+    assert not adjacent(gate.clone(), up.clone())
+    x = _w(g, 7, 64) * 8
+    torch.testing.assert_close(swiglu_mlp(x, gate, up, wd).float(),
+                               swiglu_mlp(x, gate.clone(), up.clone(), wd).float(),
+                               rtol=2**-7, atol=1e-5)
+
+
+def test_v2_on_the_skinny_linear_matches_the_reference(device):
+    df = check("swiglu_mlp", "triton_v2", shapes="edge", seeds=1, device=device)
+    assert df["pass"].all(), failures(df)
+
+
+@pytest.mark.gpu
+def test_v2_real_widths_match_the_reference():
+    df = check("swiglu_mlp", "triton_v2", shapes="real", seeds=2, device="cuda")
+    assert df["pass"].all(), failures(df)

@@ -40,6 +40,11 @@ rows in one launch: RMSNorm of the latent and RoPE of k_pe (the fp32 math of tri
 rope_triton_v1) stored straight into slot prefix + row, instead of two ops and ~5 glue
 kernels (aranges, add, cat, index_put); engine-only (fp32, not the float64 reference).
 
+`linear_triton_v1` (variant `triton_v1` of op linear) is a skinny GEMM for decode row counts
+(<= 64 rows): each program owns BN output columns over all of K, no split-K and no reduce
+launch; more rows (compute-shaped) or non-bf16/fp16 inputs take torch_bf16's cuBLAS GEMM, a
+documented dispatch. `swiglu_mlp` triton_v2 is triton_v1 on it.
+
 `ep_plan_triton_v1` (variant `triton_v1` of op ep_plan) is one rank's expert-parallel
 exchange plan (reference/ep_plan.py) as one Triton program of counting sorts instead of ~20
 torch kernels and two host syncs a MoE layer; discrete outputs, bitwise the reference's. The
@@ -57,6 +62,8 @@ OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route", "mla_q_absorb"
 VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
 VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
 VARIANTS["swiglu_mlp"]["triton_v1"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp"
+VARIANTS["swiglu_mlp"]["triton_v2"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v2"
+VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:linear"
 VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
 VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
 VARIANTS["mla_kv_write"] = {
@@ -89,6 +96,11 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("swiglu_mlp", "triton_v1"): ("gate and up GEMMs in cuBLAS, SiLU(gate)*up as one Triton "
                                   "kernel (fp32, one rounding), down GEMM in cuBLAS (4 kernels "
                                   "instead of 8)", ("triton",)),
+    ("swiglu_mlp", "triton_v2"): ("triton_v1 with its GEMMs on linear triton_v1 (skinny, no "
+                                  "split-K up to 64 rows)", ("triton",)),
+    ("linear", "triton_v1"): ("skinny Triton GEMM for <= 64 rows: BN output columns a program "
+                              "over all of K, no split-K, one launch; more rows or non-bf16/"
+                              "fp16 inputs run torch_bf16's cuBLAS GEMM", ("triton",)),
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),

@@ -7,6 +7,7 @@ expert is [T, 7168] x [256, 7168] per rank, so those five are ~7 µs of launches
 accumulate) and SiLU(gate) * up is one kernel: fp32 math on the bf16 GEMM outputs, rounded
 once to the activation dtype, as torch_bf16 rounds. Not bitwise torch_bf16 (Triton's exp in
 the sigmoid): engine-only, within the reference's dtype-derived tolerance.
+`swiglu_mlp_v2` (variant triton_v2) runs the same steps with the GEMMs on linear_triton_v1.
 Legend: M rows, D hidden, F width.
 """
 
@@ -46,9 +47,20 @@ def silu_mul(g: Tensor, u: Tensor) -> Tensor:
     return a.to(g.dtype)
 
 
-def swiglu_mlp(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+def adjacent(first: Tensor, second: Tensor) -> bool:
+    """True when `second` starts where `first` ends in one storage (both contiguous, same
+    dtype): the two weights are row blocks of one buffer, one GEMM can read both."""
+    return (first.is_contiguous() and second.is_contiguous() and first.dtype == second.dtype
+            and first.device == second.device and first.shape[1:] == second.shape[1:]
+            and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+            and second.data_ptr() == first.data_ptr() + first.numel() * first.element_size())
+
+
+def swiglu_mlp(x: Tensor, gate: Tensor, up: Tensor, down: Tensor, gemm=F.linear) -> Tensor:
     """down(silu(gate x) * up x): [..., D] -> [..., D] in x.dtype; weights [F, D], [F, D],
-    [D, F] (cast to x.dtype when they differ, as torch_bf16 does)."""
+    [D, F] (cast to x.dtype when they differ, as torch_bf16 does). When up follows gate in
+    one buffer (a model that stacks them: workbench.dist.model.stacked_weight) the two are
+    one GEMM [M, 2F] (one launch and one split-K reduce fewer)."""
     _require(x.dim() >= 1 and x.is_floating_point(), "x", "a float tensor [..., D]",
              getattr(x, "dtype", type(x)))
     D = x.shape[-1]
@@ -63,5 +75,17 @@ def swiglu_mlp(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     def w(t):
         return t if t.dtype == x.dtype else t.to(x.dtype)
 
-    a = silu_mul(F.linear(x2, w(gate)), F.linear(x2, w(up)))  # [M, F]
-    return F.linear(a, w(down)).view(*x.shape[:-1], D)
+    if gate.dtype == x.dtype and adjacent(gate, up):
+        gu = gemm(x2, gate.as_strided((2 * Fw, D), (D, 1)))  # [M, 2F]: gate | up
+        a = silu_mul(gu[:, :Fw], gu[:, Fw:])
+    else:
+        a = silu_mul(gemm(x2, w(gate)), gemm(x2, w(up)))  # [M, F]
+    return gemm(a, w(down)).view(*x.shape[:-1], D)
+
+
+def swiglu_mlp_v2(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """triton_v2: v1 with its GEMMs on the skinny linear kernel (linear_triton_v1: no split-K
+    for <= 64 rows, cuBLAS above)."""
+    from .linear_triton_v1 import linear
+
+    return swiglu_mlp(x, gate, up, down, gemm=linear)

@@ -36,6 +36,33 @@ from .layout import Layout, shard_state
 from .moe import ACC, LocalExperts, moe_ep, moe_tp_exact, moe_tp_partial, op_dtype
 
 
+def stacked_weight(*mods: Linear) -> torch.Tensor:
+    """The weights of `mods` (same input width) as row blocks of ONE buffer [sum O, I]: inputs
+    shared by several projections then take one GEMM (what engines call merged QKV / gate_up
+    weights). The first call stacks them and makes each parameter a view of its block, so the
+    memory is not doubled and later in-place loads (load_shard) land in the buffer; later
+    calls find them adjacent and return the [sum O, I] view."""
+    from workbench.kernels.dense.swiglu_mlp_triton_v1 import adjacent
+
+    ws = [m.weight for m in mods]
+    if not all(adjacent(a, b) for a, b in zip(ws, ws[1:])):
+        buf = torch.cat([w.detach() for w in ws])
+        row = 0
+        for m in mods:
+            n = m.weight.shape[0]
+            m.weight.data = buf[row : row + n]
+            row += n
+    first = mods[0].weight.detach()
+    return first.as_strided((sum(m.weight.shape[0] for m in mods), first.shape[1]),
+                            (first.shape[1], 1))
+
+
+def _stack_weights() -> bool:
+    """Engine path with bf16 activations (the full-size emulation, `moe.op_activations`): share
+    GEMMs between projections of one input. The ACC proof path keeps one GEMM per weight."""
+    return op_dtype() != ACC
+
+
 class SwiGLUShard(nn.Module):
     """Dense layer or shared expert, TP: gate/up rows of width F/world; down columns F/world
     (engine) or, exact, D/world output rows over the whole width F."""
@@ -50,6 +77,8 @@ class SwiGLUShard(nn.Module):
     def forward(self, x, comm: Comm):
         """[..., D] bf16 -> [..., D] bf16, = reference swiglu_mlp up to (engine) ACC order."""
         if not self.exact:  # ACC in: the op returns its unrounded partial; round after the sum
+            if _stack_weights():  # gate | up in one buffer: ops that can, run one GEMM
+                stacked_weight(self.gate_proj, self.up_proj)
             part = ops.get("swiglu_mlp")(x.to(op_dtype()), self.gate_proj.weight, self.up_proj.weight,
                                          self.down_proj.weight)
             return comm.all_reduce(part).to(x.dtype)
@@ -198,12 +227,16 @@ class DistKimiModel(nn.Module):
         H = at.q_b_proj.weight.shape[0] // cfg.qk_head_dim  # local heads
         eps, linear, rmsnorm = cfg.rms_norm_eps, ops.get("linear"), ops.get("rmsnorm")
 
-        cq = rmsnorm(linear(x, at.q_a_proj.weight), at.q_a_layernorm.weight, eps)
+        if _stack_weights():  # q_a | kv_a read the same x: one GEMM, column slices after
+            qkv = linear(x, stacked_weight(at.q_a_proj, at.kv_a_proj_with_mqa))
+            q_a, kv = qkv[..., : cfg.q_lora_rank], qkv[..., cfg.q_lora_rank :]
+        else:
+            q_a, kv = linear(x, at.q_a_proj.weight), linear(x, at.kv_a_proj_with_mqa.weight)
+        cq = rmsnorm(q_a, at.q_a_layernorm.weight, eps)
         q = linear(cq, at.q_b_proj.weight).view(B, N, H, cfg.qk_head_dim)
         rope, table = ops.get("rope"), self.rope.table(positions.device)  # [T, R] fp32 cos|sin
         q_nope, q_pe = q[..., :dn], rope(q[..., dn:], positions, table, self.rope.interleaved)
         # every rank writes the same latent rows: the cache is replicated
-        kv = linear(x, at.kv_a_proj_with_mqa.weight)  # [B, N, C+R]
         ops.get("mla_kv_write")(kv, at.kv_a_layernorm.weight, eps, positions, table,
                                 self.rope.interleaved, kv_cache, prefix_lens)
 

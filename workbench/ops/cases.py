@@ -516,7 +516,13 @@ def _dense_real(op: str, c: ModelConfig) -> tuple[dict, tuple]:
     return {
         "rmsnorm": {"D": (D, D), "q_lora": (c.q_lora_rank,) * 2, "kv_lora": (c.kv_lora_rank,) * 2},
         "linear": {"q_a": (D, c.q_lora_rank), "q_b": (c.q_lora_rank, H * c.qk_head_dim),
-                   "kv_a": (D, c.latent_dim), "o": (H * c.v_head_dim, D)},
+                   "kv_a": (D, c.latent_dim), "o": (H * c.v_head_dim, D),
+                   # an EP8 rank's (TP8 attention and shared expert; q_a | kv_a stacked)
+                   "qkv_a": (D, c.q_lora_rank + c.latent_dim),
+                   "q_b/8": (c.q_lora_rank, H // 8 * c.qk_head_dim),
+                   "o/8": (H // 8 * c.v_head_dim, D),
+                   "gate_up/8": (D, 2 * c.moe_intermediate * c.n_shared_experts // 8),
+                   "down/8": (c.moe_intermediate * c.n_shared_experts // 8, D)},
         "swiglu_mlp": {"dense": (D, c.dense_intermediate),
                        "shared": (D, c.moe_intermediate * c.n_shared_experts)},
         "lm_head": {"V": (D, c.vocab_size)},

@@ -1,0 +1,93 @@
+"""Engine-style skinny linear (op linear) for decode row counts: one Triton kernel, no split-K.
+
+At decode and tree-verify sizes (M = B x N rows, 1..64) a projection is a weight stream: the
+EP8 rank's q_a | kv_a is [2112, 7168] bf16 (30 MB, 7.1 µs at 4.26 TB/s) against 17 rows.
+cuBLAS picks split-K kernels there (nvjet ..._splitK + a splitKreduce launch): in the emulated
+rank at C 1 the target's GEMMs took ~54 µs a layer against a ~15 µs floor (session 8, call 1).
+Here each program owns BN output columns of every row and walks all of K (the weight read once,
+in BK-wide tiles the compiler pipelines), BN chosen so that N / BN fills the GPU: no partials,
+no second launch, and a row's result does not depend on how many rows share the call (the K
+order is fixed).
+
+Rows > MAX_ROWS (64) re-read the weight per row tile and are compute-shaped: those calls run
+torch_bf16's cuBLAS GEMM (documented dispatch, as engines switch kernels by M), as do inputs
+that are not bf16/fp16 (the ACC proof path). Numerics: fp32 accumulate, rounded once to
+x.dtype; not bitwise cuBLAS (different K order): engine-only.
+Legend: M rows, K in features, N out features.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..drafter._common import INTERPRET, _require, next_pow2
+from . import torch_bf16
+
+MAX_ROWS = 64
+SMS = 132  # H200 SMs: BN is picked so that N / BN gives about one program per SM or more
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, s_xm, s_xk, s_wn, s_wk, s_ym,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    m = tl.program_id(1) * BM + tl.arange(0, BM)
+    k = tl.arange(0, BK)
+    n_ok, m_ok = n < N, m < M
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * s_xm
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + k
+        k_ok = kk < K
+        x = tl.load(x_rows + kk[None, :] * s_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + kk[None, :] * s_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if INTERPRET:  # the interpreter's bf16 dot is wrong (DESIGN.md §10): exact in fp32
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+        else:
+            acc += tl.dot(x, tl.trans(w))
+    y = y_ptr + m.to(tl.int64)[:, None] * s_ym + n[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
+    """(BM, BN, BK): the row tile covers M (16 / 32 / 64), BN the widest of 16..128 that still
+    gives >= SMS programs (16 when none does), BK 256 (less for short K)."""
+    BM = max(16, next_pow2(min(M, MAX_ROWS)))
+    BN = 16
+    while BN < 128 and triton.cdiv(N, 2 * BN) >= SMS:
+        BN *= 2
+    return BM, BN, max(16, min(256, next_pow2(K)))
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x [..., K] @ weight [N, K]^T -> [..., N] in x.dtype (the "linear" op's contract)."""
+    _require(isinstance(x, Tensor) and x.dim() >= 1 and x.is_floating_point(), "x",
+             "a float tensor [..., K]", getattr(x, "dtype", type(x)))
+    K = x.shape[-1]
+    _require(isinstance(weight, Tensor) and weight.dim() == 2 and weight.shape[1] == K,
+             "weight", f"[N, {K}]", tuple(getattr(weight, "shape", ())))
+    _require(weight.device == x.device, "weight", f"on {x.device} (x's device)", weight.device)
+    x2 = x.reshape(-1, K)
+    M, N = x2.shape[0], weight.shape[0]
+    if (M > MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16)
+            or weight.dtype != x.dtype):
+        return torch_bf16.linear(x, weight)  # compute-shaped or ACC rows: cuBLAS (docstring)
+    _require(x.is_cuda or INTERPRET, "x", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
+             x.device)
+    # under the interpreter fp32 -> bf16 stores truncate (drafter/_common): there the kernel
+    # writes fp32 and torch rounds (round-to-nearest-even, as cvt.rn does on the GPU)
+    y = torch.empty(M, N, dtype=torch.float32 if INTERPRET else x.dtype, device=x.device)
+    if M and N:
+        if K == 0:
+            return y.zero_().to(x.dtype).view(*x.shape[:-1], N)
+        BM, BN, BK = tiles(M, N, K)
+        _skinny_kernel[(triton.cdiv(N, BN), triton.cdiv(M, BM))](
+            x2, weight, y, M, N, K, x2.stride(0), x2.stride(1), weight.stride(0),
+            weight.stride(1), y.stride(0), BM=BM, BN=BN, BK=BK, INTERPRET=INTERPRET,
+            num_warps=4, num_stages=4)
+    return y.to(x.dtype).view(*x.shape[:-1], N)
