@@ -456,6 +456,7 @@ def test_emulation_projects_tp8_and_ep8_over_both_links():
                 > by[(lay, 4, "AR", "NVLink4")]["verify_floor_ms"])
     for r in rows:  # the kernel-sum (graph-replay) estimate: profiled, named, priced alike
         assert 0 < r["kernel_ms"] and r["top_kernels"]
+        assert r["kernel_total_ms"] == pytest.approx(r["kernel_ms"])  # CPU: the sum both ways
         # the rank's roofline: every phase floored, the bar's ratio against it
         phases = ("verify",) if r["mode"] == "AR" else ("verify", "draft", "commit")
         assert r["floor_ms"] == pytest.approx(sum(r[f"{p}_floor_ms"] for p in phases))

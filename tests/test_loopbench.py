@@ -100,3 +100,22 @@ def test_profile_rejects_bad_step_counts(tiny_pair):
         profile_config(target, drafter, None, 1, ctx=8, steps=0)
     with pytest.raises(ValueError, match="warmup: expected >= 1, got 0"):
         profile_config(target, drafter, None, 1, ctx=8, warmup=0)
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    # why: a PDL-launched kernel waits inside for its predecessor; the union of the device
+    # intervals is what a graph replay costs, the sum counts the overlap twice
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from workbench.loopbench import busy_us
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(s, e, dev=cuda):
+        return NS(device_type=dev, time_range=NS(start=s, end=e))
+
+    prof = NS(events=lambda: [ev(20, 25), ev(0, 10), ev(5, 12), ev(21, 22), ev(0, 100, cpu)])
+    assert busy_us(prof) == 17.0  # [0, 12] and [20, 25]; the CPU op does not count
+    assert busy_us(NS(events=lambda: [])) == 0.0

@@ -262,6 +262,24 @@ def kernel_times(prof, cuda: bool) -> dict[str, list]:
     return per
 
 
+def busy_us(prof) -> float:
+    """Microseconds the GPU ran at least one kernel or copy in a finished torch.profiler run:
+    the union of their intervals. Unlike `kernel_times`' sum, kernels that overlap count once
+    (tree_mla's combine is launched early with PDL and waits inside for the attention kernel,
+    so its device time includes the attention's tail: the sum counted that twice)."""
+    cuda_type = torch.autograd.DeviceType.CUDA
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == cuda_type and e.time_range.end > e.time_range.start)
+    total, start, end = 0.0, None, None
+    for s, e in spans:
+        if end is None or s > end:  # a gap: close the previous run
+            total += 0.0 if end is None else end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    return total + (0.0 if end is None else end - start)
+
+
 def profile_config(target, drafter, budget: int | None, C: int, ctx: int = 32, steps: int = 3,
                    warmup: int = 2, kernels=None, trace=None, seed: int = 0,
                    top: int = 25) -> list[dict]:
