@@ -78,3 +78,11 @@ def mla_kv_write(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     slots = prefix_lens.view(B, 1) + torch.arange(N, device=kv.device)  # [B, N]
     kv_cache[torch.arange(B, device=kv.device).view(B, 1), slots] = torch.cat([c, k_pe], -1).to(
         kv_cache.dtype)
+
+
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next norm: h = x + r (in x.dtype, rounded once, as the model's
+    `x = x + r` is), y = rmsnorm(h). [..., D] each -> (h, y)."""
+    h = x + r
+    return h, rmsnorm(h, weight, eps)

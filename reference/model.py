@@ -218,12 +218,20 @@ class KimiModel(nn.Module):
         stats: dict = {} if record_routing else None
         x = self.embed(ids)  # [B, N, D]
         caps = {}
+        eps, add_norm = cfg.rms_norm_eps, ops.get("add_rmsnorm")
+        pending = None  # the last MLP output, added by the next layer's fused add + norm
         for li, i in enumerate(self.layer_ids):
             layer = self.model.layers[str(i)]
-            a = ops.get("rmsnorm")(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
-            x = x + layer.self_attn(a, positions, kv_cache[li], prefix_lens, anc_bits, self.rope)
-            m = ops.get("rmsnorm")(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
-            x = x + (layer.mlp(m, stats) if layer.is_moe else layer.mlp(m))
-            if i in capture:
+            if pending is None:
+                a = ops.get("rmsnorm")(x, layer.input_layernorm.weight, eps)
+            else:  # x = x + mlp; a = rmsnorm(x)
+                x, a = add_norm(x, pending, layer.input_layernorm.weight, eps)
+            attn = layer.self_attn(a, positions, kv_cache[li], prefix_lens, anc_bits, self.rope)
+            x, m = add_norm(x, attn, layer.post_attention_layernorm.weight, eps)
+            pending = layer.mlp(m, stats) if layer.is_moe else layer.mlp(m)
+            if i in capture:  # the drafter reads this layer's output: materialise it
+                x, pending = x + pending, None
                 caps[i] = x
+        if pending is not None:
+            x = x + pending
         return forward_out(self, x, caps, capture, want_logits, stats)

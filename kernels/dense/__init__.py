@@ -45,6 +45,10 @@ kernels (aranges, add, cat, index_put); engine-only (fp32, not the float64 refer
 launch; more rows (compute-shaped) or non-bf16/fp16 inputs take torch_bf16's cuBLAS GEMM, a
 documented dispatch. `swiglu_mlp` triton_v2 is triton_v1 on it.
 
+`add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
+next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):
+the model's two per-layer adds stop being kernels of their own.
+
 `ep_plan_triton_v1` (variant `triton_v1` of op ep_plan) is one rank's expert-parallel
 exchange plan (reference/ep_plan.py) as one Triton program of counting sorts instead of ~20
 torch kernels and two host syncs a MoE layer; discrete outputs, bitwise the reference's. The
@@ -68,6 +72,8 @@ VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v
 VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
 VARIANTS["mla_kv_write"] = {
     "triton_v1": "workbench.kernels.dense.mla_kv_write_triton_v1:mla_kv_write"}
+VARIANTS["add_rmsnorm"] = {
+    "triton_v1": "workbench.kernels.dense.add_rmsnorm_triton_v1:add_rmsnorm"}
 VARIANTS["ep_plan"] = {"triton_v1": "workbench.kernels.dense.ep_plan_triton_v1:ep_plan"}
 VARIANTS["ep_combine"] = {
     "triton_v1": "workbench.kernels.dense.ep_combine_triton_v1:ep_combine"}
@@ -82,6 +88,9 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                     "RMSNorm and k_pe's RoPE from the reserved table, written "
                                     "at slot prefix + row (1 kernel instead of ~7)",
                                     ("triton",)),
+    ("add_rmsnorm", "triton_v1"): ("one Triton program per row: the residual add rounded once "
+                                   "(bitwise torch's), then the fp32 RMSNorm of it (1 kernel "
+                                   "instead of 2)", ("triton",)),
     ("ep_plan", "triton_v1"): ("one Triton program: counting sorts over the W destinations "
                                "(histogram, stable positions by cumsum, row-major compaction); "
                                "bitwise the reference, no host sync (1 kernel instead of ~20)",
@@ -115,7 +124,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
 # the "engine" preset's part from this folder
 ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1",
           "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v1",
-          "mla_kv_write": "triton_v1", "ep_combine": "triton_v1"}
+          "mla_kv_write": "triton_v1", "ep_combine": "triton_v1",
+          "add_rmsnorm": "triton_v1"}
 
 
 def register() -> list[str]:

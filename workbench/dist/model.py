@@ -198,25 +198,32 @@ class DistKimiModel(nn.Module):
     def forward(self, ids, positions, kv_cache, prefix_lens, anc_bits, capture=(),
                 want_logits: bool = True, record_routing: bool = False) -> ForwardOut:
         """KimiModel.forward's contract (see reference/model.py), on this rank's shard."""
-        rms, eps = ops.get("rmsnorm"), self.cfg.rms_norm_eps
+        rms, eps, add_norm = ops.get("rmsnorm"), self.cfg.rms_norm_eps, ops.get("add_rmsnorm")
         stats: dict = {} if record_routing else None
         x = self.embed(ids)  # [B, N, D]
         caps = {}
+        pending = None  # the last MLP output, added by the next layer's fused add + norm
         for li, i in enumerate(self.layer_ids):
             layer = self.model.layers[str(i)]
             with self.log("attention"):
-                a = rms(x, layer.input_layernorm.weight, eps)
-                x = x + self._attention(layer.self_attn, a, positions, kv_cache[li], prefix_lens,
-                                        anc_bits)
-            m = rms(x, layer.post_attention_layernorm.weight, eps)
+                if pending is None:
+                    a = rms(x, layer.input_layernorm.weight, eps)
+                else:  # x = x + mlp; a = rmsnorm(x)
+                    x, a = add_norm(x, pending, layer.input_layernorm.weight, eps)
+                attn = self._attention(layer.self_attn, a, positions, kv_cache[li], prefix_lens,
+                                       anc_bits)
+                x, m = add_norm(x, attn, layer.post_attention_layernorm.weight, eps)
             if layer.is_moe:
                 with self.log("moe"):
-                    x = x + self._moe(layer.mlp, m, stats)
+                    pending = self._moe(layer.mlp, m, stats)
             else:
                 with self.log("dense"):
-                    x = x + layer.mlp(m, self.comm)
-            if i in capture:
+                    pending = layer.mlp(m, self.comm)
+            if i in capture:  # the drafter reads this layer's output: materialise it
+                x, pending = x + pending, None
                 caps[i] = x
+        if pending is not None:
+            x = x + pending
         return forward_out(self, x, caps, capture, want_logits, stats)
 
     # -- layers -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 
 Ops the model calls (the four mission ops first): int4_moe, tree_mla, tree_build, drafter,
 then the loop's tree_walk and drafter_materialize, and the supporting ops rmsnorm, linear,
-swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope, mla_kv_write, ep_plan, ep_combine.
+add_rmsnorm, swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope, mla_kv_write, ep_plan, ep_combine.
 """
 
 from . import cases as _cases
@@ -43,6 +43,8 @@ register_op("drafter_materialize", "DFlash drafter context K/V of committed toke
             "the drafter cache (fc, hidden norm, per-layer k/v, k norm, RoPE)",
             f"{_R}.drafter:materialize", **_H("drafter_materialize"))
 register_op("rmsnorm", "RMSNorm", f"{_R}.layers:rmsnorm", **_H("rmsnorm"))
+register_op("add_rmsnorm", "Residual add and the next RMSNorm: (x + r, rmsnorm(x + r))",
+            f"{_R}.layers:add_rmsnorm", **_H("add_rmsnorm"))
 register_op("linear", "bf16 linear (fp32 accumulate)", f"{_R}.layers:linear", **_H("linear"))
 register_op("swiglu_mlp", "Dense SwiGLU MLP (layer 0, shared expert)", f"{_R}.layers:swiglu_mlp",
             **_H("swiglu_mlp"))

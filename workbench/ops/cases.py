@@ -510,19 +510,25 @@ DENSE_EDGE = {  # op: [(x shape, n, label, why, layout)]
 REAL_ROWS = (1, 9, 65)  # AR decode, budget 8, budget 64: the rows of one verify forward
 
 
+def _ep8_linear(c: ModelConfig) -> dict:
+    """An EP8 rank's projections (TP8 attention and shared expert; q_a | kv_a stacked), for
+    configs whose heads and shared width split 8 ways."""
+    F = c.moe_intermediate * c.n_shared_experts
+    if c.num_heads % 8 or F % 8:
+        return {}
+    return {"qkv_a": (c.hidden_size, c.q_lora_rank + c.latent_dim),
+            "q_b/8": (c.q_lora_rank, c.num_heads // 8 * c.qk_head_dim),
+            "o/8": (c.num_heads // 8 * c.v_head_dim, c.hidden_size),
+            "gate_up/8": (c.hidden_size, 2 * F // 8), "down/8": (F // 8, c.hidden_size)}
+
+
 def _dense_real(op: str, c: ModelConfig) -> tuple[dict, tuple]:
     """({use: (in, out)}, rows) of the model's calls of `op`."""
     H, D, L = c.num_heads, c.hidden_size, c.drafter.depth
     return {
         "rmsnorm": {"D": (D, D), "q_lora": (c.q_lora_rank,) * 2, "kv_lora": (c.kv_lora_rank,) * 2},
         "linear": {"q_a": (D, c.q_lora_rank), "q_b": (c.q_lora_rank, H * c.qk_head_dim),
-                   "kv_a": (D, c.latent_dim), "o": (H * c.v_head_dim, D),
-                   # an EP8 rank's (TP8 attention and shared expert; q_a | kv_a stacked)
-                   "qkv_a": (D, c.q_lora_rank + c.latent_dim),
-                   "q_b/8": (c.q_lora_rank, H // 8 * c.qk_head_dim),
-                   "o/8": (H // 8 * c.v_head_dim, D),
-                   "gate_up/8": (D, 2 * c.moe_intermediate * c.n_shared_experts // 8),
-                   "down/8": (c.moe_intermediate * c.n_shared_experts // 8, D)},
+                   "kv_a": (D, c.latent_dim), "o": (H * c.v_head_dim, D), **_ep8_linear(c)},
         "swiglu_mlp": {"dense": (D, c.dense_intermediate),
                        "shared": (D, c.moe_intermediate * c.n_shared_experts)},
         "lm_head": {"V": (D, c.vocab_size)},
@@ -775,6 +781,35 @@ def ep_combine_roofline(c: Case) -> dict:
             "flops": 2 * d["S"] * d["D"]}
 
 
+def add_rmsnorm_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
+    """(x, r [..., D] bf16, weight [D] bf16, eps): the residual add and the next norm."""
+    cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
+
+    def case(xs, label, why="", dtype=bf16, gappy=False):
+        D = xs[-1]
+        x, res = r.normal(*xs, dtype=dtype), r.normal(*xs, dtype=dtype)
+        if gappy:
+            x = _gappy(x)
+        w = (1 + 0.05 * r.normal(D, dtype=f32)).to(bf16)
+        return Case("add_rmsnorm", label, (x, res, w, cfg.rms_norm_eps),
+                    dims=dict(rows=math.prod(xs[:-1]), D=D, itemsize=x.element_size()),
+                    why=why, kind=shapes)
+
+    if shapes == "edge":
+        return [case((1, 64), "rows=1", "one row"),
+                case((2, 3, 67), "[2,3,67]", "3-d rows, D prime"),
+                case((5, 96), "strided x", "x a stride-2 view", gappy=True),
+                case((4, 80), "fp32", "an fp32 residual stream: no rounding of h", dtype=f32)]
+    return [case((n, cfg.hidden_size), f"rows={n} D={cfg.hidden_size}") for n in REAL_ROWS]
+
+
+def add_rmsnorm_roofline(c: Case) -> dict:
+    """x and r read, h and y written, once each."""
+    d = c.dims
+    return {"bytes": _nb((d["rows"] * d["D"], 4 * d["itemsize"]), (d["D"], 2)),
+            "flops": 5 * d["rows"] * d["D"]}
+
+
 def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
     """h [T, D] bf16, gate_weight [E, D] bf16, bias [E] fp32, top_k, scaling."""
     cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
@@ -825,6 +860,7 @@ ROOFLINES = {
     "mla_q_absorb": _mla_proj_roofline, "mla_v_up": _mla_proj_roofline,
     "rope": rope_roofline, "ep_plan": ep_plan_roofline,
     "mla_kv_write": mla_kv_write_roofline, "ep_combine": ep_combine_roofline,
+    "add_rmsnorm": add_rmsnorm_roofline,
 }
 
 
@@ -846,7 +882,7 @@ HARNESS = {
     "lm_head": Harness(), "tree_build": Harness(), "mla_q_absorb": Harness(),
     "mla_v_up": Harness(), "rope": Harness(),
     "ep_plan": Harness(("send_t", "order", "splits", "recv_t", "recv_e")),
-    "ep_combine": Harness(),
+    "ep_combine": Harness(), "add_rmsnorm": Harness(("h", "y")),
     "mla_kv_write": Harness((), written=lambda a, kw: {"kv_cache": a[6]}),
     "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
     "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
@@ -862,7 +898,7 @@ GENERATORS = {
     "swiglu_mlp": swiglu_mlp_cases, "moe_route": moe_route_cases, "lm_head": lm_head_cases,
     "mla_q_absorb": mla_q_absorb_cases, "mla_v_up": mla_v_up_cases, "rope": rope_cases,
     "ep_plan": ep_plan_cases, "mla_kv_write": mla_kv_write_cases,
-    "ep_combine": ep_combine_cases,
+    "ep_combine": ep_combine_cases, "add_rmsnorm": add_rmsnorm_cases,
 }
 
 
