@@ -203,6 +203,26 @@ def test_engine_layout_sublayers_equal_reference_up_to_one_rounding(world, layou
         assert (got != want).float().mean() < 0.05  # flips are rare
 
 
+def _engine_layer_bf16(rank, world, layout):
+    from workbench.dist.moe import op_activations
+
+    with op_activations(torch.bfloat16):  # what the full-size emulation runs
+        return _engine_layer(rank, world, layout)
+
+
+@pytest.mark.parametrize("world,layout", [(4, {"ep": 4}), (8, {"ep": 4, "tp": 2})])
+def test_engine_bf16_sublayers_stay_close_to_the_reference(world, layout):
+    """bf16 partials (the emulated engine): stacked q_a | kv_a and gate | up GEMMs, the EP
+    owner's routed slice folded into the shared expert's all-reduce. Rounding order differs
+    from the reference (bf16 partials, summed in bf16): close, not equal; a misplaced slice
+    or a dropped branch would be off by the outputs' own size."""
+    want_a, got_a, want_m, got_m = run_distributed(_engine_layer_bf16, world, layout, **RUN)
+    for want, got in ((want_a, got_a), (want_m, got_m)):
+        assert got.shape == want.shape and got.dtype == torch.bfloat16
+        err = (got.float() - want.float()).abs().max()
+        assert err <= 0.03 * want.float().abs().max(), float(err)
+
+
 # -- vocab-parallel heads ---------------------------------------------------------------------
 def _vocab_ops(rank, world, logits):
     V = logits.shape[-1]
@@ -445,9 +465,10 @@ def test_emulation_projects_tp8_and_ep8_over_both_links():
         if link == "NVLink4":  # the same logged bytes priced over a slower link
             assert by[(lay, C, mode, "PCIe5x16")]["comm_ms"] > r["comm_ms"]
         # per forward: one all-reduce per attention and dense layer; MoE-TP one per layer,
-        # EP two all-to-alls + an all-gather + the shared expert's all-reduce; one logits
-        # all-gather. A DDTree step adds the draft's two vocab-parallel all-gathers.
-        per_moe = 1 if lay == "TP8" else 4
+        # EP two all-to-alls + one all-reduce (the shared expert's partial with the owner's
+        # routed slice folded in: bf16 rows); one logits all-gather. A DDTree step adds the
+        # draft's two vocab-parallel all-gathers.
+        per_moe = 1 if lay == "TP8" else 3
         want = CFG.num_layers + 1 + moe_layers * per_moe + 1 + (0 if mode == "AR" else 2)
         assert r["collectives"] == want, (lay, mode, r["collectives"])
     assert by[("TP8", 1, "DDTree-8", "NVLink4")]["tokens_per_s"] > 0

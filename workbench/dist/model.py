@@ -74,14 +74,17 @@ class SwiGLUShard(nn.Module):
         self.down_proj = Linear(width * lay.world, d // lay.world) if lay.exact else Linear(
             width, d)
 
+    def partial(self, x):
+        """Engine: this rank's width slice of the MLP, [..., D] in op_dtype() (not reduced)."""
+        if _stack_weights():  # gate | up in one buffer: ops that can, run one GEMM
+            stacked_weight(self.gate_proj, self.up_proj)
+        return ops.get("swiglu_mlp")(x.to(op_dtype()), self.gate_proj.weight,
+                                     self.up_proj.weight, self.down_proj.weight)
+
     def forward(self, x, comm: Comm):
         """[..., D] bf16 -> [..., D] bf16, = reference swiglu_mlp up to (engine) ACC order."""
         if not self.exact:  # ACC in: the op returns its unrounded partial; round after the sum
-            if _stack_weights():  # gate | up in one buffer: ops that can, run one GEMM
-                stacked_weight(self.gate_proj, self.up_proj)
-            part = ops.get("swiglu_mlp")(x.to(op_dtype()), self.gate_proj.weight, self.up_proj.weight,
-                                         self.down_proj.weight)
-            return comm.all_reduce(part).to(x.dtype)
+            return comm.all_reduce(self.partial(x)).to(x.dtype)
         linear, xf = ops.get("linear"), x.to(ACC)  # ACC in -> ACC out, as the op computes
         a = torch.nn.functional.silu(linear(xf, self.gate_proj.weight)) * linear(
             xf, self.up_proj.weight)  # [..., F/world] ACC
@@ -272,6 +275,14 @@ class DistKimiModel(nn.Module):
             both = self.comm.all_reduce(torch.stack([moe_tp_partial(h, ids, w, experts),
                                                      part_s]))
             y, s = both[0].to(x.dtype), both[1].to(x.dtype)
+        elif lay.ep > 1 and not lay.exact and _stack_weights():
+            # EP on bf16 rows (the engine emulation): each owner adds its routed slice into its
+            # shared-expert partial and ONE all-reduce sums both (the owned slices are
+            # disjoint), instead of an all-gather and an all-reduce: a collective a layer fewer
+            routed, lo, hi = moe_ep(h, ids, w, experts, lay, self.comm, gather=False)
+            part = sh.partial(h)  # [T, D] bf16, this rank's shared-expert width slice
+            part[lo:hi] += routed[: hi - lo]
+            return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
         else:
             y = (moe_tp_exact(h, ids, w, experts, self.comm) if lay.ep == 1
                  else moe_ep(h, ids, w, experts, lay, self.comm))

@@ -120,8 +120,10 @@ def ep_plan(ids: torch.Tensor, lay: Layout, experts_per_group: int) -> EPPlan:
 
 
 def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
-           lay: Layout, comm: Comm) -> torch.Tensor:
-    """h [T, D] bf16 (replicated), ids/w [T, K] -> routed output [T, D] bf16 on every rank."""
+           lay: Layout, comm: Comm, gather: bool = True):
+    """h [T, D] bf16 (replicated), ids/w [T, K] -> routed output [T, D] bf16 on every rank;
+    gather=False: (this owner's padded slice [chunk, D] bf16, lo, hi) without the all-gather
+    (the caller folds it into another collective)."""
     T, K = ids.shape
     D, tp = h.shape[-1], lay.tp
     plan = ep_plan(ids, lay, experts.num_experts)
@@ -147,6 +149,8 @@ def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Exp
         # proof path) always take the reference's ACC arithmetic: the single-process combine
         combine = ep_combine_ref if op_dtype() == ACC else ops.get("ep_combine")
         out = combine(back, plan.order, w[plan.lo : plan.hi], plan.chunk, tp, h.dtype)
+    if not gather:
+        return out.to(h.dtype), plan.lo, plan.hi
     return comm.all_gather_cat(out.to(h.dtype), 0)[:T]
 
 
