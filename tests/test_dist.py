@@ -507,3 +507,26 @@ def test_stacked_weight_is_one_buffer_the_parameters_view():
     assert stacked_weight(a, b).data_ptr() == s.data_ptr()  # adjacent already: no new buffer
     b.weight.data.copy_(2 * wb)  # a load_shard-style copy into the parameter
     assert torch.equal(stacked_weight(a, b)[3:], 2 * wb)
+
+
+def test_kernel_classes_group_a_kernel_table():
+    import pandas as pd
+
+    from workbench.dist.kernel_classes import by_class, kernel_class
+
+    assert kernel_class("_gemm_kernel") == "int4 MoE GEMMs"
+    assert kernel_class("_route_kernel") == "int4 MoE routing"
+    assert kernel_class("_attn_kernel") == "attention (tree_mla, drafter)"
+    assert kernel_class("nvjet_sm90_tst_64x8_64x16_2x4_h_bz_splitK_TNT") == \
+        "dense GEMMs (cuBLAS)"
+    assert kernel_class("void cublasLt::splitKreduce_kernel<32, 16, int>") == \
+        "dense GEMMs (cuBLAS)"
+    assert kernel_class("_ep_plan_kernel") == "our small kernels"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4>").startswith("torch")
+    t = pd.DataFrame({"layout": "EP8", "C": 1, "mode": "AR",
+                      "kernel": ["_gemm_kernel", "_rmsnorm_kernel", "Memcpy DtoH", "_gemm_kernel"],
+                      "calls": [2, 3, 1, 2], "us": [100.0, 6.0, 1.5, 50.0]})
+    g = by_class(t)
+    assert g.cls.tolist() == ["int4 MoE GEMMs", "our small kernels",
+                              "torch glue (copies, casts, cats, gathers, fills, sorts)"]
+    assert g.ms.tolist() == [0.15, 0.006, 0.0015] and g.calls.tolist() == [4, 3, 1]
