@@ -228,3 +228,41 @@ if s7.exists():
 else:
     view = "traces/emulate_engine_session7.csv not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 8: the same rank after fusing the glue
+# `traces/emulate_engine_session8.csv` (`traces/gpu/session8/README.md` has the command): kernel
+# ms is now the GPU's busy time (the union of kernel intervals). Left: x floor per configuration,
+# session 7 against session 8. Right: where the C 1, budget 16 step's GPU time goes, by kind of
+# work (`workbench.dist.kernel_classes`), from the two sessions' kernel tables.
+
+# %%
+from workbench.dist.kernel_classes import by_class
+
+s8 = traces / "emulate_engine_session8.csv"
+tables = {"session 7": traces / "gpu/session7/emulate_kernels_e_moe_route_triton_v1.csv.gz",
+          "session 8": traces / "gpu/session8/emulate_kernels_d.csv.gz"}
+if s8.exists() and s7.exists() and all(p.exists() for p in tables.values()):
+    new = pd.read_csv(s8)
+    new = new[new.link == "NVLink4"]
+    old = pd.read_csv(s7)
+    old = old[old.link == "NVLink4"]
+    both = new.merge(old[["C", "mode", "x_floor"]], on=["C", "mode"], suffixes=("", "_s7"))
+    assert (both.x_floor < both.x_floor_s7).all()  # every configuration both ran got closer
+    classes = pd.concat({k: by_class(pd.read_csv(p)).query("C == 1 and mode == 'DDTree-16'")
+                         .set_index("cls").ms for k, p in tables.items()}, axis=1)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
+    x = range(len(both))
+    a1.bar([i - 0.2 for i in x], both.x_floor_s7, 0.4, label="session 7")
+    a1.bar([i + 0.2 for i in x], both.x_floor, 0.4, label="session 8")
+    a1.axhline(1.3, color="k", lw=0.8, ls="--", label="bar (C 1, budget 16)")
+    a1.set_xticks(list(x), [f"C {c}\n{m}" for c, m in zip(both.C, both["mode"])], fontsize=8)
+    a1.set_ylabel("(kernels + comm) / floor")
+    a1.legend(fontsize=8)
+    classes.T.plot.bar(stacked=True, ax=a2, rot=0)
+    a2.set_ylabel("ms of GPU time, C 1, budget 16")
+    a2.legend(fontsize=7)
+    view = classes.round(2)
+else:
+    view = "traces/emulate_engine_session8.csv or the kernel tables not in this checkout"
+view
