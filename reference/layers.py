@@ -48,10 +48,13 @@ def lm_head(h: torch.Tensor, weight: torch.Tensor, chunk: int = 16384) -> torch.
                       for i in range(0, weight.shape[0], chunk)], dim=-1)
 
 
-def mla_q_absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+def mla_q_absorb(q_nope: torch.Tensor, w_uk: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed MLA query: q_lat[h] = q_nope[h] W_UK[h], per head.
-    q_nope [B, N, H, dn], w_uk [H, dn, C] -> [B, N, H, C] in q_nope.dtype (float64 accumulate)."""
-    return torch.einsum("bnhd,hdc->bnhc", q_nope.to(ACC), w_uk.to(ACC)).to(q_nope.dtype)
+    q_nope [B, N, H, dn], w_uk [H, dn, C] -> [B, N, H, C] in q_nope.dtype (float64 accumulate).
+    out: a [B, N, H, C] view to write instead (the model's q buffer [..., :C]); returned."""
+    q_lat = torch.einsum("bnhd,hdc->bnhc", q_nope.to(ACC), w_uk.to(ACC)).to(q_nope.dtype)
+    return q_lat if out is None else out.copy_(q_lat)
 
 
 def mla_v_up(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:

@@ -118,7 +118,8 @@ class MLA(nn.Module):
         cq = rmsnorm(linear(x, self.q_a_proj.weight), self.q_a_layernorm.weight, eps)
         q = linear(cq, self.q_b_proj.weight).view(B, N, H, cfg.qk_head_dim)
         q_nope = q[..., :dn]  # [B, N, H, dn]
-        q_pe = ops.get("rope")(q[..., dn:], positions, table, rope.interleaved)  # [B, N, H, R]
+        qq = torch.empty(B, N, H, cfg.latent_dim, dtype=x.dtype, device=x.device)  # [.., C+R]
+        ops.get("rope")(q[..., dn:], positions, table, rope.interleaved, out=qq[..., C:])
 
         kv = linear(x, self.kv_a_proj_with_mqa.weight)  # [B, N, C+R]
         # kv_cache[b, P_b + i] = [rmsnorm(c) | rope(k_pe)]
@@ -127,8 +128,7 @@ class MLA(nn.Module):
 
         # absorb W_UK into the query: q_lat[h] = q_nope[h] W_UK[h]  ([dn] x [dn, C] -> [C])
         w_kvb = self.kv_b_proj.weight.view(H, dn + cfg.v_head_dim, C)
-        q_lat = ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn])  # [B, N, H, C]
-        qq = torch.cat([q_lat.to(x.dtype), q_pe], -1)  # [B, N, H, C+R]
+        ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn], out=qq[..., :C])  # qq = [q_lat | q_pe]
         o_lat, _ = ops.get("tree_mla")(qq, kv_cache, prefix_lens, anc_bits, cfg.softmax_scale, C)
         o = ops.get("mla_v_up")(o_lat, w_kvb[:, dn:])  # [B, N, H, dv] (W_UV)
         return linear(o.to(x.dtype).reshape(B, N, H * cfg.v_head_dim), self.o_proj.weight)

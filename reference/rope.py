@@ -137,9 +137,11 @@ def table_rows(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tens
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
-         interleaved: bool) -> torch.Tensor:
+         interleaved: bool, out: torch.Tensor | None = None) -> torch.Tensor:
     """The "rope" op's reference: x [..., S, (H,) R] rotated at int positions [..., S] with the
     cos | sin rows of table [n, R] fp32 (Rope.table). Bit for bit Rope.apply (the same gather
     and the same `rotate`), x.dtype out. interleaved: pairs (2i, 2i+1) (target MLA), else
-    rotate-half pairs (i, i + R/2) (drafter)."""
-    return rotate(x, positions, *table_rows(table, positions), interleaved)
+    rotate-half pairs (i, i + R/2) (drafter). out: a view of x's shape to write instead (the
+    model's q buffer [..., C:]); returned."""
+    y = rotate(x, positions, *table_rows(table, positions), interleaved)
+    return y if out is None else out.copy_(y)

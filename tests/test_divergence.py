@@ -33,7 +33,7 @@ from workbench.dist.check import (
     routing_trace,
 )
 from workbench.generate import generate
-from workbench.reference.layers import ACC, rmsnorm
+from workbench.reference.layers import ACC, add_rmsnorm, rmsnorm
 from workbench.reference.moe_route import moe_route
 
 NEW = 10  # generated tokens: the sequence is prompt + these
@@ -64,23 +64,24 @@ def _variant(op: str, fn):
         del spec.variants["test_local"]
 
 
-def _nudged_rmsnorm(target, layer: int, row: int, m: dict, ulps: float = 1.0):
-    """rmsnorm that moves layer `layer`'s MoE input at `row` by ~`ulps` bf16 ulps per element,
-    each against the sign of d(K/K+1 gap)/dh: a rounding-level change aimed at the gap."""
+def _nudged_norm(target, layer: int, row: int, m: dict, ulps: float = 1.0):
+    """add_rmsnorm (the residual add + post-attention norm that makes each MoE input) that
+    moves layer `layer`'s MoE input at `row` by ~`ulps` bf16 ulps per element, each against
+    the sign of d(K/K+1 gap)/dh: a rounding-level change aimed at the gap."""
     lyr = target.model.layers[str(layer)]
     W = lyr.mlp.gate.weight.to(ACC)
     a, b = m["pair"]
 
-    def fn(x, weight, eps):
-        y = rmsnorm(x, weight, eps)
+    def fn(x, r, weight, eps):
+        res, y = add_rmsnorm(x, r, weight, eps)
         if weight is not lyr.post_attention_layernorm.weight or y.shape[1] <= row:
-            return y
+            return res, y
         h = y[0, row].to(ACC)
         s = torch.sigmoid(W @ h)
         g = s[a] * (1 - s[a]) * W[a] - s[b] * (1 - s[b]) * W[b]
         y = y.clone()
         y[0, row] = (h - torch.sign(g) * h.abs() * ulps * 2.0**-7).to(y.dtype)
-        return y
+        return res, y
 
     return fn
 
@@ -95,7 +96,7 @@ def test_a_rounding_nudge_on_a_router_near_tie_is_found_and_explained():
     first = min(margins)  # the first MoE layer: nothing discrete differs above it
     row = _argrow(margins, first, min)
     assert margins[first][row]["margin_rel"] < NEAR_TIE_REL  # a near tie exists on tiny
-    with _variant("rmsnorm", _nudged_rmsnorm(target, first, row, margins[first][row])) as sel:
+    with _variant("add_rmsnorm", _nudged_norm(target, first, row, margins[first][row])) as sel:
         rep, line = explain_divergence(target, prompt, tokens, None, sel)
     assert rep["layer"] == first and [f["row"] for f in rep["flips"]] == [row], line
     f = rep["flips"][0]
@@ -113,7 +114,7 @@ def test_the_same_nudge_on_a_decided_router_flips_nothing():
     last = max(margins)  # no MoE layer below it: a non-flip here means no flip anywhere
     row = _argrow(margins, last, max)
     assert margins[last][row]["margin_rel"] > 4 * NEAR_TIE_REL
-    with _variant("rmsnorm", _nudged_rmsnorm(target, last, row, margins[last][row])) as sel:
+    with _variant("add_rmsnorm", _nudged_norm(target, last, row, margins[last][row])) as sel:
         rep, line = explain_divergence(target, prompt, tokens, None, sel)
     assert rep["layer"] is None and rep["flips"] == [] and not rep["explained"]
     assert rep["hidden"][last]["max_abs"] > 0 and all(
@@ -181,7 +182,7 @@ def test_explain_divergences_names_each_divergent_request():
     row = _argrow(margins, first, min)
     got = list(tokens)
     got[6] = (got[6] + 1) % target.cfg.vocab_size  # a pretend divergence at position 6
-    with _variant("rmsnorm", _nudged_rmsnorm(target, first, row, margins[first][row])) as sel:
+    with _variant("add_rmsnorm", _nudged_norm(target, first, row, margins[first][row])) as sel:
         out = explain_divergences(target, [prompt, prompt], [tokens, tokens], [tokens, got],
                                   None, sel)
     assert len(out) == 1 and out[0][0]["request"] == 1 and out[0][0]["position"] == 6

@@ -119,3 +119,22 @@ def test_bad_arguments_raise_naming_the_argument(device):
 def test_real_shapes_match_the_reference():
     df = check("rope", "triton_v1", shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)
+
+
+@pytest.mark.parametrize("variant", ["reference", "triton_v1"])
+def test_out_writes_the_models_q_buffer_in_place(variant, device):
+    # why: the model writes rope(q_pe) into qq[..., C:] of its [B, N, H, C+R] query buffer, so
+    # no cat follows; the values must be the no-out call's, and nothing outside the view moves
+    fn = ops.op_spec("rope").variant(variant).load()
+    r = _rope(64, True, device)
+    g = torch.Generator(device=device).manual_seed(9)
+    q = torch.randn(2, 5, 3, 32 + 64, generator=g, device=device).to(torch.bfloat16)
+    pos = torch.randint(0, T, (2, 5), generator=g, device=device)
+    qq = torch.full((2, 5, 3, 40 + 64), float("nan"), dtype=torch.bfloat16, device=device)
+    got = fn(q[..., 32:], pos, r.table(device), True, out=qq[..., 40:])
+    assert got.data_ptr() == qq[..., 40:].data_ptr()
+    assert torch.equal(qq[..., 40:], fn(q[..., 32:], pos, r.table(device), True))
+    assert bool(qq[..., :40].isnan().all())
+    if variant == "triton_v1":
+        with pytest.raises(ValueError, match=r"out: expected a \(2, 5, 3, 64\) torch.bfloat16"):
+            fn(q[..., 32:], pos, r.table(device), True, out=qq[..., 40:].float())

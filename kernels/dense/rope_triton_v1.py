@@ -33,7 +33,7 @@ BLOCK_ROWS = 32  # (position, head) rows a program: 32 x 32 pairs at R = 64, 204
 
 @triton.jit
 def _rope_kernel(x_ptr, pos_ptr, tab_ptr, y_ptr, rows, H, n_tab, sx_m, sx_h, sx_d, s_pos,
-                 s_tab, INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
+                 s_tab, sy_m, sy_h, INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
                  BLOCK_ROWS: tl.constexpr, BLOCK_P: tl.constexpr):
     r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)  # row = m * H + h
     p = tl.arange(0, BLOCK_P)  # pair index
@@ -54,17 +54,19 @@ def _rope_kernel(x_ptr, pos_ptr, tab_ptr, y_ptr, rows, H, n_tab, sx_m, sx_h, sx_
     t_ok = ok & in_tab[:, None]
     cos = tl.load(trow + p[None, :], mask=t_ok, other=float("nan"))
     sin = tl.load(trow + HALF + p[None, :], mask=t_ok, other=float("nan"))
-    yrow = y_ptr + r.to(tl.int64)[:, None] * (2 * HALF)  # y is [rows, R] contiguous
+    yrow = y_ptr + m.to(tl.int64)[:, None] * sy_m + h.to(tl.int64)[:, None] * sy_h
     tl.store(yrow + d1[None, :], x1 * cos - x2 * sin, mask=ok)
     tl.store(yrow + d2[None, :], x1 * sin + x2 * cos, mask=ok)
 
 
 def rope(x: Tensor, positions: Tensor, table: Tensor, interleaved: bool,
-         validate: bool = False) -> Tensor:
+         out: Tensor | None = None, validate: bool = False) -> Tensor:
     """x [..., S, (H,) R] at int positions [..., S] -> [..., S, (H,) R] in x.dtype.
 
     table [n, R] fp32: cos in [:, :R/2], sin in [:, R/2:] (Rope.table, after Rope.reserve);
-    there is no table-less path. No host sync unless validate=True (positions' range)."""
+    there is no table-less path. out: a view of x's shape and dtype (unit stride along R) to
+    write instead, e.g. the model's q buffer [..., C:]; returned. No host sync unless
+    validate=True (positions' range)."""
     _require(isinstance(table, Tensor), "table",
              "the [n, R] fp32 cos|sin table (Rope.table(device), after Rope.reserve)",
              type(table).__name__)
@@ -100,12 +102,27 @@ def rope(x: Tensor, positions: Tensor, table: Tensor, interleaved: bool,
     # Under the interpreter fp32 -> bf16 stores truncate instead of rounding (drafter/_common):
     # there the kernel writes fp32 and torch rounds (round-to-nearest-even, as cvt.rn does).
     narrow = x.dtype in (torch.bfloat16, torch.float16)
-    y = torch.empty(M * H, R, dtype=torch.float32 if INTERPRET and narrow else x.dtype,
-                    device=x.device)
+    if out is not None:
+        _require(isinstance(out, Tensor) and out.shape == x.shape and out.dtype == x.dtype,
+                 "out", f"a {tuple(x.shape)} {x.dtype} tensor (x's shape and dtype)",
+                 (tuple(getattr(out, "shape", ())), getattr(out, "dtype", type(out))))
+        _require(out.device == x.device, "out", f"on {x.device} (x's device)", out.device)
+        _require(out.stride(-1) == 1 or R <= 1, "out", "unit stride along R", out.stride())
+    direct = out is not None and not (INTERPRET and narrow)
+    y3 = out.reshape(-1, H, R) if direct else torch.empty(
+        M, H, R, dtype=torch.float32 if INTERPRET and narrow else x.dtype, device=x.device)
+    if direct:
+        same = y3.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+        _require(same, "out", "leading dims that flatten to one row stride (a view, not a "
+                 "copy)", out.stride())
     rows = M * H
     if rows and R:
         _rope_kernel[(triton.cdiv(rows, BLOCK_ROWS),)](
-            x3, pos, table, y, rows, H, table.shape[0], x3.stride(0), x3.stride(1),
-            x3.stride(2), pos.stride(0), table.stride(0), INTERLEAVED=bool(interleaved),
-            HALF=R // 2, BLOCK_ROWS=BLOCK_ROWS, BLOCK_P=next_pow2(R // 2), num_warps=4)
-    return y.to(x.dtype).view(x.shape)
+            x3, pos, table, y3, rows, H, table.shape[0], x3.stride(0), x3.stride(1),
+            x3.stride(2), pos.stride(0), table.stride(0), y3.stride(0), y3.stride(1),
+            INTERLEAVED=bool(interleaved), HALF=R // 2, BLOCK_ROWS=BLOCK_ROWS,
+            BLOCK_P=next_pow2(R // 2), num_warps=4)
+    if direct:
+        return out
+    y = y3.to(x.dtype).view(x.shape)
+    return y if out is None else out.copy_(y)  # interpreter: torch rounds, then the copy

@@ -85,17 +85,28 @@ def stable_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     return key.topk(k, dim=-1).indices
 
 
-def mla_q_absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+def mla_q_absorb(q_nope: torch.Tensor, w_uk: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """q_nope [B, N, H, dn] x W_UK [H, dn, C] -> [B, N, H, C]: one batched cuBLAS GEMM over
-    the heads, in q_nope.dtype with fp32 accumulation."""
+    the heads, in q_nope.dtype with fp32 accumulation. out: a [B, N, H, C] view (unit stride
+    along C, B and N mergeable) the GEMM writes in place: the model's q buffer [..., :C], so no
+    cat follows."""
     B, N, H, dn = q_nope.shape
+    C = w_uk.shape[-1]
     x = q_nope.reshape(B * N, H, dn).transpose(0, 1)  # [H, BN, dn]
-    return torch.bmm(x, _w(w_uk, q_nope)).transpose(0, 1).reshape(B, N, H, w_uk.shape[-1])
+    if out is None:
+        return torch.bmm(x, _w(w_uk, q_nope)).transpose(0, 1).reshape(B, N, H, C)
+    torch.bmm(x, _w(w_uk, q_nope), out=out.view(B * N, H, C).transpose(0, 1))
+    return out
 
 
 def mla_v_up(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
     """o_lat [B, N, H, C] x W_UV [H, dv, C]^T -> [B, N, H, dv]: one batched GEMM, as above."""
     B, N, H, C = o_lat.shape
     x = o_lat.reshape(B * N, H, C).transpose(0, 1)  # [H, BN, C]
-    out = torch.bmm(x, _w(w_uv, o_lat).transpose(1, 2))  # [H, BN, dv]
-    return out.transpose(0, 1).reshape(B, N, H, w_uv.shape[1])
+    # written straight into a contiguous [B, N, H, dv]: the model's reshape to [B, N, H dv]
+    # for o_proj is then a view, not a copy kernel
+    out = torch.empty(B, N, H, w_uv.shape[1], dtype=o_lat.dtype, device=o_lat.device)
+    torch.bmm(x, _w(w_uv, o_lat).transpose(1, 2),
+              out=out.view(B * N, H, w_uv.shape[1]).transpose(0, 1))  # [H, BN, dv]
+    return out

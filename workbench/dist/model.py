@@ -244,15 +244,16 @@ class DistKimiModel(nn.Module):
             q_a, kv = linear(x, at.q_a_proj.weight), linear(x, at.kv_a_proj_with_mqa.weight)
         cq = rmsnorm(q_a, at.q_a_layernorm.weight, eps)
         q = linear(cq, at.q_b_proj.weight).view(B, N, H, cfg.qk_head_dim)
-        rope, table = ops.get("rope"), self.rope.table(positions.device)  # [T, R] fp32 cos|sin
-        q_nope, q_pe = q[..., :dn], rope(q[..., dn:], positions, table, self.rope.interleaved)
+        table = self.rope.table(positions.device)  # [T, R] fp32 cos|sin
+        q_nope = q[..., :dn]
+        qq = torch.empty(B, N, H, cfg.latent_dim, dtype=x.dtype, device=x.device)  # [.., C+R]
+        ops.get("rope")(q[..., dn:], positions, table, self.rope.interleaved, out=qq[..., C:])
         # every rank writes the same latent rows: the cache is replicated
         ops.get("mla_kv_write")(kv, at.kv_a_layernorm.weight, eps, positions, table,
                                 self.rope.interleaved, kv_cache, prefix_lens)
 
         w_kvb = at.kv_b_proj.weight.view(H, dn + dv, C)
-        q_lat = ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn])  # [B, N, H, C], local heads
-        qq = torch.cat([q_lat.to(x.dtype), q_pe], -1)  # [B, N, H, C+R]
+        ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn], out=qq[..., :C])  # qq = [q_lat | q_pe]
         o_lat, _ = ops.get("tree_mla")(qq, kv_cache, prefix_lens, anc_bits, cfg.softmax_scale, C)
         o = ops.get("mla_v_up")(o_lat, w_kvb[:, dn:])  # [B, N, H, dv] (W_UV)
         o = o.to(x.dtype).reshape(B, N, H * dv)  # bf16, as the reference rounds

@@ -9,7 +9,9 @@ plan by itself, with no count exchange:
   bf16 rows); they run their experts (their width slice) and send ACC results back; the owner
   sums the tp partials in rank order and combines the K slots in slot order exactly as
   reference/int4_moe.py does, then the owners' slices are all-gathered. With tp = 1 the
-  combine is the reference's own arithmetic on the reference's own values.
+  combine is the reference's own arithmetic on the reference's own values. On bf16 rows (the
+  engine emulation, `op_activations`) the owner instead adds its slice into its shared-expert
+  partial and one all-reduce sums both (model.py `_moe`): one collective a layer fewer.
   MoE-TP: every rank runs all tokens through all experts' width slices and the ACC partial
   is all-reduced with the shared expert's (one collective a layer).
 
