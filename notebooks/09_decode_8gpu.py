@@ -241,7 +241,7 @@ from workbench.dist.kernel_classes import by_class
 
 s8 = traces / "emulate_engine_session8.csv"
 tables = {"session 7": traces / "gpu/session7/emulate_kernels_e_moe_route_triton_v1.csv.gz",
-          "session 8": traces / "gpu/session8/emulate_kernels_d.csv.gz"}
+          "session 8": traces / "gpu/session8/emulate_kernels_e.csv.gz"}
 if s8.exists() and s7.exists() and all(p.exists() for p in tables.values()):
     new = pd.read_csv(s8)
     new = new[new.link == "NVLink4"]

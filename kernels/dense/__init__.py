@@ -43,7 +43,10 @@ kernels (aranges, add, cat, index_put); engine-only (fp32, not the float64 refer
 `linear_triton_v1` (variant `triton_v1` of op linear) is a skinny GEMM for decode row counts
 (<= 64 rows): each program owns BN output columns over all of K, no split-K and no reduce
 launch; more rows (compute-shaped) or non-bf16/fp16 inputs take torch_bf16's cuBLAS GEMM, a
-documented dispatch. `swiglu_mlp` triton_v2 is triton_v1 on it.
+documented dispatch. `swiglu_mlp` triton_v2 is triton_v1 on it. Measured on the H200 (session 8,
+traces/gpu/session8/bench_linear.csv) it is NOT faster than cuBLAS at the decode widths (q_a |
+kv_a at 9 rows: 15.6 vs 12.5 µs of kernel time; elsewhere within ~10 %), so neither is in the
+engine preset.
 
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):
