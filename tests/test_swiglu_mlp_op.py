@@ -84,7 +84,7 @@ def test_real_widths_match_the_reference():
 def test_stacked_gate_up_take_one_gemm_and_agree(device):
     # why: when up follows gate in one buffer (workbench.dist.model.stacked_weight) the op
     # runs one [M, 2F] GEMM; the result must match the two-GEMM path
-    from workbench.kernels.dense.swiglu_mlp_triton_v1 import adjacent
+    from workbench.kernels.dense.torch_bf16 import adjacent
 
     g = torch.Generator(device=device).manual_seed(4)
     gu, wd = _w(g, 2 * 24, 64), _w(g, 64, 24)

@@ -20,6 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..drafter._common import INTERPRET, _require, next_pow2
+from .torch_bf16 import adjacent
 
 BLOCK = 1024  # columns a program
 
@@ -45,15 +46,6 @@ def silu_mul(g: Tensor, u: Tensor) -> Tensor:
             g, u, a, Fw, g.stride(0), u.stride(0), a.stride(0), BLOCK=min(BLOCK, next_pow2(Fw)),
             num_warps=4)
     return a.to(g.dtype)
-
-
-def adjacent(first: Tensor, second: Tensor) -> bool:
-    """True when `second` starts where `first` ends in one storage (both contiguous, same
-    dtype): the two weights are row blocks of one buffer, one GEMM can read both."""
-    return (first.is_contiguous() and second.is_contiguous() and first.dtype == second.dtype
-            and first.device == second.device and first.shape[1:] == second.shape[1:]
-            and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
-            and second.data_ptr() == first.data_ptr() + first.numel() * first.element_size())
 
 
 def swiglu_mlp(x: Tensor, gate: Tensor, up: Tensor, down: Tensor, gemm=F.linear) -> Tensor:

@@ -15,6 +15,16 @@ def _w(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return weight if weight.dtype == x.dtype else weight.to(x.dtype)
 
 
+def adjacent(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """True when `second` starts where `first` ends in one storage (both contiguous, same
+    dtype): the two weights are row blocks of one buffer, one GEMM can read both (the engine
+    path stacks gate | up and q_a | kv_a: workbench.dist.model.stacked_weight)."""
+    return (first.is_contiguous() and second.is_contiguous() and first.dtype == second.dtype
+            and first.device == second.device and first.shape[1:] == second.shape[1:]
+            and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+            and second.data_ptr() == first.data_ptr() + first.numel() * first.element_size())
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] -> [..., D] in x.dtype; fp32 math."""
     xf = x.float()

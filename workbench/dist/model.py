@@ -42,7 +42,7 @@ def stacked_weight(*mods: Linear) -> torch.Tensor:
     weights). The first call stacks them and makes each parameter a view of its block, so the
     memory is not doubled and later in-place loads (load_shard) land in the buffer; later
     calls find them adjacent and return the [sum O, I] view."""
-    from workbench.kernels.dense.swiglu_mlp_triton_v1 import adjacent
+    from workbench.kernels.dense.torch_bf16 import adjacent
 
     ws = [m.weight for m in mods]
     if not all(adjacent(a, b) for a, b in zip(ws, ws[1:])):
