@@ -4,8 +4,9 @@ torch_bf16.swiglu_mlp runs the gate and up GEMMs, then five elementwise kernels 
 casts, SiLU, the product, the cast back) before the down GEMM; at Kimi K2.6 size the shared
 expert is [T, 7168] x [256, 7168] per rank, so those five are ~7 µs of launches around
 ~1 µs of data, 61 times a step. Here the GEMMs stay in cuBLAS (bf16 in and out, fp32
-accumulate) and SiLU(gate) * up is one kernel: fp32 math on the bf16 GEMM outputs, rounded
-once to the activation dtype, as torch_bf16 rounds. Not bitwise torch_bf16 (Triton's exp in
+accumulate) and SiLU(gate) * up is one kernel (the drafter's, kernels/drafter/_fused.py):
+fp32 math on the bf16 GEMM outputs, rounded once to the activation dtype, as torch_bf16
+rounds. Not bitwise torch_bf16 (Triton's exp in
 the sigmoid): engine-only, within the reference's dtype-derived tolerance.
 `swiglu_mlp_v2` (variant triton_v2) runs the same steps with the GEMMs on linear_triton_v1.
 Legend: M rows, D hidden, F width.
@@ -16,23 +17,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 from torch import Tensor
 
 from ..drafter._common import INTERPRET, _require, next_pow2
+from ..drafter._fused import _silu_mul_kernel
 from .torch_bf16 import adjacent
 
 BLOCK = 1024  # columns a program
-
-
-@triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, a_ptr, F, s_g, s_u, s_a, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = c < F
-    g = tl.load(g_ptr + row * s_g + c, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + row * s_u + c, mask=ok, other=0.0).to(tl.float32)
-    tl.store(a_ptr + row * s_a + c, g / (1.0 + tl.exp(-g)) * u, mask=ok)
 
 
 def silu_mul(g: Tensor, u: Tensor) -> Tensor:

@@ -81,13 +81,14 @@ def qk_norm_rope(qkv: Tensor, q_w: Tensor, k_w: Tensor, cos: Tensor, sin: Tensor
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, h_ptr, F, s_gu, s_h, BLOCK: tl.constexpr):
-    # gu row = [gate (F) | up (F)], the one-GEMM output; silu in fp32
+def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, F, s_g, s_u, s_h, BLOCK: tl.constexpr):
+    # h = silu(gate) * up, silu in fp32; gate and up rows F wide (the drafter passes the two
+    # halves of its one-GEMM [gate | up] output, kernels/dense swiglu_mlp two GEMM outputs)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < F
-    g = tl.load(gu_ptr + row * s_gu + c, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * s_gu + F + c, mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * s_g + c, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * s_u + c, mask=ok, other=0.0).to(tl.float32)
     tl.store(h_ptr + row * s_h + c, g / (1.0 + tl.exp(-g)) * u, mask=ok)
 
 
@@ -98,6 +99,7 @@ def silu_mul(gu: Tensor) -> Tensor:
     h = torch.empty(M, F, dtype=act_dtype(), device=gu.device)
     BLOCK = min(2048, next_pow2(F))
     if M:
-        _silu_mul_kernel[(M, triton.cdiv(F, BLOCK))](gu, h, F, gu.stride(0), h.stride(0),
-                                                     BLOCK=BLOCK, num_warps=4)
+        _silu_mul_kernel[(M, triton.cdiv(F, BLOCK))](gu, gu[:, F:], h, F, gu.stride(0),
+                                                     gu.stride(0), h.stride(0), BLOCK=BLOCK,
+                                                     num_warps=4)
     return h

@@ -64,7 +64,7 @@ def kernels():
                "sin_ptr:*fp32 s_row:i32 so_row:i32 HQ:i32 eps:fp32")
     out.append(("q/k norm + rope", fu._qk_norm_rope_kernel,
                 {**sig, "HALF": "constexpr", "ROUND": "constexpr"}, dict(HALF=64, ROUND=True), 1))
-    sig = _sig("gu_ptr:*bf16 h_ptr:*bf16 F:i32 s_gu:i32 s_h:i32")
+    sig = _sig("g_ptr:*bf16 u_ptr:*bf16 h_ptr:*bf16 F:i32 s_g:i32 s_u:i32 s_h:i32")
     out.append(("silu * up", fu._silu_mul_kernel, {**sig, "BLOCK": "constexpr"},
                 dict(BLOCK=2048), 4))
     # cache strides per layer / request exceed 2^31 elements at bs 64 x 32k: i64 there
