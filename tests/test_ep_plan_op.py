@@ -15,9 +15,9 @@ import torch
 
 from workbench import ops
 from workbench.check import check, failures
+from workbench.ep_routes import owned
 from workbench.kernels.dense.ep_plan_triton_v1 import ep_plan as ep_plan_triton
 from workbench.reference.ep_plan import ep_plan as ep_plan_ref
-from workbench.reference.ep_plan import owned
 
 FIELDS = ("send_t", "order", "splits", "recv_t", "recv_e")
 

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from workbench.reference.ep_plan import EPRoutes, owned
+from workbench.ep_routes import EPRoutes, owned
 
 from ..drafter._common import INTERPRET, _require, next_pow2
 

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench import ops
+from workbench.ep_routes import owned
 from workbench.reference import layers as _layers
 from workbench.reference.ep_plan import ep_combine as ep_combine_ref
-from workbench.reference.ep_plan import owned
 from workbench.reference.int4_moe import Int4Experts
 
 from .comm import Comm
