@@ -1,9 +1,11 @@
 """Which kernels one MoE layer of the emulated EP rank launches, in order (CPU, no GPU needed).
 
-Runs one verify forward of a config's EP rank 0 (tiny, EP4 by default) with the engine preset (Triton under
-the interpreter) and prints, for the second layer, every registry op call and every aten op
-that launches a kernel on a GPU (views, reshapes and other metadata-only ops are left out):
-the list to shrink when fusing the glue between our kernels. Usage:
+Runs one verify forward of a config's EP rank 0 (tiny, EP4 by default) with the engine preset
+(Triton under the interpreter) and prints, for one layer (the first MoE router to the next),
+every registry op call and every aten op that launches a kernel on a GPU (views, reshapes and
+other metadata-only ops are left out): the list to shrink when fusing the glue between our
+kernels. The one forward also shows first-call work (the engine path's weight stacking: a
+cat). Usage:
     TRITON_INTERPRET=1 python3 scripts/layer_ops.py [--config tiny] [--layout ep4] [--rows 17]
 """
 
@@ -78,13 +80,10 @@ def main() -> None:
 
     with torch.no_grad(), ops.use("engine"), op_activations(torch.bfloat16), wrapping(wrap), log:
         model(tokens, pos, cache, prefix, anc, want_logits=False)
-    # the first MoE layer: from the input norm before the first moe_route to the next layer's
-    first = events.index("OP moe_route")
-    norms = [i for i, e in enumerate(events) if e == "OP rmsnorm"]
-    begin = max(i for i in norms if i < first) - 3  # input norm: 3 norms before the route
-    begin = [i for i in norms if i < first][-4]
-    end = next((i for i in norms if i > first), len(events))
-    layer = events[begin:end]
+    # one layer's worth of calls: from the first MoE layer's router to the next router (its
+    # MoE half, then the next layer's attention half)
+    routes = [i for i, e in enumerate(events) if e == "OP moe_route"]
+    layer = events[routes[0]:routes[1] if len(routes) > 1 else len(events)]
     print("\n".join(layer))
     n = sum(e.startswith("  aten") for e in layer)
     print(f"\n{n} aten kernel ops + {sum(e.startswith('OP') for e in layer)} op calls; by name:",

@@ -282,7 +282,7 @@ class DistKimiModel(nn.Module):
             # disjoint), instead of an all-gather and an all-reduce: a collective a layer fewer
             routed, lo, hi = moe_ep(h, ids, w, experts, lay, self.comm, gather=False)
             part = sh.partial(h)  # [T, D] bf16, this rank's shared-expert width slice
-            part[lo:hi] += routed[: hi - lo]
+            part[lo:hi].add_(routed[: hi - lo])  # in place on the view: no write-back copy
             return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
         else:
             y = (moe_tp_exact(h, ids, w, experts, self.comm) if lay.ep == 1
