@@ -97,7 +97,40 @@ def gemm_rows(B: int, drafter, target, S: int, L: int) -> list[tuple]:
     Wh = target.lm_head.weight
     rows.append((B, "head:lm_head_topk k8", graph_us(lambda: lm_head_topk(z, Wh, 8)),
                  Wh.numel() * 2))
-    return rows + head_sweep(B, z, Wh)
+    rows += head_sweep(B, z, Wh)
+    if M <= 64:
+        for name, (W, m) in mats.items():
+            if name != "lm_head":
+                rows += skinny_sweep(B, name, x(m, W.shape[1]), W)
+    return rows
+
+
+def skinny_sweep(B: int, name: str, a, W) -> list[tuple]:
+    """kernels/dense/linear_triton_v1's no-split-K skinny kernel under other tiles."""
+    import triton
+
+    from workbench.kernels.dense.linear_triton_v1 import _skinny_kernel
+
+    M, K = a.shape
+    N = W.shape[0]
+    y = torch.empty(M, N, dtype=a.dtype, device=a.device)
+    bm = max(16, 1 << (M - 1).bit_length())
+    rows = []
+    for bn, bk, warps, stages in [(16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 4),
+                                  (32, 256, 4, 6), (32, 512, 8, 3), (64, 256, 4, 4),
+                                  (64, 128, 4, 6), (16, 256, 2, 6)]:
+        call = functools.partial(
+            _skinny_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))],
+            a, W, y, M, N, K, a.stride(0), a.stride(1), W.stride(0), W.stride(1), y.stride(0),
+            BM=bm, BN=bn, BK=bk, INTERPRET=False, num_warps=warps, num_stages=stages)
+        try:
+            us = graph_us(call)
+        except Exception as e:  # out of shared memory etc.: say so, keep sweeping
+            print(f"skinny {name} N{bn} K{bk} w{warps} s{stages}: {type(e).__name__}: {e}"[:200])
+            continue
+        rows.append((B, f"skinny:{name} [{M}x{K}]x[{N}] BN{bn} BK{bk} w{warps} s{stages}", us,
+                     W.numel() * 2))
+    return rows
 
 
 def head_sweep(B: int, z, W, KC: int = 8) -> list[tuple]:
@@ -110,10 +143,13 @@ def head_sweep(B: int, z, W, KC: int = 8) -> list[tuple]:
     M, D = z.shape
     V = W.shape[0]
     rows = []
-    for bv, bd, warps, stages in [(128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 4, 4),
-                                  (128, 64, 4, 6), (64, 128, 4, 4), (64, 128, 4, 6),
-                                  (64, 256, 4, 3), (256, 64, 8, 4), (128, 256, 8, 3)]:
-        bm = 16 if M <= 16 else (32 if M <= 32 else 64)
+    cfgs = [(128, 128, 0, 8, 4), (128, 128, 0, 4, 4), (64, 128, 0, 4, 4), (64, 128, 0, 4, 6),
+            (64, 128, 0, 4, 5), (64, 64, 0, 4, 8), (64, 128, 0, 8, 6)]
+    if M > 64:
+        cfgs += [(64, 128, 128, 4, 4), (64, 64, 128, 4, 6), (128, 64, 128, 8, 4),
+                 (128, 128, 128, 8, 3), (64, 64, 256, 8, 4), (128, 128, 32, 4, 4)]
+    for bv, bd, bm, warps, stages in cfgs:
+        bm = bm or (16 if M <= 16 else (32 if M <= 32 else 64))
         nvt = triton.cdiv(V, bv)
         keys = torch.empty(M, nvt * KC, dtype=torch.int64, device=z.device)
         pm = torch.empty(M, nvt, dtype=torch.float32, device=z.device)
