@@ -2,7 +2,7 @@
 table, and each of its GEMMs / the fused LM head timed alone against the bytes it streams.
 
     PYTHONPATH=. python3 scripts/profile_drafter.py [--batches 1,8,32] [--ctx 1024]
-        [--variant triton_v1] [--csv out.csv]
+        [--variant triton_v1] [--csv out.csv] [--steps-only]
 
 Why: issue #11 wants the bs 1 step <= 2302 µs (1.2x torch.compile's 2763); triton_v1 replays in
 ~2432 µs against a ~2130 µs floor. The table says which kernels own the 300 µs.
@@ -175,6 +175,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--variant", default="triton_v1")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--steps-only", action="store_true",
+                    help="only the step's kernel table, no GEMM / LM head sweeps")
     a = ap.parse_args()
     batches = {int(b) for b in a.batches.split(",")}
     fn = registry.op_spec("drafter").variant(a.variant).load()
@@ -188,7 +190,8 @@ def main() -> None:
 
         nbytes = drafter_roofline(c)["bytes"]
         rows += step_rows(d["B"], functools.partial(fn, *c.args), nbytes)
-        rows += gemm_rows(d["B"], drafter, target, d["L"] + 1, d["L"])
+        if not a.steps_only:
+            rows += gemm_rows(d["B"], drafter, target, d["L"] + 1, d["L"])
     print(f"{'B':>3} {'µs':>9} {'GB/s':>7}  what")
     for B, what, us, nb in rows:
         print(f"{B:>3} {us:>9.1f} {nb / us / 1e3 if nb else 0:>7.0f}  {what}")

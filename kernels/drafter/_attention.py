@@ -125,15 +125,16 @@ def _attn_split_kernel(
 @triton.jit
 def _combine_kernel(o_ptr, po_ptr, pm_ptr, pl_ptr, so_b, so_s, so_h, HKV, NSPLIT,
                     S: tl.constexpr, G: tl.constexpr, HEAD_D: tl.constexpr,
-                    BLOCK_Q: tl.constexpr):
+                    BLOCK_Q: tl.constexpr, ROWS: tl.constexpr):
+    # grid (B * Hkv, BLOCK_Q / ROWS): ROWS query rows of one (request, kv head) a program
     pid = tl.program_id(0)
     b = (pid // HKV).to(tl.int64)
     h = pid % HKV
-    rows = tl.arange(0, BLOCK_Q)
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     dc = tl.arange(0, HEAD_D)
-    m_g = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-    l_g = tl.zeros([BLOCK_Q], tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_D], tl.float32)
+    m_g = tl.full([ROWS], float("-inf"), tl.float32)
+    l_g = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_D], tl.float32)
     for j in range(0, NSPLIT):
         base = (pid * NSPLIT + j).to(tl.int64) * BLOCK_Q
         m_j = tl.load(pm_ptr + base + rows)
@@ -161,10 +162,12 @@ def splits_for(B: int, Hkv: int, span: int, block_n: int, n_sm: int) -> int:
 
 
 def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, start: Tensor,
-                    sliding: bool, window: int, causal_block: bool, n_sm: int) -> Tensor:
+                    sliding: bool, window: int, causal_block: bool, n_sm: int,
+                    combine_rows: int | None = None) -> Tensor:
     """q [B, S, Hq, d]; kb, vb [B, S, Hkv, d] (the block's own keys/values; any strides with
     unit stride along d); kc, vc [B, T, Hkv, d] one layer of the cache; start [B] -> o
-    [B, S, Hq, d] in act_dtype()."""
+    [B, S, Hq, d] in act_dtype(). combine_rows: query rows per combine program (default all
+    BLOCK_Q of a (request, kv head): triton_v1; triton_v2 splits them, see README)."""
     B, S, Hq, d = q.shape
     T, Hkv = kc.shape[1], kc.shape[2]
     G = Hq // Hkv
@@ -192,6 +195,8 @@ def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, s
         BLOCK_S=max(16, next_pow2(S)), SLIDING=sliding, CAUSAL_BLOCK=causal_block, FINAL=final,
         DOT_BF16=not INTERPRET, num_warps=8, num_stages=3)
     if not final:
-        _combine_kernel[(B * Hkv,)](o, po, pm, pl, *o.stride()[:3], Hkv, nsplit, S=S, G=G,
-                                    HEAD_D=d, BLOCK_Q=BLOCK_Q, num_warps=4)
+        rows = BLOCK_Q if combine_rows is None else min(BLOCK_Q, max(1, combine_rows))
+        _combine_kernel[(B * Hkv, triton.cdiv(BLOCK_Q, rows))](
+            o, po, pm, pl, *o.stride()[:3], Hkv, nsplit, S=S, G=G, HEAD_D=d, BLOCK_Q=BLOCK_Q,
+            ROWS=rows, num_warps=4)
     return o

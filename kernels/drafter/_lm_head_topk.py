@@ -20,6 +20,8 @@ Legend: M = B*L rows, D hidden, V vocab, k top-k, KP = next_pow2(k), KC = min(KP
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -28,6 +30,15 @@ from torch import Tensor
 from ._common import INTERPRET, next_pow2
 
 _PAD_KEY = tl.constexpr(-(2**63))  # below every key of a real logit, -inf included
+
+
+class Tiles(NamedTuple):
+    """The tile kernel's launch: BLOCK_M block rows x BLOCK_V vocab rows a program."""
+
+    block_m: int
+    block_v: int
+    warps: int
+    stages: int
 
 
 @triton.jit
@@ -140,11 +151,29 @@ def _final_kernel(key_ptr, pm_ptr, ps_ptr, lp_ptr, id_ptr, NVT, k,
     tl.store(id_ptr + r * k + c, ids, mask=valid)
 
 
-def lm_head_topk(z: Tensor, w: Tensor, k: int, sort: bool | None = None
-                 ) -> tuple[Tensor, Tensor]:
+def tiles_v1(M: int) -> Tiles:
+    """triton_v1's tile: 128 vocab rows, row tile 16 / 32 / 64, 8 warps, 4 stages."""
+    return Tiles(16 if M <= 16 else (32 if M <= 32 else 64), 128, 8, 4)
+
+
+def tiles_v2(M: int) -> Tiles:
+    """triton_v2's tile, the fastest of a sweep on the H200 at V 163840, D 7168 (session 9,
+    scripts/profile_drafter.py; µs of the tile kernel alone, v1's tile in brackets):
+    M 7: 16 x 64, 4 stages, 530 [551]; M 56: 64 x 64, 6 stages, 662 [716]; M 224: 128 x 64,
+    4 stages, 1897 [2305]. 64 vocab rows: twice the programs (2560), so more of them stream
+    the weight at once; at M 224 one row tile of 128 re-reads each weight tile twice, not 4x."""
+    if M <= 16:
+        return Tiles(16, 64, 4, 4)
+    return Tiles(64, 64, 4, 6) if M <= 64 else Tiles(128, 64, 4, 4)
+
+
+def lm_head_topk(z: Tensor, w: Tensor, k: int, sort: bool | None = None,
+                 tiles=tiles_v1) -> tuple[Tensor, Tensor]:
     """z [M, D] (normed hidden rows), w [V, D] bf16 -> (log-probs fp32 [M, k], ids int64 [M, k])
     of log_softmax(z @ w^T) over the full vocabulary, in the reference's order. `sort`: the
-    bitonic top-k everywhere (default: on a GPU, and under the interpreter for K > 16)."""
+    bitonic top-k everywhere (default: on a GPU, and under the interpreter for K > 16).
+    `tiles`: M -> the tile kernel's `Tiles` (the result does not depend on it beyond fp32
+    summation order)."""
     sort = (not INTERPRET) if sort is None else sort
     M, D = z.shape
     V = w.shape[0]
@@ -154,8 +183,7 @@ def lm_head_topk(z: Tensor, w: Tensor, k: int, sort: bool | None = None
     if M == 0:
         return lp, ids
     KP = max(2, next_pow2(k))  # tl.topk needs k >= 2
-    BLOCK_V = 128
-    BLOCK_M = 16 if M <= 16 else (32 if M <= 32 else 64)
+    BLOCK_M, BLOCK_V, warps, stages = tiles(M)
     BLOCK_D = 64 if INTERPRET else 128
     KC = min(KP, BLOCK_V)
     NVT = triton.cdiv(V, BLOCK_V)
@@ -165,8 +193,7 @@ def lm_head_topk(z: Tensor, w: Tensor, k: int, sort: bool | None = None
     _lm_head_tile_kernel[(triton.cdiv(M, BLOCK_M), NVT)](
         z, w, keys, pm, ps, M, V, D, z.stride(0), w.stride(0), NVT, BLOCK_M=BLOCK_M,
         BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, KC=KC, DOT_BF16=not INTERPRET,
-        SORT=sort or KC > 16, num_warps=8,
-        num_stages=4)
+        SORT=sort or KC > 16, num_warps=warps, num_stages=stages)
     C = NVT * KC
     # group size: 2048 keys per program on a GPU; just what is there under the interpreter
     GN = max(2 * KP, 2048 if sort else min(2048, next_pow2(C)))

@@ -40,15 +40,17 @@ def kernels():
                     {**attn_sig, **{k: "constexpr" for k in const}}, const, 8))
     comb = _sig("o_ptr:*bf16 po_ptr:*fp32 pm_ptr:*fp32 pl_ptr:*fp32 so_b:i32 so_s:i32 "
                 "so_h:i32 HKV:i32 NSPLIT:i32")
-    const = dict(S=8, G=8, HEAD_D=128, BLOCK_Q=64)
-    out.append(("attention combine", at._combine_kernel,
-                {**comb, **{k: "constexpr" for k in const}}, const, 4))
-    for bm in (16, 64):
-        sig = _sig("z_ptr:*bf16 w_ptr:*bf16 key_ptr:*i64 pm_ptr:*fp32 ps_ptr:*fp32 M:i32 V:i32 "
-                   "D:i32 sz:i32 sw:i32 NVT:i32")
-        const = dict(BLOCK_M=bm, BLOCK_V=128, BLOCK_D=128, KC=32, DOT_BF16=True, SORT=True)
-        out.append((f"lm_head tile BLOCK_M={bm} KC=32", lh._lm_head_tile_kernel,
-                    {**sig, **{k: "constexpr" for k in const}}, const, 8))
+    for rows, warps in ((64, 4), (16, 4)):  # triton_v1 / triton_v2
+        const = dict(S=8, G=8, HEAD_D=128, BLOCK_Q=64, ROWS=rows)
+        out.append((f"attention combine ROWS={rows}", at._combine_kernel,
+                    {**comb, **{k: "constexpr" for k in const}}, const, warps))
+    sig = _sig("z_ptr:*bf16 w_ptr:*bf16 key_ptr:*i64 pm_ptr:*fp32 ps_ptr:*fp32 M:i32 V:i32 "
+               "D:i32 sz:i32 sw:i32 NVT:i32")
+    for bm, bv, kc, warps in ((16, 128, 32, 8), (64, 128, 32, 8),  # triton_v1
+                              (16, 64, 8, 4), (64, 64, 8, 4), (128, 64, 8, 4)):  # triton_v2
+        const = dict(BLOCK_M=bm, BLOCK_V=bv, BLOCK_D=128, KC=kc, DOT_BF16=True, SORT=True)
+        out.append((f"lm_head tile M{bm} V{bv} KC={kc} w{warps}", lh._lm_head_tile_kernel,
+                    {**sig, **{k: "constexpr" for k in const}}, const, warps))
     sig = _sig("src_ptr:*i64 dst_ptr:*i64 C:i32 NG:i32")
     const = dict(GN=2048, KP=32, SORT=True)
     out.append(("top-k merge GN=2048 KP=32", lh._merge_kernel,
