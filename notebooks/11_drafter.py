@@ -17,9 +17,10 @@
 # One DDTree round runs the drafter once on the block `[bonus, MASK x L]` per request: it
 # attends to the block and to its cache of committed context K/V, and the target's LM head
 # turns rows 1..L into L per-depth distributions whose top-K feed the tree build
-# (`reference/drafter.py`). `kernels/drafter/triton_v1` computes the same step with Triton
-# kernels (norms, RoPE, split-KV GQA attention, SwiGLU epilogue, and an LM head fused with
-# log-softmax + top-K that never writes the [B·L, V] logits) and cuBLAS bf16 GEMMs. On a CPU it
+# (`reference/drafter.py`). `kernels/drafter` (BEST: triton_v2) computes the same step with
+# Triton kernels (norms fused with the residual adds, RoPE, split-KV GQA attention, SwiGLU
+# epilogue, skinny GEMMs at decode row counts, and an LM head fused with log-softmax + top-K
+# that never writes the [B·L, V] logits) and cuBLAS bf16 GEMMs. On a CPU it
 # runs under the Triton interpreter: right, but slow, and its timings say nothing about a GPU.
 
 # %% tags=["parameters"]
@@ -79,7 +80,7 @@ start = torch.tensor([CONTEXT], device=device)
 print("bonus token", bonus.tolist())
 
 # %% [markdown]
-# ## Per-depth draft distributions: reference vs triton_v1
+# ## Per-depth draft distributions: reference vs the kernel (BEST)
 
 # %%
 ref_lp, ref_ids = ops.get("drafter")(drafter, target, cache, bonus, start, TOPK)
@@ -129,6 +130,9 @@ from pathlib import Path
 csv = Path(workbench.__file__).resolve().parents[1] / "traces" / "drafter.csv"
 rows = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
 gpu_rows = rows[rows.get("device", pd.Series(dtype=str)) != "cpu"] if len(rows) else rows
+if len(gpu_rows):  # the latest benchmark run only (earlier sessions' rows stay in the file)
+    last = gpu_rows.sort_values("timestamp").iloc[-1]
+    gpu_rows = gpu_rows[(gpu_rows.git_sha == last.git_sha) & (gpu_rows.command == last.command)]
 fig, ax = plt.subplots(figsize=(6, 3.5))
 if len(gpu_rows):
     for variant, grp in gpu_rows.groupby("variant"):

@@ -280,7 +280,8 @@ def test_registered():
     from workbench.kernels.drafter.materialize_v1 import materialize_triton
 
     register()
-    assert ops.op_spec("drafter").variant(BEST).load() is draft_topk_triton
+    assert ops.op_spec("drafter").variant(BEST).load() is triton_v2.draft_topk_triton
+    assert ops.op_spec("drafter").variant("triton_v1").load() is draft_topk_triton
     assert ops.op_spec("drafter_materialize").variant("triton_v1").load() is materialize_triton
     assert ops.PRESETS["optimized"]["drafter_materialize"] == "triton_v1"
 

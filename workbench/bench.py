@@ -389,14 +389,16 @@ def _names(which, known: list[str], what: str) -> list[str]:
 
 
 def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, device=None, *,
-          cases=None, seed: int = 0, max_seconds: float = 60.0, graph: str = "auto",
+          cases=None, only=None, seed: int = 0, max_seconds: float = 60.0,
+          graph: str = "auto",
           cold_l2: bool = True, check: bool = True, save: bool = True, traces_dir=None,
           save_as: str | None = None, command: str | None = None) -> pd.DataFrame:
     """Benchmark the variants (and peers) of `op` on its cases; one row per (case, impl).
 
     op: a registered name or an OpSpec; variants / peers: "all", "none" or a list / "a,b";
     shapes: "real" | "edge" (make_inputs(shapes, seed, cfg, device)); cfg: ModelConfig or a
-    preset name (default kimi-k2.6 on CUDA, tiny on CPU); cases: explicit Case list instead.
+    preset name (default kimi-k2.6 on CUDA, tiny on CPU); cases: explicit Case list instead;
+    only: case labels (a list, or one label) to keep of those, e.g. "B=1 k=8 P=1024".
     max_seconds caps the op's total timing budget (split evenly over cases x implementations).
     Returns columns traces_io.ALL_COLUMNS; rows that were timed or failed are appended to
     traces/<op>.csv/.jsonl unless save=False.
@@ -404,6 +406,14 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
     spec = op if isinstance(op, OpSpec) else ops.op_spec(op)
     device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cases = list(cases) if cases is not None else _make_cases(spec, shapes, seed, cfg, device)
+    if only is not None:  # labels the caller picked, in the op's order
+        only = [only] if isinstance(only, str) else list(only)
+        known = [c.label for c in cases]
+        missing = [x for x in only if x not in known]
+        if missing:
+            raise ValueError(f"only: expected case labels of {spec.name!r} ({shapes}) among "
+                             f"{known}, got {missing}")
+        cases = [c for c in cases if c.label in only]
     vnames = _names(variants, list(spec.variants), f"variants of {spec.name!r}")
     plist = [peer_registry.get_peer(spec.name, n)
              for n in _names(peers, peer_registry.peer_names(spec.name), f"peers of {spec.name!r}")]
@@ -479,6 +489,7 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
         keep = df["us"].notna() | (df["ok"] == False)  # noqa: E712 (object column)
         if save and keep.any():  # per case: a run killed later (suite timeout) keeps these
             traces_io.append_rows(df[keep], traces_dir, save_as or spec.name)
+        case.release()  # lazily built REAL inputs: one case in memory at a time
     if plist:
         peer_registry.clear_caches(spec.name)
     return pd.concat(frames, ignore_index=True) if frames else \
@@ -502,6 +513,8 @@ def bench_main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-save", action="store_true", help="print only, append nothing")
     p.add_argument("--traces", default=None, help="folder for <op>.csv/.jsonl (default traces/)")
     p.add_argument("--save-as", default=None, help="file stem instead of the op name")
+    p.add_argument("--case", action="append", default=None, dest="only", metavar="LABEL",
+                   help="run only this case (its label, e.g. 'B=1 k=8 P=1024'); repeatable")
     a = p.parse_args(argv)
     if (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu":
         torch.set_num_threads(1)  # toy shapes: threaded MKL small GEMMs spin on a 2-core box
@@ -510,8 +523,8 @@ def bench_main(argv: list[str] | None = None) -> int:
     failed = False
     for name in names:
         try:
-            df = bench(name, a.variants, a.peers, a.shapes, a.preset, a.device, seed=a.seed,
-                       max_seconds=a.max_seconds, graph=a.graph, save=not a.no_save,
+            df = bench(name, a.variants, a.peers, a.shapes, a.preset, a.device, only=a.only,
+                       seed=a.seed, max_seconds=a.max_seconds, graph=a.graph, save=not a.no_save,
                        traces_dir=a.traces, save_as=a.save_as, command=command)
         except (ValueError, ops.UnknownOpError) as e:
             print(f"{name}: {e}", file=sys.stderr)

@@ -98,6 +98,10 @@ _COMPILED: dict = {}
 def _compiled(mode: str):
     def load():
         if mode not in _COMPILED:
+            # one specialisation per case (dynamic=False): the REAL grid has 13 shapes, past
+            # dynamo's default of 8, after which it silently ran the step eagerly (session 9)
+            cfg = torch._dynamo.config
+            cfg.recompile_limit = max(getattr(cfg, "recompile_limit", 8), 64)
             _COMPILED[mode] = torch.compile(torch_draft_topk, mode=mode, dynamic=False)
         return _COMPILED[mode]
 
