@@ -385,9 +385,13 @@ def drafter_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
                 cache.v[:, b, :p] = g.normal(dc.num_layers, p, dc.num_kv_heads, dc.head_dim)
             return drafter, target, cache, bonus, start, k
 
-        dims = dict(B=B, L=dc.depth, k=k, P_sum=sum(starts), D=cfg.hidden_size, V=V,
-                    layers=dc.num_layers, Hq=dc.num_heads, Hkv=dc.num_kv_heads, d=dc.head_dim,
-                    F=dc.intermediate_size)
+        # context keys the step reads, summed over layers and requests: a sliding layer sees
+        # at most W - 1 of them (reference/drafter.py _mask), a full layer all P
+        kv_rows = sum(min(p, dc.sliding_window - 1) if t == "sliding_attention" else p
+                      for t in dc.layer_types for p in starts)
+        dims = dict(B=B, L=dc.depth, k=k, P_sum=sum(starts), KV_rows=kv_rows, D=cfg.hidden_size,
+                    V=V, layers=dc.num_layers, Hq=dc.num_heads, Hkv=dc.num_kv_heads,
+                    d=dc.head_dim, F=dc.intermediate_size)
         return Case("drafter", label, inputs if shapes == "real" else inputs(), dims=dims,
                     why=why, kind=shapes)
 
@@ -413,14 +417,17 @@ def drafter_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
 
 def drafter_roofline(c: Case) -> dict:
     """Weights read once per call (layers + final norm + LM head; fc and hidden_norm belong to
-    materialise, not to the draft), the block's embedding rows, the cached context K/V, outputs."""
+    materialise, not to the draft), the block's embedding rows, the cached context K/V the
+    layers read (sliding layers: the window only; until session 9 every layer counted all P,
+    which overstated the floor past the 2048 window), outputs."""
     d = c.dims
     D, q, kv, B, S = d["D"], d["Hq"] * d["d"], d["Hkv"] * d["d"], d["B"], d["L"] + 1
+    kv_rows = d.get("KV_rows", d["layers"] * d["P_sum"])
     linear = D * q + 2 * D * kv + q * D + 3 * D * d["F"]  # per layer
     weights = d["layers"] * (linear + 2 * D + 2 * d["d"]) + D + d["V"] * D
-    nbytes = _nb((weights, 2), (B * S * D, 2), (d["layers"] * d["P_sum"] * 2 * kv, 2),
+    nbytes = _nb((weights, 2), (B * S * D, 2), (kv_rows * 2 * kv, 2),
                  (B * d["L"] * d["k"], 4 + 8), (B, 16))
-    attn = d["layers"] * 4 * q * S * (d["P_sum"] + B * S)  # QK^T and PV over context + block
+    attn = 4 * q * S * (kv_rows + d["layers"] * B * S)  # QK^T and PV over context + block
     flops = 2 * B * S * d["layers"] * linear + 2 * B * d["L"] * d["V"] * D + attn
     return {"bytes": nbytes, "flops": int(flops)}
 
