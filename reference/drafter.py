@@ -43,6 +43,8 @@ from .model import Linear, Norm, SwiGLU
 from .rope import drafter_rope
 from .tree_build import topk_logprobs
 
+ATTN_CHUNK_BYTES = 1 << 32  # float64 attention temporaries per chunk of requests (forward_block)
+
 
 class DrafterCache(NamedTuple):
     """Committed-context K/V, slot == position. k, v: [layers, B, T, Hkv, d] bf16."""
@@ -149,6 +151,23 @@ class DFlashDrafter(nn.Module):
                 ok = ok & (rel >= 0)
         return ok
 
+    @staticmethod
+    def _attend(q, kb, vb, kc, vc, ctx_ok, mask) -> torch.Tensor:
+        """One layer's attention of Bc requests (any slice of the batch: a request's rows do
+        not depend on the others), float64: q [Bc, S, Hq, d], kb / vb [Bc, S, Hkv, d] (the
+        block), kc / vc [Bc, Tc, Hkv, d] (the cache's context slots), ctx_ok [Bc, Tc], mask
+        [Bc, S, Tc+S] -> o [Bc, S, Hkv, G, d]."""
+        Bc, S, Hq, d = q.shape
+        Hkv, Tc = kb.shape[2], ctx_ok.shape[1]
+        # Zero the unread context rows: a masked score is dropped, but 0 * NaN in p @ V is not.
+        keep = ctx_ok.view(Bc, Tc, 1, 1)
+        k = torch.cat([torch.where(keep, kc.to(ACC), 0.0), kb.to(ACC)], 1)  # [Bc, Tc+S, Hkv, d]
+        v = torch.cat([torch.where(keep, vc.to(ACC), 0.0), vb.to(ACC)], 1)
+        qg = q.to(ACC).view(Bc, S, Hkv, Hq // Hkv, d)  # GQA: head h reads kv head h // G
+        s = torch.einsum("bshgd,bthd->bhgst", qg, k) / math.sqrt(d)  # [Bc, Hkv, G, S, Tc+S]
+        s = s.masked_fill(~mask.view(Bc, 1, 1, S, -1), float("-inf"))
+        return torch.einsum("bhgst,bthd->bshgd", s.softmax(-1), v)  # [Bc, S, Hkv, G, d]
+
     def forward_block(self, cache: DrafterCache, block_ids: torch.Tensor, start: torch.Tensor,
                       target) -> torch.Tensor:
         """Drafter forward over one block per request; the cache is read, never written.
@@ -178,19 +197,16 @@ class DFlashDrafter(nn.Module):
             q = linear(a, at.q_proj.weight).unflatten(-1, (Hq, d))  # [B, S, Hq, d]
             q = self.rope.apply(rmsnorm(q, at.q_norm.weight, c.rms_norm_eps), qpos)
             kb, vb = self._kv(layer, a, qpos)  # [B, S, Hkv, d]
-            # Zero the unread context rows: a masked score is dropped, but 0 * NaN in p @ V is not.
-            keep = ctx_ok.view(B, Tc, 1, 1)
-            kc = torch.where(keep, cache.k[li, :, :Tc].to(ACC), 0.0)  # [B, Tc, Hkv, d]
-            vc = torch.where(keep, cache.v[li, :, :Tc].to(ACC), 0.0)
-            k = torch.cat([kc, kb.to(ACC)], 1)  # [B, Tc+S, Hkv, d]
-            v = torch.cat([vc, vb.to(ACC)], 1)
             mask = torch.cat([self._mask(layer, qpos, kpos, ctx_ok, False),
                               self._mask(layer, qpos, qpos, torch.ones_like(qpos, dtype=torch.bool),
                                          True)], 2)  # [B, S, Tc+S]
-            qg = q.to(ACC).view(B, S, Hkv, Hq // Hkv, d)  # GQA: head h reads kv head h // G
-            s = torch.einsum("bshgd,bthd->bhgst", qg, k) / math.sqrt(d)  # [B, Hkv, G, S, Tc+S]
-            s = s.masked_fill(~mask.view(B, 1, 1, S, -1), float("-inf"))
-            o = torch.einsum("bhgst,bthd->bshgd", s.softmax(-1), v)  # [B, S, Hkv, G, d]
+            # requests in chunks: float64 K/V of a whole bs 64 x 32k batch would be ~70 GB
+            per_req = 8 * (Tc + S) * (4 * Hkv * d + 2 * Hq * S)  # bytes of temporaries
+            step = max(1, min(B, ATTN_CHUNK_BYTES // max(1, per_req)))
+            o = torch.cat([self._attend(q[i:i + step], kb[i:i + step], vb[i:i + step],
+                                        cache.k[li, i:i + step, :Tc], cache.v[li, i:i + step, :Tc],
+                                        ctx_ok[i:i + step], mask[i:i + step])
+                           for i in range(0, max(B, 1), step)])  # [B, S, Hkv, G, d]
             x = x + linear(o.to(x.dtype).reshape(B, S, Hq * d), at.o_proj.weight)
             x = x + layer.mlp(rmsnorm(x, layer.post_attention_layernorm.weight, c.rms_norm_eps))
         return rmsnorm(x, self.norm.weight, c.rms_norm_eps)

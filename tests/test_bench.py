@@ -251,3 +251,34 @@ def test_cuda_timing_keeps_kernel_time_through_the_graph_retiming(monkeypatch):
     assert t.graph and t.us == 10.0 and t.eager_us == 10.0 and t.kernel_us == 7.5
     monkeypatch.setenv("WORKBENCH_NO_KERNEL_TIME", "1")
     assert math.isnan(B.time_calls(lambda: None, [((), {})], "cuda", 0.01, "on").kernel_us)
+
+
+def test_lazy_case_inputs_are_built_once_and_released():
+    """Big REAL inputs are built when a case runs and dropped after it (the drafter's 26 GB
+    caches): args is built on first use, the same object until release(), then rebuilt."""
+    built = []
+
+    def make():
+        built.append(torch.randn(4))
+        return (built[-1], torch.randn(4))
+
+    c = Case("axpy", "lazy", make, {"alpha": 2.0})
+    assert built == []  # nothing before first use
+    a = c.args
+    assert len(built) == 1 and c.args is a  # built once
+    c.release()
+    assert c.args is not a and len(built) == 2  # rebuilt after release
+    c.args = (torch.ones(2), torch.ones(2))  # assigning replaces the builder
+    c.release()
+    assert torch.equal(c.args[0], torch.ones(2))
+
+
+def test_bench_only_picks_cases_and_names_unknown_labels(quick):
+    lazy = Case("axpy", "n=7 lazy", lambda: (torch.randn(7), torch.randn(7)), {"alpha": 2.0})
+    cases = _cases() + [lazy]
+    df = B.bench(_axpy_spec(), variants="reference,fast", peers="none", cases=cases,
+                 device="cpu", save=False, max_seconds=1, only=["n=1000", "n=7 lazy"])
+    assert set(df["case"]) == {"n=1000", "n=7 lazy"}
+    assert lazy._built is None  # released once its case was timed
+    with pytest.raises(ValueError, match=r"only: expected case labels .*got \['n=5'\]"):
+        B.bench(_axpy_spec(), cases=_cases(), device="cpu", save=False, only="n=5")

@@ -220,6 +220,20 @@ def test_batch_equals_alone(target, drafter):
         assert torch.equal(ids[b : b + 1, :, 0], ids1[:, :, 0])
 
 
+def test_attention_in_request_chunks_equals_whole_batch(target, drafter, monkeypatch):
+    """forward_block attends in chunks of requests so float64 temporaries fit the GPU at bs 64 x
+    32k; a chunk of one request must give the whole batch's result bitwise."""
+    import workbench.reference.drafter as rd
+
+    lens, T = [0, 17, 45, 3], 46
+    cache = materialize_all(drafter, feats(len(lens), T, 8), lens, T)
+    bonus, start = torch.tensor([9, 100, 511, 0]), torch.tensor(lens)
+    whole = draft_topk(drafter, target, cache, bonus, start, 5)
+    monkeypatch.setattr(rd, "ATTN_CHUNK_BYTES", 1)  # one request a chunk
+    chunked = draft_topk(drafter, target, cache, bonus, start, 5)
+    assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+
+
 def test_uncommitted_cache_rows_never_leak(target, drafter):
     lens, T = [20, 33], 40
     cache = materialize_all(drafter, feats(2, 40, 7), lens, T)

@@ -27,7 +27,7 @@ from torch import Tensor
 from ._attention import block_attention
 from ._common import check_args, check_block_args, prepared, rope_tables, to_bf16
 from ._fused import qk_norm_rope, rmsnorm, silu_mul
-from ._lm_head_topk import lm_head_topk
+from ._lm_head_topk import lm_head_topk, tiles_v1
 
 
 def _sm_count(dev: torch.device) -> int:
@@ -36,17 +36,38 @@ def _sm_count(dev: torch.device) -> int:
     return 4  # interpreter: a few splits, so the combine path runs too
 
 
+def block_prologue(drafter, target, bonus: Tensor, start: Tensor):
+    """The block [bonus, MASK x L] of every request, embedded, and what its layers share:
+    -> (x [M, D] bf16, cos / sin [M, d/2] fp32, start int32 [B], SM count), M = B*S."""
+    c = drafter.cfg
+    B, S, dev = bonus.shape[0], c.block_size, drafter.device
+    block = torch.full((B, S), c.mask_token_id, dtype=torch.long, device=dev)
+    block[:, 0] = bonus
+    start = start.to(torch.int32)
+    pos = start.view(B, 1).to(torch.long) + torch.arange(S, device=dev)  # [B, S]
+    cos, sin = rope_tables(drafter, pos.view(-1))  # [M, d/2] fp32
+    x = target.embed(block).reshape(B * S, c.hidden_size)  # [M, D] bf16
+    return x, cos, sin, start, _sm_count(dev)
+
+
 def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
                       k: int) -> tuple[Tensor, Tensor]:
     """Same contract as `workbench.reference.drafter.draft_topk`:
     bonus [B], start [B] -> (logprobs fp32 [B, L, k], ids int64 [B, L, k])."""
+    return draft(drafter, target, cache, bonus, start, k, _block_hidden, tiles_v1)
+
+
+def draft(drafter, target, cache, bonus: Tensor, start: Tensor, k: int, body,
+          tiles) -> tuple[Tensor, Tensor]:
+    """A version's draft step: the argument checks, its block body (-> [B*L, D] bf16) and the
+    fused LM head + log-softmax + top-k with its tile policy (`_lm_head_topk.tiles_v*`)."""
     k = check_args(drafter, target, cache, bonus, start, k)
     B, L = bonus.shape[0], drafter.cfg.depth
-    z = _block_hidden(drafter, target, cache, bonus, start)  # [B*L, D]
+    z = body(drafter, target, cache, bonus, start)  # [B*L, D]
     if B == 0:
         return (torch.empty(0, L, k, dtype=torch.float32, device=z.device),
                 torch.empty(0, L, k, dtype=torch.int64, device=z.device))
-    lp, ids = lm_head_topk(z, target.lm_head.weight, k)  # [B*L, k]
+    lp, ids = lm_head_topk(z, target.lm_head.weight, k, tiles=tiles)  # [B*L, k]
     return lp.view(B, L, k), ids.view(B, L, k)
 
 
@@ -62,20 +83,11 @@ def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tenso
     c = drafter.cfg
     B, L, S = bonus.shape[0], c.depth, c.block_size
     Hq, Hkv, d, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
-    dev = drafter.device
     if B == 0:
-        return torch.empty(0, D, dtype=torch.bfloat16, device=dev)
+        return torch.empty(0, D, dtype=torch.bfloat16, device=drafter.device)
     w = prepared(drafter)
     eps = c.rms_norm_eps
-
-    block = torch.full((B, S), c.mask_token_id, dtype=torch.long, device=dev)
-    block[:, 0] = bonus
-    start = start.to(torch.int32)
-    pos = start.view(B, 1).to(torch.long) + torch.arange(S, device=dev)  # [B, S]
-    cos, sin = rope_tables(drafter, pos.view(-1))  # [M, d/2] fp32
-    n_sm = _sm_count(dev)
-
-    x = target.embed(block).reshape(B * S, D)  # [M, D] bf16
+    x, cos, sin, start, n_sm = block_prologue(drafter, target, bonus, start)
     for li, layer in enumerate(drafter.layers):
         at = layer.self_attn
         a = to_bf16(rmsnorm(x, layer.input_layernorm.weight, eps))

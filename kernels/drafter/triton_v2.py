@@ -30,11 +30,11 @@ from torch import Tensor
 
 from ..dense.add_rmsnorm_triton_v1 import add_rmsnorm
 from ._attention import block_attention
-from ._common import check_args, check_block_args, prepared, rope_tables, to_bf16
+from ._common import check_block_args, prepared, to_bf16
 from ._fused import qk_norm_rope, rmsnorm, silu_mul
 from ._gemm import proj
-from ._lm_head_topk import lm_head_topk, tiles_v2
-from .triton_v1 import _sm_count
+from ._lm_head_topk import tiles_v2
+from .triton_v1 import block_prologue, draft
 
 COMBINE_ROWS = 16  # query rows a combine program (sm90.py: 72 registers, no spill)
 
@@ -43,14 +43,7 @@ def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
                       k: int) -> tuple[Tensor, Tensor]:
     """Same contract as `workbench.reference.drafter.draft_topk`:
     bonus [B], start [B] -> (logprobs fp32 [B, L, k], ids int64 [B, L, k])."""
-    k = check_args(drafter, target, cache, bonus, start, k)
-    B, L = bonus.shape[0], drafter.cfg.depth
-    z = _block_hidden(drafter, target, cache, bonus, start)  # [B*L, D]
-    if B == 0:
-        return (torch.empty(0, L, k, dtype=torch.float32, device=z.device),
-                torch.empty(0, L, k, dtype=torch.int64, device=z.device))
-    lp, ids = lm_head_topk(z, target.lm_head.weight, k, tiles=tiles_v2)  # [B*L, k]
-    return lp.view(B, L, k), ids.view(B, L, k)
+    return draft(drafter, target, cache, bonus, start, k, _block_hidden, tiles_v2)
 
 
 def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tensor:
@@ -64,20 +57,11 @@ def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tenso
     c = drafter.cfg
     B, L, S = bonus.shape[0], c.depth, c.block_size
     Hq, Hkv, d, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
-    dev = drafter.device
     if B == 0:
-        return torch.empty(0, D, dtype=torch.bfloat16, device=dev)
+        return torch.empty(0, D, dtype=torch.bfloat16, device=drafter.device)
     w = prepared(drafter)
     eps = c.rms_norm_eps
-
-    block = torch.full((B, S), c.mask_token_id, dtype=torch.long, device=dev)
-    block[:, 0] = bonus
-    start = start.to(torch.int32)
-    pos = start.view(B, 1).to(torch.long) + torch.arange(S, device=dev)  # [B, S]
-    cos, sin = rope_tables(drafter, pos.view(-1))  # [M, d/2] fp32
-    n_sm = _sm_count(dev)
-
-    x = target.embed(block).reshape(B * S, D)  # [M, D] bf16: the residual stream
+    x, cos, sin, start, n_sm = block_prologue(drafter, target, bonus, start)  # x: the residual
     r = None  # the last projection's output, not yet added to x
     for li, layer in enumerate(drafter.layers):
         at = layer.self_attn
