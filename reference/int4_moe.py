@@ -3,7 +3,9 @@
 For each token t and slot j < K:  y[t] += w[t, j] * E_{ids[t, j]}(x[t]),
 E(x) = down(silu(gate x) * up x), weights dequantised exactly (bf16-rounded W, see int4.py),
 all math float64-accumulated (layers.ACC) and rounded once, the combine summed over
-j = 0..K-1 in slot order (deterministic).
+j = 0..K-1 in slot order (deterministic). An id of -1 means "this slot's expert is not here"
+(expert parallelism with a replicated residual stream: each rank passes the slots of its own
+experts and -1 elsewhere, and an all-reduce sums the ranks' partials); it adds nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def int4_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     T, K = topk_ids.shape
     y = torch.zeros(T, K, x.shape[-1], dtype=ACC, device=x.device)  # [T, K, D]
     for e in torch.unique(topk_ids).tolist():
+        if e == -1:  # not routed here
+            continue
         t, j = (topk_ids == e).nonzero(as_tuple=True)
         y[t, j] = expert_ffn(x[t], experts, e)
     out = torch.zeros(T, x.shape[-1], dtype=ACC, device=x.device)

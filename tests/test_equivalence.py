@@ -152,6 +152,8 @@ def _moe_vllm_style(x, ids, w, ex):
     summed in one reduction instead of slot by slot."""
     y = torch.zeros(*ids.shape, x.shape[-1])  # [T, K, D]
     for e in ids.unique().tolist():
+        if e == -1:  # the slot's expert is not here (EP): nothing
+            continue
         t, j = (ids == e).nonzero(as_tuple=True)
         wg, wu, wd = (dequant_int4_g32(p[e], s[e]).float() for p, s in (
             (ex.gate_packed, ex.gate_scale), (ex.up_packed, ex.up_scale),

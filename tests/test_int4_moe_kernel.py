@@ -136,6 +136,22 @@ def test_duplicate_ids_rejected(version):
 
 
 @pytest.mark.parametrize("version", OLDER)
+def test_device_side_minus_one_slots(version):
+    # the CUDA path (no host check): -1 slots ("expert not here", EP on a replicated stream) are
+    # never routed and add nothing, repeated or not, and flag nothing; a token with no slot
+    # here gets a zero row
+    fn = _variant(version)
+    ex = _experts(6, 64, 32, seed=2)
+    ids, w = _routing(5, 6, 3, seed=2)
+    ids[0] = -1
+    ids[2, 1:] = -1
+    x = torch.randn(5, 64).bfloat16()
+    out = fn(x, ids, w, ex, validate=False)
+    assert not out.isnan().any() and (out[0] == 0).all()
+    assert torch.allclose(out.float(), int4_moe(x, ids, w, ex).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("version", OLDER)
 def test_device_side_rejection(version):
     # the CUDA path (validate=None there): no host check; the routing kernel flags the token and
     # its output row is NaN, the other rows stay right; an out-of-range id is never routed
@@ -317,16 +333,24 @@ def _route_fields(r):
 def test_route_parallel_equals_route(T, E, K, bad):
     # why: E not a power of two, K not a power of two (KP > K), T not a multiple of the block,
     # several scan tiles (T = 300: 38 blocks, BB 16), and the rejected tokens: a repeated
-    # expert, an id >= E and a negative id (flagged, never routed)
+    # expert, an id >= E and an id below -1 (flagged, never routed); -1 ("not here", EP) in
+    # every slot of token 0 and in one slot of token 1: never routed, never flagged
     from workbench.kernels.int4_moe._common import route, route_parallel
 
     g = torch.Generator().manual_seed(T)
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    ids[0] = -1
+    if T > 1:
+        ids[1, 0] = -1
     if bad:
         ids[3, 0] = ids[3, 1] if K > 1 else E
         ids[4, -1] = E + 3
-        ids[2, 0] = -1
-    assert _route_fields(route_parallel(ids, E)) == _route_fields(route(ids, E))
+        ids[2, 0] = -2
+    got = route_parallel(ids, E)
+    assert _route_fields(got) == _route_fields(route(ids, E))
+    assert got.bad[:2].tolist() == [0] * min(T, 2)
+    # every slot with an id in [0, E) is routed (a flagged token's too: its row becomes NaN)
+    assert int(got.act_cnt[: int(got.n_act)].sum()) == int(((ids >= 0) & (ids < E)).sum())
 
 
 @pytest.mark.parametrize("shape, cfg, name", [c for c in _V8_CASES if c[2] in (

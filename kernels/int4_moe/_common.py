@@ -92,9 +92,10 @@ def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, val
         ids = topk_ids.cpu()
         if ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
-            _require(lo >= 0 and hi < E, "topk_ids", f"expert ids in [0, {E})", f"[{lo}, {hi}]")
+            _require(lo >= -1 and hi < E, "topk_ids",
+                     f"expert ids in [0, {E}), or -1 for a slot not routed here", f"[{lo}, {hi}]")
             s = ids.sort(-1).values
-            rep = (s[:, 1:] == s[:, :-1]).any(-1).nonzero().flatten()
+            rep = ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any(-1).nonzero().flatten()
             _require(rep.numel() == 0, "topk_ids",
                      "distinct experts within each token's row (duplicates are rejected)",
                      f"token {int(rep[0]) if rep.numel() else -1} with ids "
@@ -203,7 +204,7 @@ def _route_block(ids_ptr, s_it, s_ik, T, E, b, K: tl.constexpr, KP: tl.constexpr
     t = b * BT + tl.arange(0, BT)
     m = (t < T)[:, None] & (j < K)[None, :]
     e = tl.load(ids_ptr + t[:, None] * s_it + j[None, :] * s_ik, mask=m, other=0)
-    in_range = (e >= 0) & (e < E)
+    in_range = (e >= 0) & (e < E)  # routed; -1 is "not here" (EP: another rank's expert)
     e = e.to(tl.int32)
     ok = tl.reshape(m & in_range, (SB,))
     ef = tl.reshape(tl.where(m & in_range, e, 0), (SB,))
@@ -213,10 +214,13 @@ def _route_block(ids_ptr, s_it, s_ik, T, E, b, K: tl.constexpr, KP: tl.constexpr
 
 @triton.jit
 def _route_bad(m, e, in_range, j):
-    """[BT] 1 for a token with an id outside [0, E) or two slots naming one expert."""
+    """[BT] 1 for a token with an id outside [-1, E) or two slots naming one expert (-1, "not
+    routed here", may repeat)."""
+    r = m & in_range
     rep = (e[:, :, None] == e[:, None, :]) & (j[None, :, None] < j[None, None, :])
-    rep = rep & m[:, :, None] & m[:, None, :]
-    return tl.max(tl.max(rep.to(tl.int32), 2), 1) | tl.max((m & ~in_range).to(tl.int32), 1)
+    rep = rep & r[:, :, None] & r[:, None, :]
+    return tl.max(tl.max(rep.to(tl.int32), 2), 1) | tl.max((m & ~in_range & (e != -1)).to(
+        tl.int32), 1)
 
 
 @triton.jit
@@ -264,17 +268,19 @@ def _route_kernel(ids_ptr, s_it, s_ik, T, E,
 
 
 @triton.jit
-def _combine_kernel(y_ptr, w_ptr, s_wt, s_wk, bad_ptr, out_ptr, D,
+def _combine_kernel(y_ptr, w_ptr, s_wt, s_wk, ids_ptr, s_it, s_ik, bad_ptr, out_ptr, D,
                     K: tl.constexpr, BD: tl.constexpr, INTERPRET: tl.constexpr):
     """out[t, d] = sum_{j = 0..K-1} w[t, j] * y[t*K + j, d] in slot order (fp32, no atomics);
-    NaN for a token the routing kernel flagged."""
+    slots with id -1 (not routed here) add nothing; NaN for a token the routing kernel flagged."""
     t = tl.program_id(0)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     dm = d < D
     acc = tl.zeros([BD], tl.float32)
     for j in tl.static_range(K):
+        here = tl.load(ids_ptr + t * s_it + j * s_ik) != -1
         wj = tl.load(w_ptr + t * s_wt + j * s_wk).to(tl.float32)
-        acc += wj * tl.load(y_ptr + (t * K + j).to(tl.int64) * D + d, mask=dm, other=0.0)
+        yj = tl.load(y_ptr + (t * K + j).to(tl.int64) * D + d, mask=dm & here, other=0.0)
+        acc += tl.where(here, wj * yj, 0.0)
     acc = tl.where(tl.load(bad_ptr + t) != 0, float("nan"), acc)
     tl.store(out_ptr + t.to(tl.int64) * D + d, _to_bf16(acc, INTERPRET), mask=dm)
 
@@ -382,11 +388,13 @@ def route_parallel(topk_ids: Tensor, E: int) -> Routing:
     return r
 
 
-def combine(y: Tensor, topk_weights: Tensor, r: Routing, T: int, D: int) -> Tensor:
+def combine(y: Tensor, topk_ids: Tensor, topk_weights: Tensor, r: Routing, T: int,
+            D: int) -> Tensor:
     K = topk_weights.shape[1]
     out = torch.empty(T, D, dtype=torch.bfloat16, device=y.device)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](y, topk_weights, topk_weights.stride(0),
-                                             topk_weights.stride(1), r.bad, out, D, K=K, BD=BD,
+                                             topk_weights.stride(1), topk_ids, topk_ids.stride(0),
+                                             topk_ids.stride(1), r.bad, out, D, K=K, BD=BD,
                                              INTERPRET=INTERPRET, num_warps=4)
     return out

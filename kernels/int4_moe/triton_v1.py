@@ -158,7 +158,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
         act, dp, ds, dp.stride(0), dp.stride(1), ds.stride(0), ds.stride(1),
         r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act, y, D, I,
         BN=cfg["BN2"], BK=cfg["BK2"], BM=cfg["BM"], INTERPRET=INTERPRET, **run)
-    return combine(y, topk_weights, r, T, D)
+    return combine(y, topk_ids, topk_weights, r, T, D)
 
 
 def _require_same_strides(a: Tensor, b: Tensor, name: str) -> None:

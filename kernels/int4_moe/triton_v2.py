@@ -191,4 +191,4 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
         act, dp, ds, dp.stride(0), dp.stride(1), ds.stride(0), ds.stride(1),
         r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act, y, D, I, dp.shape[2] * 8,
         BN=cfg["BN2"], BM=cfg["BM"], INTERPRET=INTERPRET, **run)
-    return combine(y, topk_weights, r, T, D)
+    return combine(y, topk_ids, topk_weights, r, T, D)

@@ -165,22 +165,24 @@ def _silu_kernel(g_ptr, s_gk, I, Ip, hp_ptr, lp_ptr, KS: tl.constexpr,
 
 
 @triton.jit
-def _combine_kernel(y_ptr, s_yk, w_ptr, s_wt, s_wk, bad_ptr, out_ptr, D,
+def _combine_kernel(y_ptr, s_yk, w_ptr, s_wt, s_wk, ids_ptr, s_it, s_ik, bad_ptr, out_ptr, D,
                     K: tl.constexpr, KS: tl.constexpr, BD: tl.constexpr,
                     INTERPRET: tl.constexpr):
     """out[t, d] = sum_{j = 0..K-1} w[t, j] * (sum_{ks} y[ks, t*K + j, d]), fixed order, fp32,
-    one bf16 rounding; NaN for a token the routing kernel flagged."""
+    one bf16 rounding; slots with id -1 (not routed here) add nothing (their y rows were never
+    written); NaN for a token the routing kernel flagged."""
     t = tl.program_id(0)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     dm = d < D
     acc = tl.zeros([BD], tl.float32)
     for j in tl.static_range(K):
+        here = tl.load(ids_ptr + t * s_it + j * s_ik) != -1
         wj = tl.load(w_ptr + t * s_wt + j * s_wk).to(tl.float32)
         yj = tl.zeros([BD], tl.float32)
         for ks in tl.static_range(KS):
-            yj += tl.load(y_ptr + ks * s_yk + (t * K + j).to(tl.int64) * D + d, mask=dm,
-                          other=0.0)
-        acc += wj * yj
+            yj += tl.load(y_ptr + ks * s_yk + (t * K + j).to(tl.int64) * D + d,
+                          mask=dm & here, other=0.0)
+        acc += tl.where(here, wj * yj, 0.0)
     acc = tl.where(tl.load(bad_ptr + t) != 0, float("nan"), acc)
     tl.store(out_ptr + t.to(tl.int64) * D + d, _to_bf16(acc, INTERPRET), mask=dm)
 
@@ -253,6 +255,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](
-        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1), r.bad, out,
+        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1),
+        topk_ids, topk_ids.stride(0), topk_ids.stride(1), r.bad, out,
         D, K=K, KS=c["KS2"], BD=BD, INTERPRET=INTERPRET, num_warps=4)
     return out

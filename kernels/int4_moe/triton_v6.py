@@ -225,7 +225,8 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](
-        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1), r.bad, out,
+        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1),
+        topk_ids, topk_ids.stride(0), topk_ids.stride(1), r.bad, out,
         D, K=K, KS=ks2, BD=BD, INTERPRET=INTERPRET, num_warps=4)
     if buffers is not None:
         buffers.update(g=g, h=h, y=y, routing=r)

@@ -248,7 +248,8 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](
-        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1), r.bad, out,
+        y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1),
+        topk_ids, topk_ids.stride(0), topk_ids.stride(1), r.bad, out,
         D, K=K, KS=c["KS2"], BD=BD, INTERPRET=INTERPRET, num_warps=4)
     return out
 

@@ -163,17 +163,21 @@ def int4_moe_cases(shapes, seed, cfg=None, device="cpu", max_experts=None) -> li
             ids = torch.multinomial(pop.expand(T, E), K, generator=r.g)  # distinct per row
         if route == "one":
             ids[:, 0] = 2
+        if route == "ep":  # one EP rank's view of 2E experts: the other rank's slots are -1
+            ids = r.distinct(2 * E, K, T)
+            ids = torch.where(ids < E, ids, -1)
+            ids[0] = -1  # a token none of whose experts is here: a zero row
         w = r.uniform(T, K) + 0.05
         w = w / w.sum(-1, keepdim=True) * cfg.routed_scaling_factor
         if route != "perm":  # router order: descending weight; "perm" keeps slots unsorted
             w, order = w.sort(-1, descending=True)
             ids = ids.gather(1, order)
-        unused = sorted(set(range(E)) - set(ids.unique().tolist()))
+        unused = sorted(set(range(E)) - set(ids.unique().tolist()))  # (-1 is in no range)
         ex = experts or _experts(r, E, D, I, unused if route == "one" else ())
         x = r.normal(T, D)
         if route == "gappy":
             x = _gappy(x)
-        dims = dict(T=T, D=D, I=I, E=E, K=K, E_touched=int(ids.unique().numel()))
+        dims = dict(T=T, D=D, I=I, E=E, K=K, E_touched=int((ids.unique() >= 0).sum()))
         return Case("int4_moe", label, (x, ids, w, ex), dims=dims, why=why, kind=shapes)
 
     if shapes == "edge":
@@ -188,6 +192,9 @@ def int4_moe_cases(shapes, seed, cfg=None, device="cpu", max_experts=None) -> li
             case(5, 32, 64, 7, 7, "T=5 K=E=7", "K = E: every expert for every token"),
             case(11, 64, 64, 9, 2, "T=11 strided-x", "x is a stride-2 view with NaN in the gaps",
                  route="gappy"),
+            case(9, 64, 32, 8, 4, "T=9 EP -1 slots", "expert parallelism on a replicated stream: "
+                 "slots of another rank's experts are -1 and add nothing (token 0 has none here: "
+                 "a zero row); -1 may repeat in a row", route="ep"),
         ]
     E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
     E = min(E, max_experts) if max_experts else E
