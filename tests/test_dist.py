@@ -203,20 +203,23 @@ def test_engine_layout_sublayers_equal_reference_up_to_one_rounding(world, layou
         assert (got != want).float().mean() < 0.05  # flips are rare
 
 
-def _engine_layer_bf16(rank, world, layout):
-    from workbench.dist.moe import op_activations
+def _engine_layer_bf16(rank, world, layout, dispatch="all_to_all"):
+    from workbench.dist.moe import ep_dispatch, op_activations
 
-    with op_activations(torch.bfloat16):  # what the full-size emulation runs
+    with op_activations(torch.bfloat16), ep_dispatch(dispatch):  # the full-size emulation's
         return _engine_layer(rank, world, layout)
 
 
+@pytest.mark.parametrize("dispatch", ["all_to_all", "local"])
 @pytest.mark.parametrize("world,layout", [(4, {"ep": 4}), (8, {"ep": 4, "tp": 2})])
-def test_engine_bf16_sublayers_stay_close_to_the_reference(world, layout):
-    """bf16 partials (the emulated engine): stacked q_a | kv_a and gate | up GEMMs, the EP
-    owner's routed slice folded into the shared expert's all-reduce. Rounding order differs
-    from the reference (bf16 partials, summed in bf16): close, not equal; a misplaced slice
-    or a dropped branch would be off by the outputs' own size."""
-    want_a, got_a, want_m, got_m = run_distributed(_engine_layer_bf16, world, layout, **RUN)
+def test_engine_bf16_sublayers_stay_close_to_the_reference(world, layout, dispatch):
+    """bf16 partials (the emulated engine): stacked q_a | kv_a and gate | up GEMMs, the routed
+    output folded into the shared expert's all-reduce (all_to_all: the owner's slice; local:
+    every rank's own experts on all tokens, -1 slots elsewhere). Rounding order differs from
+    the reference (bf16 partials, summed in bf16): close, not equal; a misplaced slice, a
+    dropped branch or an expert counted on two ranks would be off by the outputs' own size."""
+    want_a, got_a, want_m, got_m = run_distributed(_engine_layer_bf16, world, layout, dispatch,
+                                                   **RUN)
     for want, got in ((want_a, got_a), (want_m, got_m)):
         assert got.shape == want.shape and got.dtype == torch.bfloat16
         err = (got.float() - want.float()).abs().max()
@@ -450,6 +453,24 @@ def test_link_model_formulas():
     assert link.seconds("all_gather", 1e6, 8) == pytest.approx(10e-6 + 7e6 / 1e11)
     assert link.seconds("all_to_all", 1e6, 8) == pytest.approx(10e-6 + 1e-5)
     assert NVLINK4.seconds("all_reduce", 0, 8) == pytest.approx(NVLINK4.alpha_us * 1e-6)
+
+
+def test_emulation_ep8_local_dispatch_has_no_all_to_all():
+    """ep_dispatch="local": each rank runs its own experts on the replicated stream and the
+    routed partials join the shared expert's all-reduce, so a MoE layer costs one collective
+    (all_to_all: three), and the rows say which dispatch they timed."""
+    from workbench.dist.emulate import emulate
+
+    rows = emulate("tiny-dist", ("ep8",), batches=(2,), budgets=(None, 8), tau=2.5, ctx=32,
+                   device="cpu", repeats=1, progress=None, ep_dispatch="local")
+    moe_layers = CFG.num_layers - CFG.first_k_dense
+    for r in rows:
+        assert r["ep_dispatch"] == "local" and r["kernel_ms"] > 0
+        want = CFG.num_layers + 1 + moe_layers + 1 + (0 if r["mode"] == "AR" else 2)
+        assert r["collectives"] == want, (r["mode"], r["collectives"])
+    with pytest.raises(ValueError, match="ep_dispatch: expected one of"):
+        emulate("tiny-dist", ("ep8",), batches=(1,), budgets=(None,), device="cpu",
+                repeats=1, progress=None, ep_dispatch="deepep")
 
 
 def test_emulation_projects_tp8_and_ep8_over_both_links():

@@ -10,7 +10,8 @@ and the single-rank emulation of 8 GPUs.
 
 layout.py  who holds what (Layout, shard_tensor, the exact reduction mode, cache cost)
 comm.py    collectives behind one interface, timed and byte-counted per phase
-moe.py     MoE-TP (all-reduce) and EP / EP x TP (all_to_all_single, exact slot-order combine)
+moe.py     MoE-TP (all-reduce) and EP / EP x TP (all_to_all_single, exact slot-order combine;
+           engine path: `ep_dispatch("local")` runs each rank's experts on the replicated stream)
 model.py   DistKimiModel: KimiModel's decode interface on one rank's shard
 vocab.py   vocab-parallel argmax / Gumbel sampling / log-softmax top-K; DistDrafter
 launch.py  run_distributed (watchdog, clear errors), NCCL settings (NVLink multicast off)

@@ -35,7 +35,8 @@ from .comm import Comm, StepLog
 from .decode import dist_config
 from .layout import Layout
 from .model import DistKimiModel, empty_dist_model
-from .moe import op_activations
+from .moe import EP_DISPATCH, op_activations
+from .moe import ep_dispatch as moe_dispatch
 from .vocab import DistDrafter
 
 WIRE_BYTES = 2  # bf16 per value on the wire
@@ -355,8 +356,14 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
-            seed: int = 0, progress=print, kernels=None, on_rows=None):
+            seed: int = 0, progress=print, kernels=None, on_rows=None,
+            ep_dispatch: str = "all_to_all"):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
+
+    ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "all_to_all"
+    (DeepEP-style: two all-to-alls and a host sync a MoE layer) or "local" (the stream is
+    replicated after TP attention: each rank runs its experts on the slots that name them and
+    the partials join the shared expert's all-reduce).
 
     kernels: an ops.use selection (e.g. {"int4_moe": "triton_v2"}). The emulated engine hands
     the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
@@ -371,11 +378,13 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
         drafter = DistDrafter(build_drafter(model.cfg, seed=seed, device=device), model)
         for C in batches:
             for b in budgets:
-                with ops.use(kernels), op_activations(torch.bfloat16):
+                with ops.use(kernels), op_activations(torch.bfloat16), \
+                        moe_dispatch(ep_dispatch):
                     meas = measure(model, comm, drafter, C, ctx, b, repeats, seed)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
                 for link in links:
-                    rows.append({"layout": name.upper(), "link": link.name, "C": C,
+                    rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
+                                 "link": link.name, "C": C,
                                  "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
                                  "ctx": ctx, **project(meas, link, world, C, t)})
                 if on_rows is not None:
@@ -407,6 +416,9 @@ def main(argv=None) -> int:
                    "layout, C, mode, kernel, calls, us), largest first")
     p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
                    "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
+    p.add_argument("--ep-dispatch", default="all_to_all", choices=EP_DISPATCH,
+                   help="EP layouts: all-to-all dispatch / combine (DeepEP-style), or local "
+                   "experts on the replicated stream + the shared expert's all-reduce")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -439,7 +451,7 @@ def main(argv=None) -> int:
     rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
-                   on_rows=save)
+                   on_rows=save, ep_dispatch=a.ep_dispatch)
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",

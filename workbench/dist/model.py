@@ -33,7 +33,16 @@ from workbench.reference.rope import target_rope
 
 from .comm import Comm
 from .layout import Layout, shard_state
-from .moe import ACC, LocalExperts, moe_ep, moe_tp_exact, moe_tp_partial, op_dtype
+from .moe import (
+    ACC,
+    LocalExperts,
+    ep_dispatch_mode,
+    moe_ep,
+    moe_ep_local,
+    moe_tp_exact,
+    moe_tp_partial,
+    op_dtype,
+)
 
 
 def stacked_weight(*mods: Linear) -> torch.Tensor:
@@ -277,12 +286,14 @@ class DistKimiModel(nn.Module):
                                                      part_s]))
             y, s = both[0].to(x.dtype), both[1].to(x.dtype)
         elif lay.ep > 1 and not lay.exact and _stack_weights():
-            # EP on bf16 rows (the engine emulation): each owner adds its routed slice into its
-            # shared-expert partial and ONE all-reduce sums both (the owned slices are
-            # disjoint), instead of an all-gather and an all-reduce: a collective a layer fewer
-            routed, lo, hi = moe_ep(h, ids, w, experts, lay, self.comm, gather=False)
+            # EP on bf16 rows (the engine emulation): the routed output joins the shared
+            # expert's partial and ONE all-reduce sums both
             part = sh.partial(h)  # [T, D] bf16, this rank's shared-expert width slice
-            part[lo:hi].add_(routed[: hi - lo])  # in place on the view: no write-back copy
+            if ep_dispatch_mode() == "local":  # this rank's experts on every token: no a2a
+                part.add_(moe_ep_local(h, ids, w, experts, lay))
+            else:  # the owner adds its routed slice (the owned slices are disjoint)
+                routed, lo, hi = moe_ep(h, ids, w, experts, lay, self.comm, gather=False)
+                part[lo:hi].add_(routed[: hi - lo])  # in place on the view: no write-back copy
             return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
         else:
             y = (moe_tp_exact(h, ids, w, experts, self.comm) if lay.ep == 1

@@ -1,4 +1,5 @@
-"""Routed experts across ranks: MoE-TP (width split, all-reduce) and EP / EP x TP (all-to-all).
+"""Routed experts across ranks: MoE-TP (width split, all-reduce) and EP / EP x TP (all-to-all,
+or on the engine path local experts + all-reduce: `ep_dispatch`).
 
 The residual stream is replicated (attention is TP), and so is the router, so every rank
 routes all T = B*N tokens identically. From that routing each rank derives the whole exchange
@@ -65,6 +66,32 @@ def op_dtype() -> torch.dtype:
     return _OP_DTYPE[-1]
 
 
+# How the EP engine path on bf16 rows (the full-size emulation) moves tokens to experts:
+#   "all_to_all"  DeepEP-style: owners send their (token, slot) rows to the experts' ranks and
+#                 get the results back (two all-to-alls and a host sync for the split lists)
+#   "local"       the stream is replicated (attention is TP), so each rank runs its own experts
+#                 on the slots that name them (`moe_ep_local`, -1 elsewhere) and the ranks'
+#                 partials join the shared expert's all-reduce: no all-to-all, no host sync
+EP_DISPATCH = ("all_to_all", "local")
+_EP_DISPATCH = ["all_to_all"]
+
+
+@contextmanager
+def ep_dispatch(mode: str):
+    """Within the block, the EP engine path on bf16 rows dispatches by `mode` (EP_DISPATCH)."""
+    if mode not in EP_DISPATCH:
+        raise ValueError(f"ep_dispatch: expected one of {EP_DISPATCH}, got {mode!r}")
+    _EP_DISPATCH.append(mode)
+    try:
+        yield
+    finally:
+        _EP_DISPATCH.pop()
+
+
+def ep_dispatch_mode() -> str:
+    return _EP_DISPATCH[-1]
+
+
 class LocalExperts(nn.Module):
     """This rank's routed experts: E/ep experts, I/tp of each one's width (checkpoint layout);
     in exact MoE-TP down_proj holds D/tp output rows over the whole width instead."""
@@ -119,6 +146,18 @@ def ep_plan(ids: torch.Tensor, lay: Layout, experts_per_group: int) -> EPPlan:
     n = sum(recv_splits)
     return EPPlan(lo, hi, chunk, r.send_t, r.order, send_splits, r.recv_t[:n], r.recv_e[:n],
                   recv_splits)
+
+
+def moe_ep_local(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
+                 lay: Layout) -> torch.Tensor:
+    """h [T, D] (replicated), ids/w [T, K] -> this rank's partial [T, D] in op_dtype(): its
+    group's experts (its width slice of them) on the slots that name them, weighted and summed
+    in slot order by the int4_moe op; other slots pass id -1 and add nothing. The caller
+    all-reduces: the groups' partials (and the width slices') sum to the routed output."""
+    E_loc = experts.num_experts
+    local = ids - lay.group * E_loc
+    here = torch.where((local >= 0) & (local < E_loc), local, torch.full_like(local, -1))
+    return ops.get("int4_moe")(h.to(op_dtype()), here, w, experts)
 
 
 def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
