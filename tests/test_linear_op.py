@@ -1,4 +1,5 @@
-"""kernels/dense linear_triton_v1 (the skinny decode GEMM) against the float64 reference through
+"""kernels/dense linear_triton_v1 (the skinny decode GEMM) and triton_v2 (the same with split-K in
+one launch) against the float64 reference through
 workbench.check (NaN-filled output, dtype-derived tolerance, inputs untouched): the registry's
 EDGE cases here (it is not in a preset yet, so tests/test_equivalence.py's default run does not
 take it), the dispatch rule (> 64 rows or non-bf16/fp16 inputs: torch_bf16's cuBLAS GEMM),
@@ -13,6 +14,7 @@ import torch
 from workbench import ops
 from workbench.check import check, failures
 from workbench.kernels.dense import linear_triton_v1 as lt
+from workbench.kernels.dense import linear_triton_v2 as lt2
 from workbench.kernels.dense.torch_bf16 import linear as linear_torch
 
 
@@ -21,9 +23,36 @@ def test_registered_with_its_dispatch_described():
     assert "triton" in v.needs and "torch_bf16" in v.description
 
 
-def test_edge_cases_match_the_reference(device):
-    df = check("linear", "triton_v1", shapes="edge", seeds=2, device=device)
+@pytest.mark.parametrize("variant", ["triton_v1", "triton_v2"])
+def test_edge_cases_match_the_reference(device, variant):
+    df = check("linear", variant, shapes="edge", seeds=2, device=device)
     assert len(df) >= 8 and df["pass"].all(), failures(df)
+
+
+@pytest.mark.parametrize("M, N, K, split", [(1, 40, 4096, 8), (17, 200, 1000, 3), (64, 33, 520, 2),
+                                            (5, 70, 96, 16)])
+def test_v2_split_k_sums_in_slice_order_and_resets_its_counters(device, M, N, K, split):
+    """Forced K slices (the last one short; more slices than K has BK steps): the result is the
+    unsplit one up to fp32 summation order (one bf16 rounding), a second call gives the same
+    bits (the sum order does not follow arrival order), and every ticket counter is back at 0."""
+    g = torch.Generator(device=device).manual_seed(M + N + K)
+    x = torch.randn(M, K, generator=g, device=device).to(torch.bfloat16)
+    w = (torch.randn(N, K, generator=g, device=device) * K**-0.5).to(torch.bfloat16)
+    bm = 16 if M <= 16 else 64
+    forced = lambda *_: lt2.Tiles(bm, 16, 64, split, 4, 2)  # noqa: E731
+    y = lt2.linear(x, w, tiles_for=forced)
+    ref = x.double() @ w.double().T
+    assert ((y.double() - ref).abs() <= 2 * 2.0**-8 * ref.abs() + 1e-3).all()
+    assert torch.equal(lt2.linear(x, w, tiles_for=forced), y)
+    assert int(lt2._counters(x.device, 1).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 2112, 7168), (17, 1536, 1536), (17, 7168, 1024),
+                                     (33, 512, 7168), (65, 7168, 256)])
+def test_v2_tiles_fill_the_gpu_with_whole_k_steps(M, N, K):
+    t = lt2.tiles(M, N, K)
+    assert t.BM >= min(M, lt.MAX_ROWS) and 16 <= t.BN <= 64 and 1 <= t.SPLIT <= 16
+    assert t.SPLIT == 1 or -(-K // t.SPLIT) >= 2 * t.BK  # a slice is >= 2 K steps
 
 
 @pytest.mark.parametrize("M, N, K", [(1, 40, 24), (17, 2112, 96), (64, 33, 300)])
@@ -59,6 +88,24 @@ def test_bad_arguments_raise_naming_the_argument(device):
 def test_real_widths_match_the_reference():
     df = check("linear", "triton_v1", shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)
+
+
+@pytest.mark.gpu
+def test_v2_real_widths_and_graph_replay():
+    df = check("linear", "triton_v2", shapes="real", seeds=2, device="cuda")
+    assert df["pass"].all(), failures(df)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(17, 7168, generator=g, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(2112, 7168, generator=g, device="cuda") * 7168**-0.5).to(torch.bfloat16)
+    assert lt2.tiles(17, 2112, 7168).SPLIT > 1
+    eager = lt2.linear(x, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lt2.linear(x, w)
+    for _ in range(3):  # the counters reset in-kernel: every replay sums every slice once
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
 
 
 @pytest.mark.gpu

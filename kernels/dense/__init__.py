@@ -46,7 +46,9 @@ launch; more rows (compute-shaped) or non-bf16/fp16 inputs take torch_bf16's cuB
 documented dispatch. `swiglu_mlp` triton_v2 is triton_v1 on it. Measured on the H200 (session 8,
 traces/gpu/session8/bench_linear.csv) it is NOT faster than cuBLAS at the decode widths (q_a |
 kv_a at 9 rows: 15.6 vs 12.5 µs of kernel time; elsewhere within ~10 %), so neither is in the
-engine preset.
+engine preset. `linear_triton_v2` (session 9, not yet timed) splits K across programs in the
+same launch (the last slice of a column tile to finish sums the partials in slice order): the
+small decode projections are latency, and v1's programs walk up to 28 K steps each.
 
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):
@@ -71,6 +73,7 @@ VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
 VARIANTS["swiglu_mlp"]["triton_v1"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp"
 VARIANTS["swiglu_mlp"]["triton_v2"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v2"
 VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:linear"
+VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
 VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
 VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
 VARIANTS["mla_kv_write"] = {
@@ -113,6 +116,10 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("linear", "triton_v1"): ("skinny Triton GEMM for <= 64 rows: BN output columns a program "
                               "over all of K, no split-K, one launch; more rows or non-bf16/"
                               "fp16 inputs run torch_bf16's cuBLAS GEMM", ("triton",)),
+    ("linear", "triton_v2"): ("triton_v1 with split-K in one launch: the last K slice to finish "
+                              "a column tile sums the fp32 partials in slice order (ticket "
+                              "counter, reset in-kernel: graph-safe, deterministic)",
+                              ("triton",)),
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),

@@ -1,0 +1,148 @@
+"""Split-K skinny linear (op linear, variant triton_v2) for decode row counts, one launch.
+
+Why: at decode widths the EP8 rank's projections are small weights (q_b/8 4.7 MB, o/8 15 MB,
+q_a | kv_a 30 MB: 1-7 µs at 4.26 TB/s) against 17 rows, and a GEMM of that size is latency,
+not bandwidth. linear_triton_v1 walks all of K in each program (28 serial 256-wide steps on
+q_a | kv_a: 15.6 µs vs cuBLAS's 12.5, session 8); cuBLAS splits K but pays a second launch
+(splitKreduce, ~1.9 µs each, 135 a step in the emulated rank). Here the grid is (N tiles,
+SPLIT K slices): each program writes its fp32 partial [BM, BN] to a workspace, then takes a
+ticket on its N tile's counter; the program that draws the last ticket sums the SPLIT partials
+in slice order 0..SPLIT-1 (whatever order they arrived in: deterministic), rounds once, writes
+the output and resets the counter to 0 (the next launch, or CUDA-graph replay, finds it zero).
+
+Counters live in one int32 buffer per device (zeroed once, reset by the kernel), so two
+launches may not run concurrently on different streams; the engine issues them on one stream.
+Rows > MAX_ROWS (64) and non-bf16/fp16 inputs take torch_bf16's cuBLAS GEMM (as triton_v1).
+Numerics: fp32 accumulation, a fixed K split and a fixed sum order; one rounding to x.dtype.
+Engine-only (not the float64 reference; not bitwise cuBLAS).
+Legend: M rows, K in features, N out features, SPLIT K slices, KS = K per slice.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..drafter._common import INTERPRET, _require, next_pow2
+from . import torch_bf16
+from .linear_triton_v1 import MAX_ROWS, SMS
+
+_COUNTERS: dict[torch.device, Tensor] = {}
+
+
+@triton.jit
+def _splitk_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk,
+                   s_ym, NP, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, INTERPRET: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    m = tl.arange(0, BM)
+    kk = tl.arange(0, BK)
+    n_ok, m_ok = n < N, m < M
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * s_xm
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn
+    k_lo = pid_k * KS
+    k_hi = tl.minimum(k_lo + KS, K)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        k = k0 + kk
+        k_ok = k < k_hi
+        x = tl.load(x_rows + k[None, :] * s_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + k[None, :] * s_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if INTERPRET:  # the interpreter's bf16 dot is wrong (DESIGN.md §10): exact in fp32
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+        else:
+            acc += tl.dot(x, tl.trans(w))
+    y = y_ptr + m.to(tl.int64)[:, None] * s_ym + n[None, :]
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT == 1:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        tile = m[:, None] * NP + n[None, :]  # [BM, BN] inside one slice's [BM, NP] partial
+        tl.store(ws_ptr + pid_k * BM * NP + tile, acc)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if ticket == SPLIT - 1:  # the last slice to arrive: sum all of them in slice order
+            tl.debug_barrier()
+            # .cg: from L2, never a stale L1 line (an earlier replay's last program on this SM
+            # may have cached these addresses)
+            tot = tl.load(ws_ptr + tile, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT):
+                tot += tl.load(ws_ptr + s * BM * NP + tile, cache_modifier=".cg")
+            tl.store(y, tot.to(y_ptr.dtype.element_ty), mask=out_ok)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
+
+
+class Tiles(NamedTuple):
+    BM: int
+    BN: int
+    BK: int
+    SPLIT: int
+    warps: int
+    stages: int
+
+
+def tiles(M: int, N: int, K: int) -> Tiles:
+    """BM covers M (16 / 32 / 64); BN the widest of 16..64 leaving >= SMS / 2 column tiles;
+    SPLIT so that tiles x slices reach ~2 programs an SM with >= 2 BK steps a slice."""
+    BM = max(16, next_pow2(min(M, MAX_ROWS)))
+    BN = 16
+    while BN < 64 and triton.cdiv(N, 2 * BN) >= SMS // 2:
+        BN *= 2
+    BK = max(16, min(256, next_pow2(K)))
+    n_tiles = triton.cdiv(N, BN)
+    split = 1
+    while (n_tiles * split < 2 * SMS and triton.cdiv(K, 2 * split) >= 2 * BK
+           and split < 16):
+        split *= 2
+    return Tiles(BM, BN, BK, split, 4, 4)
+
+
+def _counters(device: torch.device, n: int) -> Tensor:
+    c = _COUNTERS.get(device)
+    if c is None or c.numel() < n:  # grown outside any capture: first eager calls come first
+        c = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[device] = c
+    return c
+
+
+def linear(x: Tensor, weight: Tensor, tiles_for=tiles) -> Tensor:
+    """x [..., K] @ weight [N, K]^T -> [..., N] in x.dtype (the "linear" op's contract).
+    `tiles_for(M, N, K) -> Tiles` (a sweep passes its own)."""
+    _require(isinstance(x, Tensor) and x.dim() >= 1 and x.is_floating_point(), "x",
+             "a float tensor [..., K]", getattr(x, "dtype", type(x)))
+    K = x.shape[-1]
+    _require(isinstance(weight, Tensor) and weight.dim() == 2 and weight.shape[1] == K,
+             "weight", f"[N, {K}]", tuple(getattr(weight, "shape", ())))
+    _require(weight.device == x.device, "weight", f"on {x.device} (x's device)", weight.device)
+    x2 = x.reshape(-1, K)
+    M, N = x2.shape[0], weight.shape[0]
+    if (M > MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16)
+            or weight.dtype != x.dtype):
+        return torch_bf16.linear(x, weight)  # compute-shaped or ACC rows: cuBLAS (docstring)
+    _require(x.is_cuda or INTERPRET, "x", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
+             x.device)
+    # under the interpreter fp32 -> bf16 stores truncate (drafter/_common): write fp32, torch
+    # rounds (round-to-nearest-even, as cvt.rn does on the GPU)
+    y = torch.empty(M, N, dtype=torch.float32 if INTERPRET else x.dtype, device=x.device)
+    if M and N:
+        if K == 0:
+            return y.zero_().to(x.dtype).view(*x.shape[:-1], N)
+        t = tiles_for(M, N, K)
+        n_tiles = triton.cdiv(N, t.BN)
+        NP = n_tiles * t.BN
+        KS = triton.cdiv(triton.cdiv(K, t.SPLIT), t.BK) * t.BK  # whole BK steps a slice
+        split = triton.cdiv(K, KS)  # slices that hold any K (<= t.SPLIT)
+        ws = (torch.empty(split * t.BM * NP, dtype=torch.float32, device=x.device)
+              if split > 1 else y)
+        cnt = _counters(x.device, n_tiles)
+        _splitk_kernel[(n_tiles, split)](
+            x2, weight, y, ws, cnt, M, N, K, KS, x2.stride(0), x2.stride(1), weight.stride(0),
+            weight.stride(1), y.stride(0), NP, SPLIT=split, BM=t.BM, BN=t.BN, BK=t.BK,
+            INTERPRET=INTERPRET, num_warps=t.warps, num_stages=t.stages)
+    return y.to(x.dtype).view(*x.shape[:-1], N)
