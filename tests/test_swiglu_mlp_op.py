@@ -97,12 +97,14 @@ def test_stacked_gate_up_take_one_gemm_and_agree(device):
                                rtol=2**-7, atol=1e-5)
 
 
-def test_v2_on_the_skinny_linear_matches_the_reference(device):
-    df = check("swiglu_mlp", "triton_v2", shapes="edge", seeds=1, device=device)
+@pytest.mark.parametrize("variant", ["triton_v2", "triton_v3"])  # linear triton_v1 / v2
+def test_on_the_skinny_linears_matches_the_reference(device, variant):
+    df = check("swiglu_mlp", variant, shapes="edge", seeds=1, device=device)
     assert df["pass"].all(), failures(df)
 
 
 @pytest.mark.gpu
-def test_v2_real_widths_match_the_reference():
-    df = check("swiglu_mlp", "triton_v2", shapes="real", seeds=2, device="cuda")
+@pytest.mark.parametrize("variant", ["triton_v2", "triton_v3"])
+def test_on_the_skinny_linears_real_widths_match_the_reference(variant):
+    df = check("swiglu_mlp", variant, shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)

@@ -72,6 +72,7 @@ VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op
 VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
 VARIANTS["swiglu_mlp"]["triton_v1"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp"
 VARIANTS["swiglu_mlp"]["triton_v2"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v2"
+VARIANTS["swiglu_mlp"]["triton_v3"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v3"
 VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:linear"
 VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
 VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
@@ -113,6 +114,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                   "instead of 8)", ("triton",)),
     ("swiglu_mlp", "triton_v2"): ("triton_v1 with its GEMMs on linear triton_v1 (skinny, no "
                                   "split-K up to 64 rows)", ("triton",)),
+    ("swiglu_mlp", "triton_v3"): ("triton_v1 with its GEMMs on linear triton_v2 (split-K in "
+                                  "one launch up to 64 rows)", ("triton",)),
     ("linear", "triton_v1"): ("skinny Triton GEMM for <= 64 rows: BN output columns a program "
                               "over all of K, no split-K, one launch; more rows or non-bf16/"
                               "fp16 inputs run torch_bf16's cuBLAS GEMM", ("triton",)),

@@ -8,7 +8,8 @@ accumulate) and SiLU(gate) * up is one kernel (the drafter's, kernels/drafter/_f
 fp32 math on the bf16 GEMM outputs, rounded once to the activation dtype, as torch_bf16
 rounds. Not bitwise torch_bf16 (Triton's exp in
 the sigmoid): engine-only, within the reference's dtype-derived tolerance.
-`swiglu_mlp_v2` (variant triton_v2) runs the same steps with the GEMMs on linear_triton_v1.
+`swiglu_mlp_v2` (variant triton_v2) runs the same steps with the GEMMs on linear_triton_v1,
+`swiglu_mlp_v3` (variant triton_v3) on linear_triton_v2 (split-K in one launch).
 Legend: M rows, D hidden, F width.
 """
 
@@ -70,5 +71,13 @@ def swiglu_mlp_v2(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     """triton_v2: v1 with its GEMMs on the skinny linear kernel (linear_triton_v1: no split-K
     for <= 64 rows, cuBLAS above)."""
     from .linear_triton_v1 import linear
+
+    return swiglu_mlp(x, gate, up, down, gemm=linear)
+
+
+def swiglu_mlp_v3(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """triton_v3: v1 with its GEMMs on linear_triton_v2 (split-K in one launch for <= 64 rows,
+    cuBLAS above): the EP8 rank's shared expert is [T, 7168] x [512, 7168] then K = 256."""
+    from .linear_triton_v2 import linear
 
     return swiglu_mlp(x, gate, up, down, gemm=linear)
