@@ -66,6 +66,21 @@ def tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., K] @ weight [N, K]^T -> [..., N] in x.dtype (the "linear" op's contract)."""
+    return run(x, weight, _launch)
+
+
+def _launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int) -> None:
+    BM, BN, BK = tiles(M, N, K)
+    _skinny_kernel[(triton.cdiv(N, BN), triton.cdiv(M, BM))](
+        x2, weight, y, M, N, K, x2.stride(0), x2.stride(1), weight.stride(0),
+        weight.stride(1), y.stride(0), BM=BM, BN=BN, BK=BK, INTERPRET=INTERPRET,
+        num_warps=4, num_stages=4)
+
+
+def run(x: Tensor, weight: Tensor, launch) -> Tensor:
+    """The linear op around a kernel `launch(x2 [M, K], weight, y [M, N], M, N, K)` (M, N, K
+    >= 1): the argument checks, the cuBLAS dispatch (> MAX_ROWS rows, non-bf16/fp16 inputs),
+    the output buffer and the empty cases. Shared by linear_triton_v1 and v2."""
     _require(isinstance(x, Tensor) and x.dim() >= 1 and x.is_floating_point(), "x",
              "a float tensor [..., K]", getattr(x, "dtype", type(x)))
     K = x.shape[-1]
@@ -85,9 +100,5 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     if M and N:
         if K == 0:
             return y.zero_().to(x.dtype).view(*x.shape[:-1], N)
-        BM, BN, BK = tiles(M, N, K)
-        _skinny_kernel[(triton.cdiv(N, BN), triton.cdiv(M, BM))](
-            x2, weight, y, M, N, K, x2.stride(0), x2.stride(1), weight.stride(0),
-            weight.stride(1), y.stride(0), BM=BM, BN=BN, BK=BK, INTERPRET=INTERPRET,
-            num_warps=4, num_stages=4)
+        launch(x2, weight, y, M, N, K)
     return y.to(x.dtype).view(*x.shape[:-1], N)

@@ -20,6 +20,7 @@ Legend: M rows, K in features, N out features, SPLIT K slices, KS = K per slice.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -27,9 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..drafter._common import INTERPRET, _require, next_pow2
-from . import torch_bf16
-from .linear_triton_v1 import MAX_ROWS, SMS
+from ..drafter._common import INTERPRET, next_pow2
+from .linear_triton_v1 import MAX_ROWS, SMS, run
 
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -112,37 +112,21 @@ def _counters(device: torch.device, n: int) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, tiles_for=tiles) -> Tensor:
-    """x [..., K] @ weight [N, K]^T -> [..., N] in x.dtype (the "linear" op's contract).
-    `tiles_for(M, N, K) -> Tiles` (a sweep passes its own)."""
-    _require(isinstance(x, Tensor) and x.dim() >= 1 and x.is_floating_point(), "x",
-             "a float tensor [..., K]", getattr(x, "dtype", type(x)))
-    K = x.shape[-1]
-    _require(isinstance(weight, Tensor) and weight.dim() == 2 and weight.shape[1] == K,
-             "weight", f"[N, {K}]", tuple(getattr(weight, "shape", ())))
-    _require(weight.device == x.device, "weight", f"on {x.device} (x's device)", weight.device)
-    x2 = x.reshape(-1, K)
-    M, N = x2.shape[0], weight.shape[0]
-    if (M > MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16)
-            or weight.dtype != x.dtype):
-        return torch_bf16.linear(x, weight)  # compute-shaped or ACC rows: cuBLAS (docstring)
-    _require(x.is_cuda or INTERPRET, "x", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
-             x.device)
-    # under the interpreter fp32 -> bf16 stores truncate (drafter/_common): write fp32, torch
-    # rounds (round-to-nearest-even, as cvt.rn does on the GPU)
-    y = torch.empty(M, N, dtype=torch.float32 if INTERPRET else x.dtype, device=x.device)
-    if M and N:
-        if K == 0:
-            return y.zero_().to(x.dtype).view(*x.shape[:-1], N)
-        t = tiles_for(M, N, K)
-        n_tiles = triton.cdiv(N, t.BN)
-        NP = n_tiles * t.BN
-        KS = triton.cdiv(triton.cdiv(K, t.SPLIT), t.BK) * t.BK  # whole BK steps a slice
-        split = triton.cdiv(K, KS)  # slices that hold any K (<= t.SPLIT)
-        ws = (torch.empty(split * t.BM * NP, dtype=torch.float32, device=x.device)
-              if split > 1 else y)
-        cnt = _counters(x.device, n_tiles)
-        _splitk_kernel[(n_tiles, split)](
-            x2, weight, y, ws, cnt, M, N, K, KS, x2.stride(0), x2.stride(1), weight.stride(0),
-            weight.stride(1), y.stride(0), NP, SPLIT=split, BM=t.BM, BN=t.BN, BK=t.BK,
-            INTERPRET=INTERPRET, num_warps=t.warps, num_stages=t.stages)
-    return y.to(x.dtype).view(*x.shape[:-1], N)
+    """x [..., K] @ weight [N, K]^T -> [..., N] in x.dtype (the "linear" op's contract; checks
+    and cuBLAS dispatch as triton_v1). `tiles_for(M, N, K) -> Tiles` (a sweep passes its own)."""
+    return run(x, weight, functools.partial(_launch, tiles_for=tiles_for))
+
+
+def _launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int, tiles_for) -> None:
+    t = tiles_for(M, N, K)
+    n_tiles = triton.cdiv(N, t.BN)
+    NP = n_tiles * t.BN
+    KS = triton.cdiv(triton.cdiv(K, t.SPLIT), t.BK) * t.BK  # whole BK steps a slice
+    split = triton.cdiv(K, KS)  # slices that hold any K (<= t.SPLIT)
+    ws = (torch.empty(split * t.BM * NP, dtype=torch.float32, device=x2.device)
+          if split > 1 else y)
+    cnt = _counters(x2.device, n_tiles)
+    _splitk_kernel[(n_tiles, split)](
+        x2, weight, y, ws, cnt, M, N, K, KS, x2.stride(0), x2.stride(1), weight.stride(0),
+        weight.stride(1), y.stride(0), NP, SPLIT=split, BM=t.BM, BN=t.BN, BK=t.BK,
+        INTERPRET=INTERPRET, num_warps=t.warps, num_stages=t.stages)
