@@ -1,0 +1,105 @@
+"""Tiles of the split-K skinny GEMM (kernels/dense linear_triton_v2) at the EP8 rank's decode
+projections, against cuBLAS and linear_triton_v1, each call timed alone.
+
+    PYTHONPATH=. python3 scripts/sweep_linear.py [--rows 1,9,17,33] [--csv out.csv]
+
+Why: the emulated rank's target GEMMs take ~5 ms a step at C 1, budget 16 (session 8), each a
+few µs of latency around 1-7 µs of weight bytes; v2's default policy (`tiles`) is a guess until
+this sweep says which (BN, BK, SPLIT, warps, stages) wins per shape. Rows: (shape, rows,
+kernel, tiles, µs, GB/s on the weight), best first per (shape, rows), the output checked
+against cuBLAS's within one bf16 rounding before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from workbench.config import ModelConfig
+from workbench.kernels.dense import linear_triton_v1 as l1
+from workbench.kernels.dense import linear_triton_v2 as l2
+
+
+def graph_us(fn, reps: int = 20, rounds: int = 5) -> float:
+    """Median µs of one `fn()` from CUDA-graph replays of `reps` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    out = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / reps)
+    return sorted(out)[len(out) // 2]
+
+
+def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """{name: (K, N)} of an EP8 rank's projections (workbench/ops/cases.py's REAL linear)."""
+    F_sh = cfg.moe_intermediate * cfg.n_shared_experts
+    return {"qkv_a": (cfg.hidden_size, cfg.q_lora_rank + cfg.latent_dim),
+            "q_b/8": (cfg.q_lora_rank, cfg.num_heads // 8 * cfg.qk_head_dim),
+            "o/8": (cfg.num_heads // 8 * cfg.v_head_dim, cfg.hidden_size),
+            "gate_up/8": (cfg.hidden_size, 2 * F_sh // 8), "down/8": (F_sh // 8, cfg.hidden_size)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,9,17,33")
+    ap.add_argument("--csv", default=None)
+    a = ap.parse_args()
+    cfg = ModelConfig.preset("kimi-k2.6")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    # 24 tiles a row tile (~70 compiles over rows 1-33): BN x BK x SPLIT, 4 warps, 4 stages
+    grid = list(itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (4,)))
+    rows = []
+    for (name, (K, N)), M in itertools.product(shapes(cfg).items(),
+                                               [int(m) for m in a.rows.split(",")]):
+        x = torch.randn(M, K, generator=g, device="cuda").to(torch.bfloat16)
+        w = (torch.randn(N, K, generator=g, device="cuda") * K**-0.5).to(torch.bfloat16)
+        ref = F.linear(x, w).float()
+        tol = 2 * 2.0**-8 * ref.abs() + 1e-2
+        found = [(name, M, "cuBLAS", "", graph_us(functools.partial(F.linear, x, w)))]
+        found.append((name, M, "triton_v1", str(l1.tiles(M, N, K)),
+                      graph_us(functools.partial(l1.linear, x, w))))
+        found.append((name, M, "triton_v2", f"default {tuple(l2.tiles(M, N, K))}",
+                      graph_us(functools.partial(l2.linear, x, w))))
+        bm = max(16, 1 << (min(M, 64) - 1).bit_length())
+        for bn, bk, split, warps, stages in grid:
+            if split > 1 and K // split < bk:  # a slice shorter than one K step
+                continue
+            t = l2.Tiles(bm, bn, bk, split, warps, stages)
+            fn = functools.partial(l2.linear, x, w, tiles_for=lambda *_, t=t: t)
+            try:
+                if not bool(((fn().float() - ref).abs() <= tol).all()):
+                    print(f"{name} M{M} {t}: WRONG, not timed")
+                    continue
+                found.append((name, M, "triton_v2", str(tuple(t)), graph_us(fn)))
+            except Exception as e:  # out of shared memory etc.: say so, keep sweeping
+                print(f"{name} M{M} {t}: {type(e).__name__}: {e}"[:160])
+        found.sort(key=lambda r: r[-1])
+        for r in found[:6] + [r for r in found[6:] if r[2] != "triton_v2" or
+                              r[3].startswith("default")]:
+            rows.append((*r, N * K * 2 / r[-1] / 1e3))
+    print(f"{'shape':<10} {'M':>3} {'kernel':<10} {'µs':>7} {'GB/s':>6}  tiles")
+    for name, M, kern, tiles, us, gbs in rows:
+        print(f"{name:<10} {M:>3} {kern:<10} {us:>7.2f} {gbs:>6.0f}  {tiles}")
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            wr = csv.writer(f)
+            wr.writerow(["shape", "rows", "kernel", "tiles", "us", "GBps"])
+            wr.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
