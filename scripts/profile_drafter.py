@@ -20,30 +20,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from workbench.bench import graph_us
 from workbench.loopbench import busy_us, kernel_times
 from workbench.ops import registry
 from workbench.ops.cases import drafter_cases
-
-
-def graph_us(fn, reps: int = 10, rounds: int = 5) -> float:
-    """Median µs of one `fn()` from CUDA-graph replays of `reps` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(out)[len(out) // 2]
 
 
 def step_rows(B: int, fn, nbytes: int) -> list[tuple]:

@@ -20,28 +20,10 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from workbench.bench import graph_us
 from workbench.config import ModelConfig
 from workbench.kernels.dense import linear_triton_v1 as l1
 from workbench.kernels.dense import linear_triton_v2 as l2
-
-
-def graph_us(fn, reps: int = 20, rounds: int = 5) -> float:
-    """Median µs of one `fn()` from CUDA-graph replays of `reps` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    out = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(out)[len(out) // 2]
 
 
 def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -69,11 +51,11 @@ def main() -> None:
         w = (torch.randn(N, K, generator=g, device="cuda") * K**-0.5).to(torch.bfloat16)
         ref = F.linear(x, w).float()
         tol = 2 * 2.0**-8 * ref.abs() + 1e-2
-        found = [(name, M, "cuBLAS", "", graph_us(functools.partial(F.linear, x, w)))]
+        found = [(name, M, "cuBLAS", "", graph_us(functools.partial(F.linear, x, w), reps=20))]
         found.append((name, M, "triton_v1", str(l1.tiles(M, N, K)),
-                      graph_us(functools.partial(l1.linear, x, w))))
+                      graph_us(functools.partial(l1.linear, x, w), reps=20)))
         found.append((name, M, "triton_v2", f"default {tuple(l2.tiles(M, N, K))}",
-                      graph_us(functools.partial(l2.linear, x, w))))
+                      graph_us(functools.partial(l2.linear, x, w), reps=20)))
         bm = max(16, 1 << (min(M, 64) - 1).bit_length())
         for bn, bk, split, warps, stages in grid:
             if split > 1 and K // split < bk:  # a slice shorter than one K step
@@ -84,7 +66,7 @@ def main() -> None:
                 if not bool(((fn().float() - ref).abs() <= tol).all()):
                     print(f"{name} M{M} {t}: WRONG, not timed")
                     continue
-                found.append((name, M, "triton_v2", str(tuple(t)), graph_us(fn)))
+                found.append((name, M, "triton_v2", str(tuple(t)), graph_us(fn, reps=20)))
             except Exception as e:  # out of shared memory etc.: say so, keep sweeping
                 print(f"{name} M{M} {t}: {type(e).__name__}: {e}"[:160])
         found.sort(key=lambda r: r[-1])

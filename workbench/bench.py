@@ -204,6 +204,29 @@ def kernel_time_us(calls, n: int, flush=None) -> float:
     return total / n
 
 
+def graph_us(fn, reps: int = 10, rounds: int = 5) -> float:
+    """Median µs of one `fn()` from CUDA-graph replays of `reps` back-to-back calls (no input
+    rotation, no flush: for sweeps whose operands already exceed the L2, e.g. weight streams;
+    scripts/profile_drafter.py, scripts/sweep_linear.py)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / reps)
+    return sorted(out)[len(out) // 2]
+
+
 def _capture(calls) -> list:
     graphs = []
     stream = torch.cuda.Stream()
