@@ -117,3 +117,24 @@ def test_a_rows_result_does_not_depend_on_the_row_count():
     one = lt.linear(x[:1], w)
     for m in (9, 17, 33, 64):
         assert torch.equal(lt.linear(x[:m], w)[:1], one), m
+
+
+@pytest.mark.parametrize("N, K", [(7168, 1024), (2112, 7168), (12288, 1536), (163840, 7168),
+                                  (512, 7168), (7168, 256)])
+def test_tiles_fit_shared_memory_at_every_row_count(N, K):
+    """Session 10: v2's default tiles at 33-64 rows asked for 256 KB (BM = BN = 64, BK 256, 4
+    stages) and the launch raised OutOfResources on the H200; the pipelined tiles must fit."""
+    for M in range(1, lt.MAX_ROWS + 1):
+        BM, BN, BK = lt.tiles(M, N, K)
+        BK1, st1 = lt.fit_smem(BM, BN, BK, 4)
+        t = lt2.tiles(M, N, K)
+        for bm, bn, bk, st in ((BM, BN, BK1, st1), (t.BM, t.BN, t.BK, t.stages)):
+            assert (bm + bn) * bk * 2 * st <= lt.SMEM_BYTES and st >= 2 and bk >= 16
+        assert t.stages == 4 or t.BM + t.BN > 96  # only the widest tiles give up a stage
+
+
+def test_drafter_skinny_table_fits_shared_memory():
+    from workbench.kernels.drafter import _gemm
+
+    for (_, bucket), (BN, BK, _, stages) in _gemm.SKINNY.items():
+        assert (bucket + BN) * BK * 2 * stages <= lt.SMEM_BYTES

@@ -28,6 +28,18 @@ from . import torch_bf16
 
 MAX_ROWS = 64
 SMS = 132  # H200 SMs: BN is picked so that N / BN gives about one program per SM or more
+# sm_90's shared memory a block (227 KB). Triton keeps `stages` copies of the x [BM, BK] and
+# w [BN, BK] tiles there and refuses to launch past it (OutOfResources at rows 33-64, session 10)
+SMEM_BYTES = 232448
+
+
+def fit_smem(BM: int, BN: int, BK: int, stages: int, elem: int = 2) -> tuple[int, int]:
+    """(BK, stages) within SMEM_BYTES: fewer stages first (down to 2), then narrower K steps."""
+    while stages > 2 and (BM + BN) * BK * elem * stages > SMEM_BYTES:
+        stages -= 1
+    while BK > 16 and (BM + BN) * BK * elem * stages > SMEM_BYTES:
+        BK //= 2
+    return BK, stages
 
 
 @triton.jit
@@ -71,10 +83,11 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 def _launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int) -> None:
     BM, BN, BK = tiles(M, N, K)
+    BK, stages = fit_smem(BM, BN, BK, 4)
     _skinny_kernel[(triton.cdiv(N, BN), triton.cdiv(M, BM))](
         x2, weight, y, M, N, K, x2.stride(0), x2.stride(1), weight.stride(0),
         weight.stride(1), y.stride(0), BM=BM, BN=BN, BK=BK, INTERPRET=INTERPRET,
-        num_warps=4, num_stages=4)
+        num_warps=4, num_stages=stages)
 
 
 def run(x: Tensor, weight: Tensor, launch) -> Tensor:

@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..drafter._common import INTERPRET, next_pow2
-from .linear_triton_v1 import MAX_ROWS, SMS, run
+from .linear_triton_v1 import MAX_ROWS, SMS, fit_smem, run
 
 _COUNTERS: dict[torch.device, Tensor] = {}
 
@@ -89,7 +89,8 @@ class Tiles(NamedTuple):
 
 def tiles(M: int, N: int, K: int) -> Tiles:
     """BM covers M (16 / 32 / 64); BN the widest of 16..64 leaving >= SMS / 2 column tiles;
-    SPLIT so that tiles x slices reach ~2 programs an SM with >= 2 BK steps a slice."""
+    SPLIT so that tiles x slices reach ~2 programs an SM with >= 2 BK steps a slice; 4 stages
+    where they fit in shared memory (3 at BM = BN = 64)."""
     BM = max(16, next_pow2(min(M, MAX_ROWS)))
     BN = 16
     while BN < 64 and triton.cdiv(N, 2 * BN) >= SMS // 2:
@@ -100,7 +101,8 @@ def tiles(M: int, N: int, K: int) -> Tiles:
     while (n_tiles * split < 2 * SMS and triton.cdiv(K, 2 * split) >= 2 * BK
            and split < 16):
         split *= 2
-    return Tiles(BM, BN, BK, split, 4, 4)
+    BK, stages = fit_smem(BM, BN, BK, 4)
+    return Tiles(BM, BN, BK, split, 4, stages)
 
 
 def _counters(device: torch.device, n: int) -> Tensor:
