@@ -6,6 +6,11 @@ all math float64-accumulated (layers.ACC) and rounded once, the combine summed o
 j = 0..K-1 in slot order (deterministic). An id of -1 means "this slot's expert is not here"
 (expert parallelism with a replicated residual stream: each rank passes the slots of its own
 experts and -1 elsewhere, and an all-reduce sums the ranks' partials); it adds nothing.
+
+`expected_slots` (keyword, optional) is how many of the T K slots the caller expects to name an
+expert here (EP on a replicated stream: about T K E_local / E). Kernels size their tiles for
+it instead of for all T K slots; it is a hint about the data, never a promise: results do not
+depend on it (the reference only checks it).
 """
 
 from __future__ import annotations
@@ -43,10 +48,22 @@ def expert_ffn(x: torch.Tensor, experts: Int4Experts, e: int) -> torch.Tensor:
     return F.linear(F.silu(F.linear(xf, wg)) * F.linear(xf, wu), wd)
 
 
+def check_expected_slots(expected_slots, T: int, K: int) -> None:
+    """The op's hint: None, or an int in [0, T K]; a ValueError naming it otherwise."""
+    ok = expected_slots is None or (isinstance(expected_slots, int)
+                                    and not isinstance(expected_slots, bool)
+                                    and 0 <= expected_slots <= T * K)
+    if not ok:
+        raise ValueError(f"expected_slots: expected None or an int in [0, T*K = {T * K}], "
+                         f"got {expected_slots!r}")
+
+
 def int4_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-             experts: Int4Experts) -> torch.Tensor:
-    """x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] fp32 -> [T, D] in x.dtype."""
+             experts: Int4Experts, *, expected_slots: int | None = None) -> torch.Tensor:
+    """x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] fp32 -> [T, D] in x.dtype;
+    expected_slots: a tile-sizing hint for kernels (module docstring), checked, unused."""
     T, K = topk_ids.shape
+    check_expected_slots(expected_slots, T, K)
     y = torch.zeros(T, K, x.shape[-1], dtype=ACC, device=x.device)  # [T, K, D]
     for e in torch.unique(topk_ids).tolist():
         if e == -1:  # not routed here

@@ -18,7 +18,7 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
-            "triton_v7", "triton_v8", "triton_v9", "triton_v10")
+            "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -77,14 +77,14 @@ def test_edge_cases_match_reference(version):
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
-             "triton_v9": (9,), "triton_v10": (10,)}
+             "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
-                                     "triton_v9", "triton_v10"])
+                                     "triton_v9", "triton_v10", "triton_v11"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -393,6 +393,87 @@ def test_v10_wide_tile_matches_reference():
     x, ids, w, ex = _v8_routing_case(**_v8_shape(40, 4, 64, 32, 4))
     assert 40 * 4 > 16 * 4
     _check("triton_v10", [_case(x, ids, w, ex, "T=40 K=E BM1=32")])
+
+
+# ---------------------------------------------------------------- v11: the expected_slots hint
+def test_v11_tiles_follow_the_hint():
+    # why: unhinted v11 is v10 (tiles and bits); hinted, v10's tiles at ceil(slots / K) tokens
+    from workbench.kernels.int4_moe import triton_v10, triton_v11
+
+    for T in (1, 17, 136, 2080):
+        assert triton_v11.tiles(T, 8, 48, 7168, 2048) == triton_v10.tiles(T, 8, 48, 7168, 2048)
+    t = triton_v11.tiles(136, 8, 48, 7168, 2048, slots=136)  # EP8 local, C 8 x DDTree-16
+    assert t == triton_v10.tiles(17, 8, 48, 7168, 2048)
+    assert t["BM1"] == 16 and t["BM2"] == 8  # v10 at all 1088 slots: 32 and 16
+    assert triton_v10.tiles(136, 8, 48, 7168, 2048)["BM1"] == 32
+    assert triton_v11.tiles(5, 8, 48, 7168, 2048, slots=0) == triton_v10.tiles(1, 8, 48, 7168,
+                                                                               2048)
+
+
+def _ep_local_case(T, E, K, E_here, seed):
+    """A rank of EP on a replicated stream: ids over E experts, this rank holds the first
+    E_here of them; every other slot is -1 (some tokens have no slot here at all)."""
+    x, ids, w, ex = _v8_routing_case(**_v8_shape(T, E, 64, 32, K))
+    ex_here = type(ex)(*(t[:E_here] for t in ex))
+    here = torch.where(ids < E_here, ids, torch.full_like(ids, -1))
+    return x, here, w, ex_here
+
+
+@pytest.mark.parametrize("hint", ["exact", 0, "all"])
+def test_v11_hint_never_changes_the_result(hint):
+    # why: the hint moves tiles and K splits only; at the exact routed count, at 0 and at all
+    # T K slots the output is the reference's within tolerance, and -1 slots / unrouted SiLU
+    # positions (their g rows never written) leak nothing: no NaN anywhere
+    x, ids, w, ex = _ep_local_case(T=24, E=16, K=4, E_here=4, seed=24)
+    routed = int((ids >= 0).sum())
+    n = {"exact": routed, 0: 0, "all": ids.numel()}[hint]
+    fn = _variant("triton_v11")
+    out = fn(x, ids, w, ex, expected_slots=n)
+    ref = int4_moe(x, ids, w, ex, expected_slots=n)
+    assert not out.isnan().any() and 0 < routed < ids.numel()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert _bits_equal(fn(x, ids, w, ex), _variant("triton_v10")(x, ids, w, ex))
+
+
+_BAD_HINTS = [-1, 13, 2.5, True, "4"]
+
+
+@pytest.mark.parametrize("bad", _BAD_HINTS)
+def test_reference_rejects_bad_expected_slots(bad):
+    test_expected_slots_rejected(None, bad)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("bad", _BAD_HINTS)
+def test_expected_slots_rejected(version, bad):
+    # why: every version (and the reference: version None) takes the op's hint and names it
+    # when it is not None or an int in [0, T K] (here T K = 12), before any kernel runs
+    fn = int4_moe if version is None else _variant(version)
+    ex = _experts(6, 64, 32, seed=0)
+    ids, w = _routing(4, 6, 3, seed=0)
+    with pytest.raises(ValueError, match=r"expected_slots: expected None or an int in \[0, "
+                                         r"T\*K = 12\], got"):
+        fn(torch.randn(4, 64).bfloat16(), ids, w, ex, expected_slots=bad)
+
+
+@pytest.mark.gpu
+def test_v11_ep_local_rank_gpu(real_experts):
+    # Kimi shapes on the H200, one EP8 rank on the replicated stream (48 of 384 experts, T 136
+    # = C 8 x DDTree-16): hinted v11 against the reference; unhinted v11 == v10 bit for bit
+    from workbench.kernels.int4_moe import triton_v10, triton_v11
+
+    ex, cfg = real_experts
+    ex_here = type(ex)(*(t[:48] for t in ex))
+    for T in (17, 136):
+        x, ids, w = _real_inputs(cfg, T, 600 + T, 0.0)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        n = -(-T * cfg.n_experts_per_tok * 48 // cfg.n_routed_experts)
+        out = triton_v11.int4_moe_triton(x, here, w, ex_here, expected_slots=n)
+        ref = int4_moe(x, here, w, ex_here)
+        assert not out.isnan().any()
+        assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), T
+        assert _bits_equal(triton_v11.int4_moe_triton(x, here, w, ex_here),
+                           triton_v10.int4_moe_triton(x, here, w, ex_here)), T
 
 
 # ---------------------------------------------------------------- v6: batch invariance

@@ -20,6 +20,8 @@ Versions (README.md has the design and the version log), each with the contract 
                above one block of tokens: no more ~4 µs per 8 tokens in one program; v8's bits
     triton_v10 v9 with a 32-slot gate/up tile where experts average > 16 slots (T > 768 at
                Kimi shapes: the large verify batches); v9's tiles and bits below
+    triton_v11 v10 sized for the op's `expected_slots` hint (EP on a replicated stream: most
+               slots -1), the SiLU skipping unrouted positions; v10's tiles and bits unhinted
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -34,7 +36,7 @@ BEST = "triton_v10"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 11)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 12)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -69,6 +71,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v10"): "v9 with the gate/up slot tile at 32 (wgmma m64n32) where "
     "experts average more than 16 slots (S > 16 E): half the slot chunks re-reading each "
     "weight slice at large verify batches; v9's tiles (and bits) below",
+    ("int4_moe", "triton_v11"): "v10 with tiles sized for the op's expected_slots hint (EP on "
+    "the replicated stream: each rank passes T x K slots, ~7/8 of them -1) and a SiLU launch "
+    "whose programs past the routed positions exit before loading; v10's tiles and bits "
+    "without the hint",
 }
 
 

@@ -25,6 +25,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from workbench.reference.int4_moe import check_expected_slots
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GROUP = 32  # INT4 scale group along the reduction dim
 PACK = 8  # int4 values per int32 word
@@ -47,9 +49,11 @@ def block_k(k: int, cap: int = 128) -> int:
     return b
 
 
-def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate) -> None:
+def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
+                 expected_slots: int | None = None) -> None:
     """Shape / dtype / device / stride checks (no values read), then, when `validate` says so,
-    the content checks: ids in [0, E) and no expert twice in a token's row.
+    the content checks: ids in [0, E) and no expert twice in a token's row. `expected_slots`:
+    the op's tile-sizing hint (reference/int4_moe.py), None or an int in [0, T K].
 
     validate=None (default): content checks on CPU tensors only, where reading values costs no
     device sync. On CUDA they would cost a sync (and break CUDA-graph capture), so there the
@@ -70,6 +74,7 @@ def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, val
              tuple(topk_weights.shape))
     _require(topk_weights.dtype.is_floating_point, "topk_weights", "a floating dtype",
              topk_weights.dtype)
+    check_expected_slots(expected_slots, T, K)
     E, I = gp.shape[0], gp.shape[1]
     expect = {"gate_packed": (gp, (E, I, D // PACK), torch.int32),
               "gate_scale": (gs, (E, I, D // GROUP), torch.bfloat16),

@@ -166,12 +166,13 @@ def repack(experts):
 
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
-                    validate: bool | None = None, cfg: dict | None = None) -> Tensor:
+                    validate: bool | None = None, cfg: dict | None = None,
+                    expected_slots: int | None = None) -> Tensor:
     """x [T, D] bf16, topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
     (Int4Experts, checkpoint layout) -> [T, D] bf16; the contract of
     `workbench.reference.int4_moe.int4_moe`. The experts are repacked once (cached).
     cfg: tile overrides (keys of `tiles`), for sweeps."""
-    check_inputs(x, topk_ids, topk_weights, experts, validate)
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
     T, D = x.shape
     K = topk_ids.shape[1]
     E, I = experts.gate_packed.shape[:2]

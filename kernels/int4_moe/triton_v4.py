@@ -176,12 +176,13 @@ def tiles(T: int, K: int, E: int, D: int, I: int) -> dict:
 
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
-                    validate: bool | None = None, cfg: dict | None = None) -> Tensor:
+                    validate: bool | None = None, cfg: dict | None = None,
+                    expected_slots: int | None = None) -> Tensor:
     """x [T, D] bf16, topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
     (Int4Experts, checkpoint layout, used as is) -> [T, D] bf16; the contract of
     `workbench.reference.int4_moe.int4_moe`; `validate` see `_common.check_inputs`.
     cfg: tile overrides (keys of `tiles`; KSn with TPSn), for sweeps."""
-    check_inputs(x, topk_ids, topk_weights, experts, validate)
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
     K = topk_ids.shape[1]

@@ -173,7 +173,7 @@ def _grid_k(IN: int, ch: int, split: bool) -> tuple[int, int]:
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                     validate: bool | None = None, cfg: dict | None = None,
-                    buffers: dict | None = None) -> Tensor:
+                    buffers: dict | None = None, expected_slots: int | None = None) -> Tensor:
     """x [T, D] bf16, topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
     (Int4Experts, checkpoint layout, used as is) -> [T, D] bf16; the contract of
     `workbench.reference.int4_moe.int4_moe`; `validate` see `_common.check_inputs`.
@@ -181,7 +181,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     SPLITn and stages / warps / maxnreg do not). buffers: a dict that receives the fp32
     intermediates g [KS1, S, 2I] (expert-sorted positions), y [KS2, S, D] (slot order) and
     the routing, for tests."""
-    check_inputs(x, topk_ids, topk_weights, experts, validate)
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
     K = topk_ids.shape[1]

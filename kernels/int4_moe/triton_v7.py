@@ -187,12 +187,14 @@ def descriptors(packed: tuple, scales: tuple, BN: int) -> tuple[list, list, bool
 
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
-                    validate: bool | None = None, cfg: dict | None = None) -> Tensor:
+                    validate: bool | None = None, cfg: dict | None = None,
+                    expected_slots: int | None = None) -> Tensor:
     """x [T, D] bf16, topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
     (Int4Experts, checkpoint layout, used as is; weight words 16-byte aligned) -> [T, D] bf16;
     the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
     `_common.check_inputs`. cfg: tile overrides (keys of `tiles`; KSn with TPSn), for sweeps."""
-    return launch(x, topk_ids, topk_weights, experts, validate, cfg, tiles, down_select=False)
+    return launch(x, topk_ids, topk_weights, experts, validate, cfg, tiles, down_select=False,
+                  expected_slots=expected_slots)
 
 
 def route_one_program(topk_ids: Tensor, E: int, c: dict):
@@ -201,12 +203,16 @@ def route_one_program(topk_ids: Tensor, E: int, c: dict):
 
 
 def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
-           tiles_of, down_select: bool, router=route_one_program) -> Tensor:
+           tiles_of, down_select: bool, router=route_one_program, expected_slots=None,
+           silu=None) -> Tensor:
     """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around
     `_gemm_kernel` with the knobs tiles_of(T, K, E, D, I) (| cfg); down_select: compile the
     gate/up select into the down launch too (v8; never taken there, see `_gemm_kernel`);
-    router(topk_ids, E, knobs) -> Routing (v9 picks one by T)."""
-    check_inputs(x, topk_ids, topk_weights, experts, validate)
+    router(topk_ids, E, knobs) -> Routing (v9 picks one by T); expected_slots: the op's hint,
+    checked here (v11 folds it into its tiles_of; v7-v10 size for all T K slots);
+    silu(g, h, r, c): the SiLU launch (v11's skips unrouted positions; default v5's kernel
+    over all S positions)."""
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
     K = topk_ids.shape[1]
@@ -237,8 +243,11 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
         g, g.stride(0), g.stride(1), I, nt1, D, c["TPS1"], BM=c["BM1"], NH=1,
         TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common)
     h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
-    _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"], INTERPRET=INTERPRET,
-                                num_warps=2)
+    if silu is None:
+        _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"],
+                                    INTERPRET=INTERPRET, num_warps=2)
+    else:
+        silu(g, h, r, c)
     y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
     nt2 = triton.cdiv(D, c["BN"])
     _gemm_kernel[(nt2, r.max_active, c["KS2"])](

@@ -38,14 +38,15 @@ def _router(topk_ids: Tensor, E: int, c: dict):
 
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
-                    validate: bool | None = None, cfg: dict | None = None) -> Tensor:
+                    validate: bool | None = None, cfg: dict | None = None,
+                    expected_slots: int | None = None) -> Tensor:
     """x [T, D] bf16, topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
     (Int4Experts, checkpoint layout, used as is; weight words 16-byte aligned) -> [T, D] bf16;
     the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
     `_common.check_inputs`. cfg: tile overrides (keys of `tiles`; ROUTE1=0 routes every T
     with the per-block programs), for sweeps and tests."""
     return launch(x, topk_ids, topk_weights, experts, validate, cfg, tiles, down_select=True,
-                  router=_router)
+                  router=_router, expected_slots=expected_slots)
 
 
 def _main(argv=None) -> int:

@@ -153,11 +153,14 @@ def moe_ep_local(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: I
     """h [T, D] (replicated), ids/w [T, K] -> this rank's partial [T, D] in op_dtype(): its
     group's experts (its width slice of them) on the slots that name them, weighted and summed
     in slot order by the int4_moe op; other slots pass id -1 and add nothing. The caller
-    all-reduces: the groups' partials (and the width slices') sum to the routed output."""
+    all-reduces: the groups' partials (and the width slices') sum to the routed output.
+    The op is told how many slots to expect here (T K / ep under balanced routing): sized for
+    all T K slots its tiles would pad ~3 routed slots an expert to 32 (session 10)."""
     E_loc = experts.num_experts
     local = ids - lay.group * E_loc
     here = torch.where((local >= 0) & (local < E_loc), local, torch.full_like(local, -1))
-    return ops.get("int4_moe")(h.to(op_dtype()), here, w, experts)
+    expect = -(-ids.numel() // lay.ep)
+    return ops.get("int4_moe")(h.to(op_dtype()), here, w, experts, expected_slots=expect)
 
 
 def moe_ep(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
