@@ -473,11 +473,38 @@ def test_emulation_ep8_local_dispatch_has_no_all_to_all():
                 repeats=1, progress=None, ep_dispatch="deepep")
 
 
+def test_local_dispatch_is_the_default_and_tells_int4_moe_what_to_expect(monkeypatch):
+    """Session 10 measured "local" faster at C 1 / 8 / 32 (it is the default now) once the op
+    sizes its tiles for ~T K / ep routed slots instead of all T K: moe_ep_local passes that."""
+    import inspect
+
+    from workbench.dist import moe
+    from workbench.dist.emulate import emulate
+    from workbench.ops.cases import _experts, _Rand
+    from workbench.reference.int4_moe import int4_moe
+
+    assert moe.ep_dispatch_mode() == "local"
+    assert inspect.signature(emulate).parameters["ep_dispatch"].default == "local"
+    seen = {}
+
+    def recording(x, ids, w, ex, **kw):
+        seen.update(kw, routed=int((ids >= 0).sum()))
+        return int4_moe(x, ids, w, ex, **kw)
+
+    monkeypatch.setattr(moe.ops, "get", lambda name: recording)
+    lay = Layout.make(8, rank=3, ep=8)
+    ex = _experts(_Rand(0, "cpu"), 4, 64, 32)  # this rank's 4 of 32 experts
+    ids = torch.stack([torch.randperm(32)[:4] for _ in range(5)])  # T 5, K 4
+    out = moe.moe_ep_local(torch.randn(5, 64).bfloat16(), ids, torch.rand(5, 4), ex, lay)
+    assert out.shape == (5, 64) and seen["expected_slots"] == -(-5 * 4 // 8)
+    assert seen["routed"] == int(((ids >= 12) & (ids < 16)).sum())
+
+
 def test_emulation_projects_tp8_and_ep8_over_both_links():
     from workbench.dist.emulate import emulate
 
     rows = emulate("tiny-dist", ("tp8", "ep8"), batches=(1, 4), budgets=(None, 8), tau=2.5,
-                   ctx=32, device="cpu", repeats=1, progress=None)
+                   ctx=32, device="cpu", repeats=1, progress=None, ep_dispatch="all_to_all")
     assert len(rows) == 2 * 2 * 2 * 2  # layouts x C x modes x links
     by = {(r["layout"], r["C"], r["mode"], r["link"]): r for r in rows}
     moe_layers = CFG.num_layers - CFG.first_k_dense

@@ -1,6 +1,6 @@
 """int4_moe triton_v11: v10 with its tiles sized for the slots the caller expects to be routed
-here (the op's `expected_slots` hint), and a SiLU launch whose programs past the routed
-positions exit before any load.
+here (the op's `expected_slots` hint), and a SiLU launch over the routed positions only
+(grid-strided from a grid sized by the hint).
 
 Why (H200, session 10, `python -m workbench.dist.emulate ... --ep-dispatch local`, C 8 x
 DDTree-16): with EP on the replicated stream each rank passes all T = 136 tokens x K = 8 slots
@@ -13,8 +13,9 @@ ceil(expected_slots / K) tokens; without the hint they are v10's (and so are the
 
 The hint never changes what is computed, only the partition (tiles and K splits): outputs
 are within the harness tolerance of the reference at any hint, and equal v10's without it.
-The SiLU's early exit reads the routed count from the routing metadata on the device (the
-last active expert's start + count): no host sync, graph-capturable.
+The SiLU reads the routed count from the routing metadata on the device (the last active
+expert's start + count): no host sync, graph-capturable; its grid (one program row a position
+expected, all S without a hint) strides over however many were routed.
 
 Dimension legend: v5's (S = T K slots, E experts, I FFN width, Ip = I padded to KT).
 """
@@ -48,17 +49,18 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 @triton.jit
 def _silu_routed_kernel(g_ptr, s_gk, I, Ip, h_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr,
                         KS: tl.constexpr, INTERPRET: tl.constexpr):
-    """v5's `_silu_kernel` (h = SiLU(sum_ks gate) * sum_ks up, bf16 hi + lo) for a position
-    below the routed count; programs past it exit (their g rows were never written)."""
-    pos = tl.program_id(0)
+    """v5's `_silu_kernel` (h = SiLU(sum_ks gate) * sum_ks up, bf16 hi + lo) over the routed
+    positions only, grid-strided: program p takes positions p, p + P, ... below the routed
+    count (read on the device), so a grid sized by the hint covers any count, and positions
+    past it (g rows never written) are never read."""
     n = tl.load(n_act_ptr)
     last = tl.maximum(n - 1, 0)
     routed = tl.where(n > 0, tl.load(act_start_ptr + last) + tl.load(act_cnt_ptr + last), 0)
-    if pos < routed:
-        p64 = pos.to(tl.int64)
-        o = tl.program_id(1) * _KT + tl.arange(0, _KT)
-        src = _src(o)
-        m = src < I
+    o = tl.program_id(1) * _KT + tl.arange(0, _KT)
+    src = _src(o)
+    m = src < I
+    for pos in tl.range(tl.program_id(0), routed, tl.num_programs(0)):
+        p64 = tl.cast(pos, tl.int64)  # (the interpreter hands range values as Python ints)
         g = tl.zeros([_KT], tl.float32)
         u = tl.zeros([_KT], tl.float32)
         for ks in tl.static_range(KS):
@@ -71,10 +73,12 @@ def _silu_routed_kernel(g_ptr, s_gk, I, Ip, h_ptr, act_start_ptr, act_cnt_ptr, n
         tl.store(h_ptr + p64 * (2 * Ip) + Ip + o, lo.to(tl.bfloat16))
 
 
-def _silu(g: Tensor, h: Tensor, r, c: dict) -> None:
-    """g [KS1, S, 2I] fp32 -> h [S, 2, Ip] bf16 hi / lo at the routed positions."""
+def _silu(g: Tensor, h: Tensor, r, c: dict, slots: int | None) -> None:
+    """g [KS1, S, 2I] fp32 -> h [S, 2, Ip] bf16 hi / lo at the routed positions; one program
+    row a position expected (all S without a hint, as v10's grid)."""
     S, I, Ip = g.shape[1], g.shape[2] // 2, h.shape[2]
-    _silu_routed_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, r.act_start, r.act_cnt,
+    P = S if slots is None else max(1, min(S, slots))
+    _silu_routed_kernel[(P, Ip // KT)](g, g.stride(0), I, Ip, h, r.act_start, r.act_cnt,
                                        r.n_act, KS=c["KS1"], INTERPRET=INTERPRET, num_warps=2)
 
 
@@ -88,4 +92,5 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     cfg: tile overrides (keys of `tiles`), for sweeps and tests."""
     return launch(x, topk_ids, topk_weights, experts, validate, cfg,
                   functools.partial(tiles, slots=expected_slots), down_select=True,
-                  router=_router, expected_slots=expected_slots, silu=_silu)
+                  router=_router, expected_slots=expected_slots,
+                  silu=functools.partial(_silu, slots=expected_slots))

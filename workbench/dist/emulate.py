@@ -357,13 +357,13 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
-            ep_dispatch: str = "all_to_all"):
+            ep_dispatch: str = "local"):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
-    ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "all_to_all"
-    (DeepEP-style: two all-to-alls and a host sync a MoE layer) or "local" (the stream is
-    replicated after TP attention: each rank runs its experts on the slots that name them and
-    the partials join the shared expert's all-reduce).
+    ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
+    the stream is replicated after TP attention, each rank runs its experts on the slots that
+    name them and the partials join the shared expert's all-reduce) or "all_to_all"
+    (DeepEP-style: two all-to-alls and a host sync a MoE layer).
 
     kernels: an ops.use selection (e.g. {"int4_moe": "triton_v2"}). The emulated engine hands
     the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
@@ -416,7 +416,7 @@ def main(argv=None) -> int:
                    "layout, C, mode, kernel, calls, us), largest first")
     p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
                    "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
-    p.add_argument("--ep-dispatch", default="all_to_all", choices=EP_DISPATCH,
+    p.add_argument("--ep-dispatch", default="local", choices=EP_DISPATCH,
                    help="EP layouts: all-to-all dispatch / combine (DeepEP-style), or local "
                    "experts on the replicated stream + the shared expert's all-reduce")
     a = p.parse_args(argv)

@@ -72,8 +72,11 @@ def op_dtype() -> torch.dtype:
 #   "local"       the stream is replicated (attention is TP), so each rank runs its own experts
 #                 on the slots that name them (`moe_ep_local`, -1 elsewhere) and the ranks'
 #                 partials join the shared expert's all-reduce: no all-to-all, no host sync
+# The default is "local": the EP8 emulation of Kimi K2.6 measured it faster at C 1 / 8 / 32,
+# AR and DDTree-16, once int4_moe sizes its tiles for the slots expected here (session 10,
+# traces/gpu/session10/README.md: x floor 2.22 vs 2.47 at C 1, budget 16).
 EP_DISPATCH = ("all_to_all", "local")
-_EP_DISPATCH = ["all_to_all"]
+_EP_DISPATCH = ["local"]
 
 
 @contextmanager
