@@ -46,9 +46,18 @@ launch; more rows (compute-shaped) or non-bf16/fp16 inputs take torch_bf16's cuB
 documented dispatch. `swiglu_mlp` triton_v2 is triton_v1 on it. Measured on the H200 (session 8,
 traces/gpu/session8/bench_linear.csv) it is NOT faster than cuBLAS at the decode widths (q_a |
 kv_a at 9 rows: 15.6 vs 12.5 µs of kernel time; elsewhere within ~10 %), so neither is in the
-engine preset. `linear_triton_v2` (session 9, not yet timed) splits K across programs in the
-same launch (the last slice of a column tile to finish sums the partials in slice order): the
-small decode projections are latency, and v1's programs walk up to 28 K steps each.
+engine preset. `linear_triton_v2` (session 9) splits K across programs in the same launch (the
+last slice of a column tile to finish sums the partials in slice order): the small decode
+projections are latency, and v1's programs walk up to 28 K steps each. Measured (session 10,
+traces/gpu/session10: `bench linear` call 1, `scripts/sweep_linear.py` call 2): it fixes v1's
+long-K cases (kv_a 7168->576 at 9 rows: 7.1 vs v1's 14.7 and cuBLAS's 8.3 µs of kernel time;
+gate_up/8 at 9 rows, best tiles: 5.6 vs cuBLAS 6.1) but loses on the wide outputs (o 8192->7168
+at 1-9 rows: 38-39 vs 32-33 µs; q_b 1536->12288: 18 vs 12). The sweep's best tiles per shape
+beat cuBLAS at 1-9 rows (up to 2.1 µs: qkv_a at 1 row 8.1 vs 10.3) and lose at 17-33 rows,
+the DDTree verify's row counts (qkv_a at 17: 10.8 vs 9.6): not in the engine preset. Its default tiles at 33-64
+rows asked for 256 KB of shared memory (BM = BN = 64, BK 256, 4 stages) and raised
+OutOfResources on the H200: v1 and v2 now fit their stages and K step to sm_90's 227 KB
+(`linear_triton_v1.fit_smem`).
 
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):
