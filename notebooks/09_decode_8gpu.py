@@ -266,3 +266,28 @@ if s8.exists() and s7.exists() and all(p.exists() for p in tables.values()):
 else:
     view = "traces/emulate_engine_session8.csv or the kernel tables not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 10: experts on the replicated stream (no all-to-all)
+# `traces/gpu/session10/call4/` (`traces/gpu/session10/README.md` has the commands): the same
+# rank with the two EP dispatches, interleaved per batch in one call. "local": each rank runs its
+# own experts on every token's slots that name them (-1 elsewhere; int4_moe v11 told to expect
+# T K / 8 routed slots) and the routed partials join the shared expert's all-reduce. It is the
+# default dispatch since: lower x floor at every C and mode measured.
+
+# %%
+s10 = traces / "gpu/session10/call4"
+if s10.exists():
+    runs = pd.concat([pd.read_csv(p) for p in sorted(s10.glob("emulate_*_c*.csv"))])
+    runs = runs[runs.link == "NVLink4"]
+    x = runs.pivot_table(index=["C", "mode"], columns="ep_dispatch", values="x_floor")
+    assert (x["local"] < x["all_to_all"]).all()
+    ax = x.plot.bar(figsize=(8, 4), rot=0)
+    ax.axhline(1.3, color="k", lw=0.8, ls="--", label="bar (C 1, budget 16)")
+    ax.set_ylabel("(kernels + comm) / floor")
+    ax.legend(fontsize=8)
+    view = runs.pivot_table(index=["C", "mode"], columns="ep_dispatch",
+                            values=["kernel_ms", "comm_ms", "kernel_tokens_per_s"]).round(2)
+else:
+    view = "traces/gpu/session10/call4 not in this checkout"
+view
