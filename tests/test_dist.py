@@ -578,3 +578,21 @@ def test_kernel_classes_group_a_kernel_table():
     assert g.cls.tolist() == ["int4 MoE GEMMs", "our small kernels",
                               "torch glue (copies, casts, cats, gathers, fills, sorts)"]
     assert g.ms.tolist() == [0.15, 0.006, 0.0015] and g.calls.tolist() == [4, 3, 1]
+
+
+def test_local_expert_ids_table_equals_the_arithmetic():
+    """The cached gather table maps every global id as the arithmetic form does (this group's
+    experts to 0..E_loc-1, every other id to -1), per group, dtype and shape."""
+    from workbench.dist.moe import _LOCAL_IDS, local_expert_ids
+
+    E_loc, ep = 6, 4
+    ids = torch.randint(0, E_loc * ep, (7, 5))
+    for group in range(ep):
+        for dt in (torch.int64, torch.int32):
+            x = ids.to(dt)
+            want = torch.where((x >= group * E_loc) & (x < (group + 1) * E_loc),
+                               x - group * E_loc, torch.full_like(x, -1))
+            got = local_expert_ids(x, group, E_loc, ep)
+            assert got.dtype == dt and torch.equal(got, want)
+            assert torch.equal(local_expert_ids(x, group, E_loc, ep), want)  # cached path
+    assert (torch.device("cpu"), torch.int32, 3, E_loc, ep) in _LOCAL_IDS
