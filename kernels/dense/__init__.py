@@ -54,10 +54,10 @@ long-K cases (kv_a 7168->576 at 9 rows: 7.1 vs v1's 14.7 and cuBLAS's 8.3 µs of
 gate_up/8 at 9 rows, best tiles: 5.6 vs cuBLAS 6.1) but loses on the wide outputs (o 8192->7168
 at 1-9 rows: 38-39 vs 32-33 µs; q_b 1536->12288: 18 vs 12). The sweep's best tiles per shape
 beat cuBLAS at 1-9 rows (up to 2.1 µs: qkv_a at 1 row 8.1 vs 10.3) and lose at 17-33 rows,
-the DDTree verify's row counts (qkv_a at 17: 10.8 vs 9.6): not in the engine preset. Its default tiles at 33-64
-rows asked for 256 KB of shared memory (BM = BN = 64, BK 256, 4 stages) and raised
-OutOfResources on the H200: v1 and v2 now fit their stages and K step to sm_90's 227 KB
-(`linear_triton_v1.fit_smem`).
+the DDTree verify's row counts (qkv_a at 17: 10.8 vs 9.6): not in the engine preset. Its
+default tiles at 33-64 rows asked for 256 KB of shared memory (BM = BN = 64, BK 256, 4
+stages) and raised OutOfResources on the H200: v1 and v2 now fit their stages and K step to
+sm_90's 227 KB (`linear_triton_v1.fit_smem`).
 
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):

@@ -72,9 +72,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "experts average more than 16 slots (S > 16 E): half the slot chunks re-reading each "
     "weight slice at large verify batches; v9's tiles (and bits) below",
     ("int4_moe", "triton_v11"): "v10 with tiles sized for the op's expected_slots hint (EP on "
-    "the replicated stream: each rank passes T x K slots, ~7/8 of them -1) and a SiLU launch "
-    "whose programs past the routed positions exit before loading; v10's tiles and bits "
-    "without the hint",
+    "the replicated stream: each rank passes T x K slots, ~7/8 of them -1) and a SiLU over "
+    "the routed positions only (count read on the device, grid-strided from the hint's grid); "
+    "v10's tiles and bits without the hint",
 }
 
 
