@@ -7,10 +7,10 @@ j = 0..K-1 in slot order (deterministic). An id of -1 means "this slot's expert 
 (expert parallelism with a replicated residual stream: each rank passes the slots of its own
 experts and -1 elsewhere, and an all-reduce sums the ranks' partials); it adds nothing.
 
-`expected_slots` (keyword, optional) is how many of the T K slots the caller expects to name an
-expert here (EP on a replicated stream: about T K E_local / E). Kernels size their tiles for
-it instead of for all T K slots; it is a hint about the data, never a promise: results do not
-depend on it (the reference only checks it).
+`expected_slots` (keyword, optional; workbench/moe_slots.py) is how many of the T K slots the
+caller expects to name an expert here (EP on a replicated stream: about T K E_local / E).
+Kernels size their tiles for it instead of for all T K slots; it is a hint about the data,
+never a promise: results do not depend on it (the reference only checks it).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from workbench.moe_slots import check_expected_slots
 
 from .int4 import dequant_int4_g32
 from .layers import ACC
@@ -46,16 +48,6 @@ def expert_ffn(x: torch.Tensor, experts: Int4Experts, e: int) -> torch.Tensor:
     wd = dequant_int4_g32(experts.down_packed[e], experts.down_scale[e]).to(ACC)
     xf = x.to(ACC)
     return F.linear(F.silu(F.linear(xf, wg)) * F.linear(xf, wu), wd)
-
-
-def check_expected_slots(expected_slots, T: int, K: int) -> None:
-    """The op's hint: None, or an int in [0, T K]; a ValueError naming it otherwise."""
-    ok = expected_slots is None or (isinstance(expected_slots, int)
-                                    and not isinstance(expected_slots, bool)
-                                    and 0 <= expected_slots <= T * K)
-    if not ok:
-        raise ValueError(f"expected_slots: expected None or an int in [0, T*K = {T * K}], "
-                         f"got {expected_slots!r}")
 
 
 def int4_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from workbench.reference.int4_moe import check_expected_slots
+from workbench.moe_slots import check_expected_slots
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GROUP = 32  # INT4 scale group along the reduction dim
@@ -53,7 +53,7 @@ def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, val
                  expected_slots: int | None = None) -> None:
     """Shape / dtype / device / stride checks (no values read), then, when `validate` says so,
     the content checks: ids in [0, E) and no expert twice in a token's row. `expected_slots`:
-    the op's tile-sizing hint (reference/int4_moe.py), None or an int in [0, T K].
+    the op's tile-sizing hint (workbench/moe_slots.py), None or an int in [0, T K].
 
     validate=None (default): content checks on CPU tensors only, where reading values costs no
     device sync. On CUDA they would cost a sync (and break CUDA-graph capture), so there the
