@@ -18,7 +18,7 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
-            "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11")
+            "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -77,14 +77,15 @@ def test_edge_cases_match_reference(version):
     # the harness's EDGE cases except its duplicate-id case (rejected: test below)
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
-             "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,)}
+             "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
+             "triton_v12": (12,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
-                                     "triton_v9", "triton_v10", "triton_v11"])
+                                     "triton_v9", "triton_v10", "triton_v11", "triton_v12"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -474,6 +475,113 @@ def test_v11_ep_local_rank_gpu(real_experts):
         assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), T
         assert _bits_equal(triton_v11.int4_moe_triton(x, here, w, ex_here),
                            triton_v10.int4_moe_triton(x, here, w, ex_here)), T
+
+
+# ---------------------------------------------------------------- v12: the persistent split
+def _poisoned_buffers(monkeypatch):
+    """v7's launcher (which v12 runs) allocates its intermediates NaN-filled: a partial that
+    no program writes would reach the output."""
+    from workbench.kernels.int4_moe import triton_v7
+
+    class _NaNTorch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*args, **kwargs):
+            t = torch.empty(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(triton_v7, "torch", _NaNTorch())
+
+
+def test_v12_piece_bound():
+    # why: a run of L >= LMIN units meets at most PMAX programs per N tile, for every tile
+    # position and run length (brute force over the partition the kernel computes)
+    from workbench.kernels.int4_moe.triton_v12 import pieces
+
+    for ktn in range(1, 30):
+        for l_est in range(1, 40):
+            pmax, lmin = pieces(ktn, l_est)
+            assert 1 <= pmax <= 4
+            for L in range(lmin, lmin + 30):
+                for tile in range(40):
+                    first, last = tile * ktn // L, ((tile + 1) * ktn - 1) // L
+                    assert last - first + 1 <= pmax, (ktn, l_est, L, tile)
+
+
+@pytest.mark.parametrize("progs, cfg", [
+    (1, {}), (3, {}), (7, {}),
+    (64, dict(KS1=3, LMIN1=1, KS2=2, LMIN2=1)),  # KTN 3 / 2: one K tile a piece, PMAX pieces
+    (13, dict(KS1=4, LMIN1=1, KS2=3, LMIN2=1)),  # tiles of 1-3 pieces: zeros after the last
+])
+def test_v12_split_runs_match_reference(monkeypatch, progs, cfg):
+    # why: the units of both GEMMs cut into runs by the program count: whole tiles, tiles over
+    # 2-3 programs, runs crossing tile and expert boundaries, fewer pieces than PMAX (the
+    # last piece's zeros), an expert with more slots than BM (its run repeated per chunk);
+    # every intermediate NaN-filled first
+    from workbench.kernels.int4_moe import triton_v12
+
+    _poisoned_buffers(monkeypatch)
+    T, E, D, I, K = 20, 5, 768, 512, 2  # KTN 3 (gate/up), 2 (down); BN 128: NT 8, 6
+    ex = _experts(E, D, I, seed=progs)
+    ids, w = _routing(T, E, K, seed=progs)
+    ids[:, 0] = 1  # expert 1: all 20 tokens, two BM1 = 16 chunks
+    ids[:, 1] = torch.where(ids[:, 1] == 1, 3, ids[:, 1])
+    x = torch.randn(T, D).bfloat16()
+    out = triton_v12.int4_moe_triton(x, ids, w, ex, cfg=dict(PROGS1=progs, PROGS2=progs) | cfg)
+    ref = int4_moe(x, ids, w, ex)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_v12_hint_and_minus_one_slots(monkeypatch):
+    # why: EP on the replicated stream (most slots -1, fewer experts active than the hint
+    # expects: LMIN binds), the hint at the routed count; NaN-filled intermediates
+    from workbench.kernels.int4_moe import triton_v12
+
+    _poisoned_buffers(monkeypatch)
+    x, ids, w, ex = _ep_local_case(T=24, E=16, K=4, E_here=4)
+    routed = int((ids >= 0).sum())
+    for hint in (routed, None):
+        out = triton_v12.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+        ref = int4_moe(x, ids, w, ex)
+        assert not out.isnan().any()
+        assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_v12_tiles():
+    # why: v11's slot tiles; at Kimi's T = 1 gate/up 28 K tiles in runs of ~19 (3 pieces at
+    # most), down 8 in runs of ~10 (2); with the EP8 hint the same bound from the expected
+    # active experts; LMIN keeps the bound when fewer are routed
+    from workbench.kernels.int4_moe import triton_v11, triton_v12
+
+    c = triton_v12.tiles(1, 8, 384, 7168, 2048, sms=132)
+    assert (c["KS1"], c["KS2"], c["PROGS1"], c["PROGS2"]) == (3, 2, 396, 396)
+    assert {k: c[k] for k in ("BN", "BM1", "BM2")} == {
+        k: triton_v11.tiles(1, 8, 384, 7168, 2048)[k] for k in ("BN", "BM1", "BM2")}
+    h = triton_v12.tiles(17, 8, 48, 7168, 2048, slots=17, sms=132)
+    assert h["KS1"] == 2 and h["LMIN1"] == 27 and h["BM1"] == 16
+    big = triton_v12.tiles(512, 8, 384, 7168, 2048, sms=132)  # down BM2 16: 86 KB, 2 an SM
+    assert (big["BM2"], big["PROGS1"], big["PROGS2"]) == (16, 396, 264)
+
+
+@pytest.mark.gpu
+def test_v12_ep_local_rank_gpu(real_experts):
+    # v11's EP8-rank shapes (48 of 384 experts, T 17 / 136, -1 elsewhere) through v12's
+    # persistent split, hinted and not, against the reference; NaN nowhere
+    from workbench.kernels.int4_moe import triton_v12
+
+    ex, cfg = real_experts
+    ex_here = type(ex)(*(t[:48] for t in ex))
+    for T in (17, 136):
+        x, ids, w = _real_inputs(cfg, T, 700 + T, 0.0)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        ref = int4_moe(x, here, w, ex_here)
+        for n in (-(-T * cfg.n_experts_per_tok * 48 // cfg.n_routed_experts), None):
+            out = triton_v12.int4_moe_triton(x, here, w, ex_here, expected_slots=n)
+            assert not out.isnan().any()
+            assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), (T, n)
 
 
 # ---------------------------------------------------------------- v6: batch invariance
@@ -965,7 +1073,7 @@ def test_decode_token_exact_small_gpu():
     from workbench.replay import ReplayDrafter
 
     register()
-    target = workbench.build_model("small", seed=0).cuda()
+    target = workbench.build_model("small", seed=0, device="cuda")  # not CPU: ~30 GB of init
     prompts = [[5, 6, 7, 8, 9], [20, 21, 22]]
     ref = generate(target, prompts=prompts, max_new_tokens=8)
     ar = generate(target, prompts=prompts, max_new_tokens=8, kernels={"int4_moe": BEST})

@@ -22,6 +22,9 @@ Versions (README.md has the design and the version log), each with the contract 
                Kimi shapes: the large verify batches); v9's tiles and bits below
     triton_v11 v10 sized for the op's `expected_slots` hint (EP on a replicated stream: most
                slots -1), the SiLU skipping unrouted positions; v10's tiles and bits unhinted
+    triton_v12 v11's GEMMs on a persistent grid (one program per resident CTA), each taking an
+               equal run of the (expert, N tile, K tile) units: no part-full last wave, no
+               3-tile programs at decode sizes; a tile split over programs is split-K
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -36,7 +39,7 @@ BEST = "triton_v11"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 12)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 13)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -75,6 +78,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "the replicated stream: each rank passes T x K slots, ~7/8 of them -1) and a SiLU over "
     "the routed positions only (count read on the device, grid-strided from the hint's grid); "
     "v10's tiles and bits without the hint",
+    ("int4_moe", "triton_v12"): "v11 with both GEMMs on a persistent grid (SMs x 3 programs): "
+    "the (active expert, N tile, K tile) units read from the routing count on the device and "
+    "cut into equal runs, a run inside a tile stored as one of its K-split partials (zeros "
+    "after the last): equal weight bytes per CTA, no part-full last wave",
 }
 
 

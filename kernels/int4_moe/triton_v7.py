@@ -96,16 +96,34 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
                  K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
                  TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                  OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr):
-    """v5's program (N tile, active expert, K split); TWO: tiles >= NT1 take the second
-    projection (w2_desc, col += NOUT), else one projection only. v8 compiles the select in its
-    down launch too (descriptors passed twice, NT1 = its tile count: never taken): with the
-    select the descriptor addresses stay uniform registers; v7's down GEMM, without it, moves
-    them from per-thread registers (R2UR, IMAD) at every TMA issue (+16 SASS a tile)."""
+    """v5's program (N tile, active expert, K split): `expert_tile` over the split's K tiles."""
     a = tl.program_id(1)
     if a >= tl.load(n_act_ptr):  # idle program of the worst-case grid
         return
-    pid_n = tl.program_id(0)
     ks = tl.program_id(2)
+    kt0 = ks * TPS
+    kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))
+    expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
+                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
+                s_or, NOUT, NT1, IN, a, tl.program_id(0), kt0, kt1, ks, 0, K, BN, BM, NH, TWO,
+                S_TMA, BY_TOKEN, OUT_BY_SLOT, False, ABLATE, INTERPRET)
+
+
+@triton.jit
+def expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
+                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
+                s_or, NOUT, NT1, IN, a, pid_n, kt0, kt1, ks, zero_to,
+                K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
+                TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
+                OUT_BY_SLOT: tl.constexpr, ZERO: tl.constexpr, ABLATE: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """Active expert a's N tile pid_n over K tiles [kt0, kt1), every BM-slot chunk of its
+    slots, stored as partial ks of out; TWO: tiles >= NT1 take the second projection (w2_desc,
+    col += NOUT), else one projection only. v8 compiles the select in its down launch too
+    (descriptors passed twice, NT1 = its tile count: never taken): with the select the
+    descriptor addresses stay uniform registers; v7's down GEMM, without it, moves them from
+    per-thread registers (R2UR, IMAD) at every TMA issue (+16 SASS a tile). ZERO (v12): also
+    store zeros as partials ks + 1 .. zero_to - 1 of the same rows."""
     e = tl.load(act_e_ptr + a)
     start = tl.load(act_start_ptr + a)
     cnt = tl.load(act_cnt_ptr + a)
@@ -125,8 +143,6 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
     nm = n < NOUT
     s_row = wsc + e.to(tl.int64) * s_se + n[:, None].to(tl.int64) * s_sn  # unused if S_TMA
     words = IN // 8
-    kt0 = ks * TPS
-    kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))
     i = tl.arange(0, NH * BM)  # [R] MMA columns: slot i % BM, half i // BM
     for m0 in range(0, cnt, BM):
         r = m0 + i % BM
@@ -152,6 +168,9 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
         out = (out_ptr + ks * s_ok + orow[None, :].to(tl.int64) * s_or
                + (col0 + tl.arange(0, BN))[:, None])
         tl.store(out, acc, mask=rsm[None, :] & nm[:, None])
+        if ZERO:
+            for j in range(ks + 1, zero_to):
+                tl.store(out + (j - ks) * s_ok, tl.zeros_like(acc), mask=rsm[None, :] & nm[:, None])
 
 
 # ------------------------------------------------------------------------------------ launcher
@@ -202,16 +221,23 @@ def route_one_program(topk_ids: Tensor, E: int, c: dict):
     return route(topk_ids, E)
 
 
+def grid_gemm(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
+    """v7-v11's GEMM n (1 gate/up, 2 down): one `_gemm_kernel` program per (N tile of NT,
+    active expert of the worst case, K split of KSn), TPSn K tiles a split."""
+    _gemm_kernel[(NT, r.max_active, c[f"KS{n}"])](*args, c[f"TPS{n}"], **kw)
+
+
 def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
            tiles_of, down_select: bool, router=route_one_program, expected_slots=None,
-           silu=None) -> Tensor:
+           silu=None, gemm=grid_gemm) -> Tensor:
     """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around
     `_gemm_kernel` with the knobs tiles_of(T, K, E, D, I) (| cfg); down_select: compile the
     gate/up select into the down launch too (v8; never taken there, see `_gemm_kernel`);
     router(topk_ids, E, knobs) -> Routing (v9 picks one by T); expected_slots: the op's hint,
     checked here (v11 folds it into its tiles_of; v7-v10 size for all T K slots);
     silu(g, h, r, c): the SiLU launch (v11's skips unrouted positions; default v5's kernel
-    over all S positions)."""
+    over all S positions); gemm(n, c, r, NT, args, kw): the launch of GEMM n over NT N tiles,
+    its partials summed as c["KSn"] slices of g / y (v12's is persistent)."""
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
@@ -238,10 +264,9 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4)
     g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
     nt1 = triton.cdiv(I, c["BN"])
-    _gemm_kernel[(2 * nt1, r.max_active, c["KS1"])](
-        xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
-        g, g.stride(0), g.stride(1), I, nt1, D, c["TPS1"], BM=c["BM1"], NH=1,
-        TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common)
+    gemm(1, c, r, 2 * nt1, (xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
+                            g, g.stride(0), g.stride(1), I, nt1, D),
+         dict(BM=c["BM1"], NH=1, TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common))
     h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
     if silu is None:
         _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"],
@@ -250,10 +275,10 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
         silu(g, h, r, c)
     y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
     nt2 = triton.cdiv(D, c["BN"])
-    _gemm_kernel[(nt2, r.max_active, c["KS2"])](
-        h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
-        y, y.stride(0), y.stride(1), D, nt2, I, c["TPS2"], BM=c["BM2"], NH=2,
-        TWO=down_select, S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True, **common)
+    gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
+                        y, y.stride(0), y.stride(1), D, nt2, I),
+         dict(BM=c["BM2"], NH=2, TWO=down_select, S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True,
+              **common))
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](
