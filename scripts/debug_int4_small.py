@@ -1,6 +1,6 @@
 """Which int4_moe calls of the `small` loop's prefill does a kernel get wrong, and why?
 
-    python3 scripts/debug_int4_small.py [--versions triton_v8,triton_v11,triton_v12]
+    PYTHONPATH=. python3 scripts/debug_int4_small.py [--versions triton_v8,triton_v11,triton_v12]
 
 Session 11 (H200): tests/test_int4_moe_kernel.py::test_decode_token_exact_small_gpu diverged at
 request 1's first token (reference margin 2.43) with BEST = triton_v11, while the op's GPU tests
