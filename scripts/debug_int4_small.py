@@ -28,9 +28,19 @@ def main() -> int:
     p.add_argument("--versions", default="triton_v8,triton_v9,triton_v10,triton_v11,triton_v12")
     p.add_argument("--preset", default="small")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--loops", action="store_true",
+                   help="also the test's whole loops (8 new tokens): the reference twice, each "
+                        "version twice; prints the tokens and the first-row logits' gaps")
     a = p.parse_args()
     register()
     target = workbench.build_model(a.preset, seed=0, device=a.device)
+    prompts = [[5, 6, 7, 8, 9], [20, 21, 22]]
+    if a.loops:
+        runs = [("reference", None)] * 2 + [(v, {"int4_moe": v}) for v in
+                                            a.versions.split(",") for _ in range(2)]
+        for name, kernels in runs:
+            res = generate(target, prompts=prompts, max_new_tokens=8, kernels=kernels)
+            print(f"loop {name:<11} {res.tokens}", flush=True)
     calls = []
 
     def wrap(name, fn):
@@ -43,7 +53,7 @@ def main() -> int:
         return rec
 
     with registry.wrapping(wrap):
-        generate(target, prompts=[[5, 6, 7, 8, 9], [20, 21, 22]], max_new_tokens=1)
+        generate(target, prompts=prompts, max_new_tokens=1)
     for layer, (x, ids, w, ex) in enumerate(calls):
         ref = int4_moe(x, ids, w, ex).float()
         band = 2e-2 * ref.abs() + 2e-2 * ref.pow(2).mean().sqrt()
