@@ -892,11 +892,24 @@ def test_registered():
 # ---------------------------------------------------------------- the decode loop (tiny)
 
 
-def _assert_tokens(target, prompts, ref_tokens, got_tokens):
-    from workbench.dist.check import check_tokens, reference_margins
+def _assert_tokens(target, prompts, ref_tokens, got_tokens, drafter=None, budget=None):
+    """The exact suite's rule (tests/test_exact_gpu.py): a divergence passes on a reference
+    tie, or where the routing trace of the two REAL loops (the reference AR loop; the loop
+    with int4_moe = BEST, DDTree when budget is set) explains it by a router or argmax
+    near-tie reached through rounding-level differences and reproduces it. The real batch
+    matters: a request's rows share int4_moe's launch (its K splits follow T) with the other
+    requests' and the padding rows of prefill, which a one-request replay would not."""
+    from workbench.dist.check import check_explained, explain_in_real_loops, reference_margins
 
-    if got_tokens != ref_tokens:  # only a reference tie may differ (DESIGN.md §7)
-        check_tokens(ref_tokens, got_tokens, reference_margins(target, prompts, ref_tokens))
+    if got_tokens == ref_tokens:
+        return
+    margins = reference_margins(target, prompts, ref_tokens)
+    reports = explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, [], budget,
+                                    {"int4_moe": BEST}, len(ref_tokens[0]), margins=margins,
+                                    kernels_a=None)
+    for _, line in reports:
+        print(line)
+    check_explained(ref_tokens, got_tokens, margins, reports)
 
 
 def test_decode_token_exact_with_kernel(tiny_target):
@@ -912,7 +925,7 @@ def test_decode_token_exact_with_kernel(tiny_target):
     drafter = ReplayDrafter(tiny_target.cfg, seqs, hit_prob=0.9, seed=0)
     dd = generate(tiny_target, drafter, prompts, max_new_tokens=4, budget=4,
                   kernels={"int4_moe": BEST})
-    _assert_tokens(tiny_target, prompts, ref.tokens, dd.tokens)
+    _assert_tokens(tiny_target, prompts, ref.tokens, dd.tokens, drafter, budget=4)
     assert max(dd.accepted) >= 2  # multi-token paths: verify rows share the MoE launch
 
 
@@ -1079,6 +1092,7 @@ def test_decode_token_exact_small_gpu():
     ar = generate(target, prompts=prompts, max_new_tokens=8, kernels={"int4_moe": BEST})
     _assert_tokens(target, prompts, ref.tokens, ar.tokens)
     seqs = [p + t for p, t in zip(prompts, ref.tokens)]
-    dd = generate(target, ReplayDrafter(target.cfg, seqs, hit_prob=0.9, seed=0), prompts,
-                  max_new_tokens=8, budget=8, kernels={"int4_moe": BEST})
-    _assert_tokens(target, prompts, ref.tokens, dd.tokens)
+    drafter = ReplayDrafter(target.cfg, seqs, hit_prob=0.9, seed=0)
+    dd = generate(target, drafter, prompts, max_new_tokens=8, budget=8,
+                  kernels={"int4_moe": BEST})
+    _assert_tokens(target, prompts, ref.tokens, dd.tokens, drafter, budget=8)

@@ -195,6 +195,40 @@ def test_traces_that_differ_before_the_row_are_refused():
         compare_traces(a, b)
 
 
+def test_kernel_loop_against_the_reference_loop(setup):
+    """kernels_a: run A is the reference AR loop, run B the AR loop with one op on a kernel
+    (int4_moe's test_decode_token_exact_small_gpu witness); on tiny the two loops agree."""
+    from workbench import ops
+    from workbench.kernels.int4_moe import BEST, register
+
+    register()
+    target, prompts, seqs = setup
+    seen = []  # the int4_moe variant each MoE call ran (an outer wrapper sees every call)
+
+    def spy(name, fn):
+        if name == "int4_moe":
+            seen.append(ops.selected(name))
+        return fn
+
+    with registry.wrapping(spy):
+        ref, got = trace_pair(target, None, prompts, 1, 2, 3, None,
+                              kernels={"int4_moe": BEST}, kernels_a=None)
+    n = len(seen) // 2
+    assert seen == ["reference"] * n + [BEST] * n and n > 0
+    assert ref.seq == seqs[1][: len(ref.seq)]  # the reference loop's own tokens
+    rep, _, line = compare_traces(ref, got, target)
+    assert rep["explained"] is None and line.startswith("NO DIVERGENCE")
+
+
+def test_replay_drafter_restarts_its_draws_every_loop(setup):
+    """A routing trace re-runs a divergent DDTree loop with the same ReplayDrafter: the loop
+    must see the same trees (so the same verify batches) as the run it explains."""
+    target, prompts, _ = setup
+    d = _drafter(setup)
+    runs = [generate(target, d, prompts, max_new_tokens=NEW, budget=BUDGET) for _ in range(2)]
+    assert runs[0].accepted == runs[1].accepted and max(runs[0].accepted) >= 2
+
+
 # -- bad input ---------------------------------------------------------------------------------
 def test_bad_request_and_position_name_argument_expected_and_got(setup):
     target, prompts, _ = setup

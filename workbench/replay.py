@@ -36,10 +36,14 @@ class ReplayDrafter:
         self.sequences = [list(s) for s in sequences]
         self.hit_prob = hit_prob
         self.rank_weights = torch.tensor(rank_weights, dtype=torch.float64)
+        self.seed = seed
         self.g = torch.Generator().manual_seed(seed)
 
     # the decode loop's drafter interface -----------------------------------------------
     def new_cache(self, batch: int, max_len: int):
+        """Called once per loop: the draws restart from `seed`, so a loop run twice (a routing
+        trace replaying a divergent run: workbench.route_trace) drafts the same trees."""
+        self.g.manual_seed(self.seed)
         return None
 
     def materialize(self, cache, target_hidden, positions, count) -> None:

@@ -268,15 +268,20 @@ def trace_run(target, drafter, prompts, request: int, position: int, max_new_tok
     return build_trace(rec, res, list(prompts[request]), position)
 
 
+_SAME = object()
+
+
 def trace_pair(target, drafter, prompts, request: int, position: int, max_new_tokens: int,
-               budget: int, kernels=None, progress: bool = False, stop_tokens=None
-               ) -> tuple[RouteTrace, RouteTrace]:
-    """(AR trace, DDTree trace) of the same request and position under the same kernels."""
+               budget: int | None, kernels=None, progress: bool = False, stop_tokens=None,
+               kernels_a=_SAME) -> tuple[RouteTrace, RouteTrace]:
+    """(AR trace, DDTree trace) of the same request and position under the same kernels; with
+    kernels_a, run A is AR under kernels_a (None: the reference ops) and run B runs under
+    `kernels`, AR when budget is None (an op's kernel loop against the reference loop)."""
     _check_request(request, position, prompts, max_new_tokens)  # before either loop runs
-    if budget is None:
+    if budget is None and kernels_a is _SAME:
         raise ValueError("budget: expected a DDTree budget for the DDTree run, got None")
-    ar = trace_run(target, None, prompts, request, position, max_new_tokens, None, kernels,
-                   progress, stop_tokens)
+    ar = trace_run(target, None, prompts, request, position, max_new_tokens, None,
+                   kernels if kernels_a is _SAME else kernels_a, progress, stop_tokens)
     dd = trace_run(target, drafter, prompts, request, position, max_new_tokens, budget,
                    kernels, progress, stop_tokens)
     return ar, dd
