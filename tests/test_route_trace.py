@@ -216,8 +216,9 @@ def test_kernel_loop_against_the_reference_loop(setup):
     n = len(seen) // 2
     assert seen == ["reference"] * n + [BEST] * n and n > 0
     assert ref.seq == seqs[1][: len(ref.seq)]  # the reference loop's own tokens
-    rep, _, line = compare_traces(ref, got, target)
+    rep, _, line = compare_traces(ref, got, target, names=("reference", "kernel"))
     assert rep["explained"] is None and line.startswith("NO DIVERGENCE")
+    assert "real loops emit reference" in line and " vs kernel " in line
 
 
 def test_replay_drafter_restarts_its_draws_every_loop(setup):

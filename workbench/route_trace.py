@@ -331,7 +331,8 @@ def layer_table(a: RouteTrace, b: RouteTrace) -> pd.DataFrame:
 
 
 def compare_traces(a: RouteTrace, b: RouteTrace, target=None, near_tie: float = NEAR_TIE_REL,
-                   rounding: float = ROUNDING_REL) -> tuple[dict, pd.DataFrame, str]:
+                   rounding: float = ROUNDING_REL, names=("AR", "DDTree")
+                   ) -> tuple[dict, pd.DataFrame, str]:
     """AR trace `a` vs DDTree trace `b` of one (request, position): (report, table, verdict).
 
     report: first_discrete_divergence's keys where they apply (layer, flips with the same
@@ -339,7 +340,8 @@ def compare_traces(a: RouteTrace, b: RouteTrace, target=None, near_tie: float = 
     the loops' argmax differ at the row) + explained. target (optional): the model, for
     router_margin_b (AR's K/K+1 pair's gap on DDTree's input; NaN without it).
     The rule is explain_divergence's (check.py); traces that already differ in tokens before
-    the row cannot be compared row by row: ValueError."""
+    the row cannot be compared row by row: ValueError. names: the two loops in the verdict
+    line (("reference", "kernel") for trace_pair's kernels_a runs)."""
     if (a.request, a.position, a.prompt_len) != (b.request, b.position, b.prompt_len):
         raise ValueError(f"traces: expected the same (request, position, prompt_len), got "
                          f"{(a.request, a.position, a.prompt_len)} and "
@@ -379,16 +381,18 @@ def compare_traces(a: RouteTrace, b: RouteTrace, target=None, near_tie: float = 
                 "router_ok_a": set(a.ref_ids[i][r].tolist()) == set(ra[r]),
                 "router_ok_b": set(b.ref_ids[i][r].tolist()) == set(rb[r]),
                 "router_margin_rel_b": float(b.margin_rel[i][r])})
-    return d, table, _verdict(d, near_tie, rounding)
+    return d, table, _verdict(d, near_tie, rounding, names)
 
 
-def _verdict(d: dict, near_tie: float, rounding: float) -> str:
-    """check.explanation's rule and line for the real loops (AR = a, DDTree = b); d["explained"]
-    is None when the row's argmax and every expert set agree (nothing to explain there)."""
+def _verdict(d: dict, near_tie: float, rounding: float, names=("AR", "DDTree")) -> str:
+    """check.explanation's rule and line for the real loops (a = names[0], b = names[1]);
+    d["explained"] is None when the row's argmax and every expert set agree (nothing to
+    explain there)."""
+    na, nb = names
     head = (f"request {d['request']} position {d['position']} (row {d['row']}, prompt "
-            f"{d['prompt_len']}): real loops emit AR {d['argmax_a']} vs DDTree {d['argmax_b']} "
-            f"({'differ' if d['reproduced'] else 'same'}); logit top-2 margin AR "
-            f"{d['logit_margin']:.4g}, DDTree {d['logit_margin_b']:.4g}; final-norm input rel "
+            f"{d['prompt_len']}): real loops emit {na} {d['argmax_a']} vs {nb} {d['argmax_b']} "
+            f"({'differ' if d['reproduced'] else 'same'}); logit top-2 margin {na} "
+            f"{d['logit_margin']:.4g}, {nb} {d['logit_margin_b']:.4g}; final-norm input rel "
             f"{d['final_rel']:.3g}")
     if not d["flips"] and not d["reproduced"]:  # same token, same experts
         d["explained"] = None

@@ -458,7 +458,9 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
         try:
             a_tr, b_tr = trace_pair(target, drafter, prompts, b, n, max_new_tokens, budget,
                                     kernels=kernels, **kernels_a)
-            rep, _table, line = compare_traces(a_tr, b_tr, target)
+            rep, _table, line = compare_traces(
+                a_tr, b_tr, target, names=("reference", "kernel") if kernels_a else
+                ("AR", "DDTree"))
         except Exception as e:  # a trace that cannot run explains nothing
             print(f"request {b}: real-loop trace failed: {type(e).__name__}: {e}")
             continue
