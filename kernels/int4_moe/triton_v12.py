@@ -31,6 +31,10 @@ Numerics: a piece sums its K tiles as v11's K loop does; the pieces and their bo
 on n_act (the routing), so outputs are within the harness tolerance of the reference, not
 v11's bits (v11 is not batch-invariant either: its splits follow T).
 
+Measured (H200, session 11; README.md "v12"): 86.7 vs v11's 91.7 µs at T = 1, slower at every
+other REAL T (a run crossing N tiles drains the K pipeline; a hot expert's run repeats per slot
+chunk: 4x at skewed T 128). Not BEST: the balanced grid is worth ~5 % at T = 1 only.
+
 Dimension legend: v5's (T tokens, K slots, S = T K, E experts, D hidden, I expert FFN width;
 KT = 256 inputs per K tile, KTN K tiles of a GEMM; NT N tiles of BN rows; PMAX partials).
 """
