@@ -584,6 +584,78 @@ def test_v12_ep_local_rank_gpu(real_experts):
             assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), (T, n)
 
 
+# ---------------------------------------------------------------- the Triton fused_moe peer
+def _fused_moe_args(ex):
+    b13 = torch.cat([ex.gate_packed, ex.up_packed], 1).view(torch.uint8)
+    s13 = torch.cat([ex.gate_scale, ex.up_scale], 1)
+    return b13, s13, ex.down_packed.contiguous().view(torch.uint8), ex.down_scale
+
+
+@pytest.mark.parametrize("T, E, D, I, K, why", [
+    (1, 16, 64, 64, 4, "T = 1: BLOCK_N 32, BLOCK_K 64; 12 experts without a token"),
+    (25, 6, 256, 128, 3, "BLOCK_M 32, experts of 10-16 slots, one slot -1 (not routed here)"),
+    (45, 4, 96, 160, 2, "BLOCK_M 64; K and N tails (D 96, I 160), > one block on an expert"),
+])
+def test_triton_fused_moe_peer(T, E, D, I, K, why):
+    # why: the peer (kernels/int4_moe/peers.py) is timed against our kernels, so it must
+    # compute the op: within bf16-intermediate rounding of the reference (its h, act and
+    # per-slot y are bf16, as vLLM's), -1 slots adding nothing, no NaN
+    from workbench.kernels.int4_moe.peers import triton_fused_moe
+
+    ex = _experts(E, D, I, seed=T)
+    ids, w = _routing(T, E, K, seed=T)
+    if T == 25:
+        ids[3, 1] = -1
+    x = torch.randn(T, D).bfloat16()
+    out = triton_fused_moe(x, ids, w, *_fused_moe_args(ex))
+    ref = int4_moe(x, ids, w, ex).float()
+    assert not out.isnan().any()
+    assert ((out.float() - ref).norm() / ref.norm()) < 8e-3
+
+
+def test_fused_moe_align():
+    # why: moe_align_block_size from device ops: each BLOCK_M block holds slots of its own
+    # expert only, every routed slot exactly once, -1 slots nowhere, runs padded to BLOCK_M
+    from workbench.kernels.int4_moe.peers import align
+
+    T, E, K, BM = 25, 6, 3, 16
+    ids, _ = _routing(T, E, K, seed=1)
+    ids[0, 0] = ids[7, 2] = -1
+    sorted_ids, expert, npad = align(ids, E, BM)
+    flat = ids.reshape(-1)
+    seen = []
+    for b in range(int(npad) // BM):
+        blk = sorted_ids[b * BM:(b + 1) * BM].long()
+        real = blk[blk < T * K]
+        assert (flat[real] == expert[b]).all()
+        seen += real.tolist()
+    assert sorted(seen) == (flat >= 0).nonzero().flatten().tolist()
+    cnt = torch.bincount(flat[flat >= 0], minlength=E)
+    assert int(npad) == int(((cnt + BM - 1) // BM * BM).sum())
+    assert (sorted_ids[int(npad):] == T * K).all()
+
+
+@pytest.mark.gpu
+def test_triton_fused_moe_peer_gpu(real_experts):
+    # Kimi shapes: the peer within bf16-intermediate rounding of the reference, and its launch
+    # path (align included) without a host sync, so the bench can graph-capture it
+    from workbench.kernels.int4_moe.peers import triton_fused_moe
+
+    ex, cfg = real_experts
+    args = _fused_moe_args(ex)
+    for T in (1, 33):
+        x, ids, w = _real_inputs(cfg, T, 800 + T, 0.0)
+        out = triton_fused_moe(x, ids, w, *args)
+        ref = int4_moe(x, ids, w, ex).float()
+        assert ((out.float() - ref).norm() / ref.norm()) < 8e-3, T
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            triton_fused_moe(x, ids, w, *args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
 # ---------------------------------------------------------------- v6: batch invariance
 # v6 sums every weight matrix's K tiles in fixed chunks (CHn tiles, from the shapes alone) in
 # chunk order, whether the launch splits the chunks over programs (SPLITn) or loops over them
