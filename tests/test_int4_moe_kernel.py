@@ -18,7 +18,7 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
-            "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12")
+            "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12", "triton_v13")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -78,14 +78,15 @@ def test_edge_cases_match_reference(version):
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
-             "triton_v12": (12,)}
+             "triton_v12": (12,), "triton_v13": (13,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
 
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
-                                     "triton_v9", "triton_v10", "triton_v11", "triton_v12"])
+                                     "triton_v9", "triton_v10", "triton_v11", "triton_v12",
+                                     "triton_v13"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -582,6 +583,45 @@ def test_v12_ep_local_rank_gpu(real_experts):
             out = triton_v12.int4_moe_triton(x, here, w, ex_here, expected_slots=n)
             assert not out.isnan().any()
             assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), (T, n)
+
+
+# ---------------------------------------------------------------- v13: splits from the hint
+def test_v13_tiles():
+    # why: the configs session 11's sweep measured best through v11's cfg (call 9): a hinted
+    # EP8 rank with one routed slot 7 / 4 splits (29.4 µs; v11's table 4 / 3, 41.4), T 1 on
+    # 384 experts 1 / 1 (85.2; table 89.3), hint 17 1 / 1 (the table's); v11's splits from
+    # T 9 up; the workspace cap when a small hint meets a large T
+    from workbench.kernels.int4_moe import triton_v11, triton_v13
+
+    def ks(c):
+        return c["KS1"], c["TPS1"], c["KS2"], c["TPS2"]
+
+    assert ks(triton_v13.tiles(1, 8, 48, 7168, 2048, slots=1)) == (7, 4, 4, 2)
+    assert ks(triton_v13.tiles(1, 8, 384, 7168, 2048)) == (1, 28, 1, 8)
+    assert ks(triton_v13.tiles(17, 8, 48, 7168, 2048, slots=17)) == (1, 28, 1, 8)
+    assert ks(triton_v11.tiles(1, 8, 48, 7168, 2048, slots=1)) == (4, 7, 3, 3)
+    for T in (9, 17, 33, 128, 512, 2080):
+        assert triton_v13.tiles(T, 8, 384, 7168, 2048) == triton_v11.tiles(T, 8, 384, 7168,
+                                                                           2048)
+    big = triton_v13.tiles(200000, 8, 48, 7168, 2048, slots=1)  # g: 200000 x 8 x 4096 x 4 B
+    assert big["KS1"] == 1 and big["KS2"] == 1  # a split's partials alone exceed WS_BYTES
+
+
+def test_v13_hinted_splits_match_reference(monkeypatch):
+    # why: a small hint gives many K splits (here 4 of D's 4 K tiles, 2 of I's 2): the split-K
+    # partials and their sum, -1 slots, every intermediate NaN-filled first
+    from workbench.kernels.int4_moe import triton_v13
+
+    _poisoned_buffers(monkeypatch)
+    x, ids, w, ex = _v8_routing_case(T=6, D=1024, I=512, E=16, K=4, route="uniform")
+    here = torch.where(ids < 4, ids, torch.full_like(ids, -1))
+    ex4 = type(ex)(*(t[:4] for t in ex))
+    c = triton_v13.tiles(6, 4, 4, 1024, 512, slots=2)
+    assert (c["KS1"], c["KS2"]) == (4, 2)
+    out = triton_v13.int4_moe_triton(x, here, w, ex4, expected_slots=2)
+    ref = int4_moe(x, here, w, ex4)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
 # ---------------------------------------------------------------- the Triton fused_moe peer

@@ -25,6 +25,9 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v12 v11's GEMMs on a persistent grid (one program per resident CTA), each taking an
                equal run of the (expert, N tile, K tile) units: no part-full last wave, no
                3-tile programs at decode sizes; a tile split over programs is split-K
+    triton_v13 v11 with its K splits from the active experts it expects (the hint's slots,
+               else T K): at most two programs an SM, as many splits as fit (a hinted EP
+               rank's decode: 7 / 4 splits where v11's table gave 4 / 3 for 8 experts)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -39,7 +42,7 @@ BEST = "triton_v11"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 13)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 14)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -82,6 +85,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "the (active expert, N tile, K tile) units read from the routing count on the device and "
     "cut into equal runs, a run inside a tile stored as one of its K-split partials (zeros "
     "after the last): equal weight bytes per CTA, no part-full last wave",
+    ("int4_moe", "triton_v13"): "v11 with K splits from the expected active experts (the "
+    "hint's slots, else T K): the most splits that keep each GEMM within 264 programs (two "
+    "an SM), so a hinted EP rank's one-expert decode fills the GPU; v11's splits from T 9 up",
 }
 
 
