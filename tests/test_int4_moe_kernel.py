@@ -458,18 +458,24 @@ def test_expected_slots_rejected(version, bad):
         fn(torch.randn(4, 64).bfloat16(), ids, w, ex, expected_slots=bad)
 
 
+def _ep_rank(real_experts, T, seed):
+    """One EP8 rank on the replicated stream at Kimi shapes: (x, ids with -1 outside the first
+    48 of 384 experts, weights, those 48 experts, the hint the loop passes: T K / 8)."""
+    ex, cfg = real_experts
+    x, ids, w = _real_inputs(cfg, T, seed, 0.0)
+    here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+    hint = -(-T * cfg.n_experts_per_tok * 48 // cfg.n_routed_experts)
+    return x, here, w, type(ex)(*(t[:48] for t in ex)), hint
+
+
 @pytest.mark.gpu
 def test_v11_ep_local_rank_gpu(real_experts):
     # Kimi shapes on the H200, one EP8 rank on the replicated stream (48 of 384 experts, T 136
     # = C 8 x DDTree-16): hinted v11 against the reference; unhinted v11 == v10 bit for bit
     from workbench.kernels.int4_moe import triton_v10, triton_v11
 
-    ex, cfg = real_experts
-    ex_here = type(ex)(*(t[:48] for t in ex))
     for T in (17, 136):
-        x, ids, w = _real_inputs(cfg, T, 600 + T, 0.0)
-        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
-        n = -(-T * cfg.n_experts_per_tok * 48 // cfg.n_routed_experts)
+        x, here, w, ex_here, n = _ep_rank(real_experts, T, 600 + T)
         out = triton_v11.int4_moe_triton(x, here, w, ex_here, expected_slots=n)
         ref = int4_moe(x, here, w, ex_here)
         assert not out.isnan().any()
@@ -573,13 +579,10 @@ def test_v12_ep_local_rank_gpu(real_experts):
     # persistent split, hinted and not, against the reference; NaN nowhere
     from workbench.kernels.int4_moe import triton_v12
 
-    ex, cfg = real_experts
-    ex_here = type(ex)(*(t[:48] for t in ex))
     for T in (17, 136):
-        x, ids, w = _real_inputs(cfg, T, 700 + T, 0.0)
-        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        x, here, w, ex_here, hint = _ep_rank(real_experts, T, 700 + T)
         ref = int4_moe(x, here, w, ex_here)
-        for n in (-(-T * cfg.n_experts_per_tok * 48 // cfg.n_routed_experts), None):
+        for n in (hint, None):
             out = triton_v12.int4_moe_triton(x, here, w, ex_here, expected_slots=n)
             assert not out.isnan().any()
             assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), (T, n)
@@ -622,6 +625,20 @@ def test_v13_hinted_splits_match_reference(monkeypatch):
     ref = int4_moe(x, here, w, ex4)
     assert not out.isnan().any()
     assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_v13_ep_local_rank_gpu(real_experts):
+    # an EP8 rank's decode (T 1, hint 1: the 7 / 4 splits), verify (T 17) and a C 8 verify
+    # (T 136) through hinted v13 against the reference; NaN nowhere
+    from workbench.kernels.int4_moe import triton_v13
+
+    for T in (1, 17, 136):
+        x, here, w, ex_here, n = _ep_rank(real_experts, T, 900 + T)
+        out = triton_v13.int4_moe_triton(x, here, w, ex_here, expected_slots=n)
+        ref = int4_moe(x, here, w, ex_here)
+        assert not out.isnan().any()
+        assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), T
 
 
 # ---------------------------------------------------------------- the Triton fused_moe peer

@@ -90,7 +90,15 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     bf16; the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
     `_common.check_inputs`; expected_slots: the routed slots expected (sizes the tiles);
     cfg: tile overrides (keys of `tiles`), for sweeps and tests."""
+    return launch_hinted(x, topk_ids, topk_weights, experts, validate, cfg, expected_slots,
+                         tiles)
+
+
+def launch_hinted(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
+                  expected_slots, tiles_of) -> Tensor:
+    """v11's launches (v7's program, v9's router, the hinted SiLU) with the tiles
+    tiles_of(T, K, E, D, I, slots=expected_slots) (v13: other K splits)."""
     return launch(x, topk_ids, topk_weights, experts, validate, cfg,
-                  functools.partial(tiles, slots=expected_slots), down_select=True,
+                  functools.partial(tiles_of, slots=expected_slots), down_select=True,
                   router=_router, expected_slots=expected_slots,
                   silu=functools.partial(_silu, slots=expected_slots))

@@ -30,15 +30,11 @@ KT = 256 inputs per K tile; NT N tiles of BN rows; KSn / TPSn splits and K tiles
 
 from __future__ import annotations
 
-import functools
-
 import triton
 from torch import Tensor
 
 from .triton_v3 import KT, WS_BYTES
-from .triton_v7 import launch
-from .triton_v9 import _router
-from .triton_v11 import _silu
+from .triton_v11 import launch_hinted
 from .triton_v11 import tiles as _tiles_v11
 
 TARGET_PROGRAMS = 264  # two CTAs an SM on the H200's 132: 168 registers, 61.5 KB each
@@ -73,10 +69,8 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     bf16; the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
     `_common.check_inputs`; expected_slots: the routed slots expected (tiles and splits);
     cfg: tile overrides (keys of `tiles`), for sweeps and tests."""
-    return launch(x, topk_ids, topk_weights, experts, validate, cfg,
-                  functools.partial(tiles, slots=expected_slots), down_select=True,
-                  router=_router, expected_slots=expected_slots,
-                  silu=functools.partial(_silu, slots=expected_slots))
+    return launch_hinted(x, topk_ids, topk_weights, experts, validate, cfg, expected_slots,
+                         tiles)
 
 
 def _main(argv=None) -> int:
