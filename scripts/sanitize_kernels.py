@@ -8,8 +8,9 @@ Each variant runs once per case, eagerly, with no reference alongside (the float
 would only slow the instrumented run; the GPU tests check the values). EDGE cases are where
 tails, empty experts, NaN past the cache's valid slots and ragged batches live; the REAL shapes
 add Kimi's widths (int4_moe: E 384, T 1 / 17 / 136 with an EP8 rank's -1 slots and hint;
-tree_mla: MLA_REAL, H 64 and 8, P 1024 to 32768, batches of 1 and 8). Prints one line per call and exits 0 when
-every call returned; the sanitizer's exit code says whether it saw an error.
+tree_mla: MLA_REAL, H 64 and 8, P 1024 to 32768, batches of 1 and 8). Prints one line per
+call and exits 0 when every call returned; the sanitizer's exit code says whether it saw an
+error.
 """
 
 from __future__ import annotations

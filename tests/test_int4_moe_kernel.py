@@ -18,7 +18,8 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4
 from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
-            "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12", "triton_v13")
+            "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
+            "triton_v13")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -1035,7 +1036,7 @@ def _assert_tokens(target, prompts, ref_tokens, got_tokens, drafter=None, budget
     margins = reference_margins(target, prompts, ref_tokens)
     reports = explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, [], budget,
                                     {"int4_moe": BEST}, len(ref_tokens[0]), margins=margins,
-                                    kernels_a=None)
+                                    vs_reference=True)
     for _, line in reports:
         print(line)
     check_explained(ref_tokens, got_tokens, margins, reports)

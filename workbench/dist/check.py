@@ -426,7 +426,7 @@ def explain_divergences(target, prompts, ref_tokens, got_tokens, kernels_a=None,
 
 def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, reports, budget,
                           kernels, max_new_tokens: int, tie: float = TIE_MARGIN, margins=None,
-                          **kernels_a) -> list[tuple[dict, str]]:
+                          vs_reference: bool = False) -> list[tuple[dict, str]]:
     """For AR (ref) vs DDTree (got) runs under the same kernels: every divergence that is no
     reference tie and whose teacher-forced pair does not reproduce it gets a second, stronger
     witness, the routing trace of the REAL loops (workbench.route_trace: the same prompts, batch,
@@ -439,9 +439,9 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
     trained C = 32 budget 64 request 21 position 9, a layer-4 router near-tie in the real loops).
     margins (reference_margins, optional): reference ties (margin < tie) pass check_explained
     anyway and are not traced. Returns reports with the replacements; traces that fail to run
-    leave the old report. kernels_a={"kernels_a": sel} (trace_pair's): ref is the AR loop under
-    `sel` (None: the reference ops) and got the loop under `kernels` (AR when budget is None):
-    an op's kernel loop against the reference loop, each in its real batch."""
+    leave the old report. vs_reference: ref is the AR loop under the reference ops and got the
+    loop under `kernels` (AR when budget is None): an op's kernel loop against the reference
+    loop, each in its real batch (trace_pair's kernels_a=None)."""
     from workbench.route_trace import compare_traces, trace_pair
 
     margins = margins or [[float("inf")] * len(r) for r in ref_tokens]
@@ -457,10 +457,11 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
             continue  # a length difference, no token to trace
         try:
             a_tr, b_tr = trace_pair(target, drafter, prompts, b, n, max_new_tokens, budget,
-                                    kernels=kernels, **kernels_a)
+                                    kernels=kernels,
+                                    **({"kernels_a": None} if vs_reference else {}))
             rep, _table, line = compare_traces(
-                a_tr, b_tr, target, names=("reference", "kernel") if kernels_a else
-                ("AR", "DDTree"))
+                a_tr, b_tr, target,
+                names=("reference", "kernel") if vs_reference else ("AR", "DDTree"))
         except Exception as e:  # a trace that cannot run explains nothing
             print(f"request {b}: real-loop trace failed: {type(e).__name__}: {e}")
             continue
