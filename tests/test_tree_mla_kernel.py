@@ -483,3 +483,26 @@ def test_sglang_extend_peer_matches_reference():
     o = sglang_extend_tree(*_prepare(case))
     err = ((o.double() - ref_o.double()).norm() / ref_o.double().norm()).item()
     assert err < 1e-2
+
+
+def test_gluon_splits_the_score_tile_across_warpgroups_sm90():
+    # why: the next tree_mla kernel's premise (scripts/gluon_mla_tile_probe.py, README "Next:
+    # Gluon"): on this toolchain Gluon compiles a 64 x 64 absorbed-MLA tile for sm_90 with S
+    # split by keys over the two warpgroups (36 wgmma m64n32 a warpgroup where Triton's layout
+    # issues m64n64: the duplicate QK^T) and each warpgroup's 256 value columns, no spill
+    # (a subprocess: Gluon has no interpreter, so no TRITON_INTERPRET there)
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gluon_mla_tile_probe as p; "
+            "print(json.dumps([p.compile_tile([4, 2]), p.compile_tile([8, 1])]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    split, dup = json.loads(res.stdout.strip().splitlines()[-1])
+    assert split["wgmma"] == {"m64n256k16": 4, "m64n32k16": 36}, split
+    assert dup["wgmma"] == {"m64n256k16": 4, "m64n64k16": 36}, dup
+    assert "0 B spill" in split["ptxas"], split
