@@ -160,7 +160,8 @@ def test_peer_not_installed_and_broken_peers_report_cleanly(quick):
 
 
 def test_registered_peers_are_listed_and_explain_themselves():
-    assert set(peers.peer_names("int4_moe")) == {"humming", "grouped_mm_bf16"}
+    assert set(peers.peer_names("int4_moe")) == {"humming", "grouped_mm_bf16",
+                                                 "triton_fused_moe"}  # kernels/int4_moe
     assert set(peers.peer_names("tree_mla")) == {"sdpa_dense", "flex_attention",
                                                  "sglang_extend_triton"}  # kernels/tree_mla
     assert peers.peer_names("tree_build") == ["cpu_heapq"]

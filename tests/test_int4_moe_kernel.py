@@ -691,6 +691,15 @@ def test_fused_moe_align():
     cnt = torch.bincount(flat[flat >= 0], minlength=E)
     assert int(npad) == int(((cnt + BM - 1) // BM * BM).sum())
     assert (sorted_ids[int(npad):] == T * K).all()
+    # without -1 slots: the host-synced moe_align (Humming's metadata) row for row
+    from workbench.peers import moe_align
+
+    ids, _ = _routing(T, E, K, seed=2)
+    sorted_ids, expert, npad = align(ids, E, BM)
+    ref_ids, ref_expert, ref_total = moe_align(ids, E, BM)
+    n = int(ref_total)
+    assert int(npad) == n and torch.equal(sorted_ids[:n], ref_ids)
+    assert torch.equal(expert[: n // BM], ref_expert)
 
 
 @pytest.mark.gpu

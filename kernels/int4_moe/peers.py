@@ -94,8 +94,10 @@ def default_config(T: int) -> dict:
 def align(ids: torch.Tensor, E: int, block_m: int):
     """(sorted slot ids [EM] int32 with S as padding, expert of each BLOCK_M block [EM / BM]
     int32, padded row count [1] int32): moe_align_block_size from device ops, no host sync
-    (scatter_add, not bincount: bincount sizes its output from the data). -1 slots sort last
-    and are dropped."""
+    (scatter_add, not bincount: bincount sizes its output from the data), since vLLM times it
+    with the GEMMs. -1 slots sort last and are dropped. The first `padded` rows equal
+    workbench.peers.moe_align's (host-synced, exact-size: Humming's metadata, built outside
+    its timing); the test checks it."""
     S = ids.numel()
     dev = ids.device
     key = torch.where(ids.reshape(-1) >= 0, ids.reshape(-1), E).long()  # [S], E = not here
