@@ -10,7 +10,8 @@ Tolerance model, per op and output (what `tolerance` returns, what workbench.che
     noise = sqrt(m) u_bf16 + sqrt(n) u_fp32          u = eps / 2, the unit roundoff
       m  bf16 roundings a correct kernel may add inside the op (int4_moe rounds SiLU*up to bf16
          for the down GEMM and each slot's result before the combine, as vLLM's fused MoE does:
-         m = 2); independent roundings add in quadrature.
+         m = 2; swiglu_mlp's engine path rounds gate, up and SiLU*up: m = 3); independent
+         roundings add in quadrature.
       n  the longest fp32 reduction (its order is free: ~sqrt(n) u relative to the terms).
     elementwise  |out - ref| <= rtol |ref| + atol rms(ref), rtol = eps_out (two correct roundings
                  of nearly equal values land at most one ulp apart), atol = 6 noise (6 sigma: the
@@ -63,7 +64,11 @@ def tolerance(op: str, output: str, dtype: torch.dtype, case: Case | None = None
     d = case.dims if case is not None else {}
     m, n = {
         "rmsnorm": (0, d.get("D", 1)), "linear": (0, d.get("D", 1)), "lm_head": (0, d.get("D", 1)),
-        "moe_route": (0, d.get("D", 1)), "swiglu_mlp": (1, max(d.get("D", 1), d.get("F", 1))),
+        "moe_route": (0, d.get("D", 1)),
+        # the engine's path rounds the gate and up GEMM outputs and SiLU(gate) * up to bf16
+        # before the down GEMM: 3 (m 1 until session 11's CI: a fresh seed's strided-x case
+        # missed the 1-rounding floor, 0.0176 against 0.016)
+        "swiglu_mlp": (3, max(d.get("D", 1), d.get("F", 1))),
         "int4_moe": (2, max(d.get("D", 1), d.get("I", 1))),
         # P is rounded to bf16 for the P.V GEMM (FlashAttention); lse stays fp32 throughout
         "tree_mla": (int(output == "o_lat"), d.get("T", 1) + d.get("C", 0) + d.get("R", 0)),
