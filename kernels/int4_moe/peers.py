@@ -38,7 +38,7 @@ from workbench.peers import Peer, _cache, _key, _ref, positional, register_peer
 
 from ._common import INTERPRET, _to_bf16
 
-GROUP = 32  # inputs per scale
+_GROUP = tl.constexpr(32)  # inputs per scale (INT4 group 32)
 
 
 @triton.jit
@@ -71,7 +71,7 @@ def _fused_moe_int4_kernel(a_ptr, b_ptr, s_ptr, c_ptr, w_ptr, sorted_ptr, expert
         wk = k_ok[:, None] & n_ok[None, :]
         b = tl.load(b_ptrs + k0 // 2, mask=wk, other=0).to(tl.int32)
         q = ((b >> shift) & 0xF).to(tl.float32) - 8.0
-        s = tl.load(s_ptrs + (k0 + k[:, None]) // 32, mask=wk, other=0.0).to(tl.float32)
+        s = tl.load(s_ptrs + (k0 + k[:, None]) // _GROUP, mask=wk, other=0.0).to(tl.float32)
         wt = _to_bf16(q * s, UPCAST)  # = reference/int4.py: the exact product rounded once
         if UPCAST:  # the interpreter's bf16 dot is wrong (DESIGN.md §10): fp32 there
             acc += tl.dot(a.to(tl.float32), wt.to(tl.float32))
