@@ -21,7 +21,7 @@ splits the work between its warpgroups. In Gluon the layouts are the program's:
      columns 256 w .. 256 w + 255 (FlashMLA's O_L / O_R), 4 wgmma.
 The [8, 1] row prints Triton's choice for comparison. One tile, operands from plain loads
 stored to 128-byte-swizzled shared memory: what it measures is the instruction split and the
-register budget, not the pipeline (TMA, mbarriers, a second K stage: the kernel's job).
+register budget, not the pipeline (TMA, mbarriers: the kernel's job); `compile_loop` adds the loop.
 """
 
 from __future__ import annotations
@@ -73,6 +73,72 @@ def _tile_kernel(q_ptr, k_ptr, o_ptr, S_LAYOUT: gl.constexpr, M: gl.constexpr,
     gl.store(o_ptr + ro[:, None] * C + co[None, :], o)
 
 
+@gluon.jit
+def _loop_kernel(q_ptr, k_ptr, o_ptr, n_tiles, M: gl.constexpr, NK: gl.constexpr,
+                 C: gl.constexpr, R: gl.constexpr):
+    """The tile of `_tile_kernel` in a loop over n_tiles key tiles: a 2-slot shared-memory
+    ring for K (the next tile's loads issued before this tile's MMAs), base-2 online softmax,
+    O rescaled per tile, normalised at the end: the register and shared-memory budget of the
+    prefix pass with S split by keys (loads are plain loads here; the kernel's are TMA)."""
+    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                              rank=2)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 32, 16])
+    D: gl.constexpr = C + R
+    rq = gl.arange(0, M, layout=gl.SliceLayout(1, LOAD))
+    rk = gl.arange(0, NK, layout=gl.SliceLayout(1, LOAD))
+    cc = gl.arange(0, C, layout=gl.SliceLayout(0, LOAD))
+    cr = gl.arange(0, R, layout=gl.SliceLayout(0, LOAD))
+    qc = gl.allocate_shared_memory(gl.bfloat16, [M, C], smem,
+                                   gl.load(q_ptr + rq[:, None] * D + cc[None, :]))
+    qr = gl.allocate_shared_memory(gl.bfloat16, [M, R], smem,
+                                   gl.load(q_ptr + rq[:, None] * D + C + cr[None, :]))
+    kc = gl.allocate_shared_memory(gl.bfloat16, [2, NK, C], smem)  # 2 slots of a [NK, C] tile
+    kr = gl.allocate_shared_memory(gl.bfloat16, [2, NK, R], smem)
+    kc.index(0).store(gl.load(k_ptr + rk[:, None] * D + cc[None, :]))
+    kr.index(0).store(gl.load(k_ptr + rk[:, None] * D + C + cr[None, :]))
+    m_i = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    o = gl.zeros([M, C], gl.float32, layout=O_LAYOUT)
+    for t in range(n_tiles):
+        cur = t % 2
+        nxt = k_ptr + ((t + 1) % n_tiles) * NK * D  # next tile (wraps: the last load is spare)
+        kn_c = gl.load(nxt + rk[:, None] * D + cc[None, :])
+        kn_r = gl.load(nxt + rk[:, None] * D + C + cr[None, :])
+        fence_async_shared()
+        s = warpgroup_mma(qc, kc.index(cur).permute((1, 0)),
+                          gl.zeros([M, NK], gl.float32, layout=s_layout))
+        s = warpgroup_mma(qr, kr.index(cur).permute((1, 0)), s)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        pa = gl.convert_layout(p.to(gl.bfloat16),
+                               gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2))
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        o = warpgroup_mma(pa, kc.index(cur), o)
+        kc.index(1 - cur).store(kn_c)
+        kr.index(1 - cur).store(kn_r)
+    o = o / gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    ro = gl.arange(0, M, layout=gl.SliceLayout(1, O_LAYOUT))
+    co = gl.arange(0, C, layout=gl.SliceLayout(0, O_LAYOUT))
+    gl.store(o_ptr + ro[:, None] * C + co[None, :], o)
+
+
+def compile_loop() -> dict:
+    """sm_90 build of `_loop_kernel` (S split by keys): smem bytes and ptxas's registers and
+    spills, the budget question a Gluon prefix kernel must answer first."""
+    from workbench.kernels._sm90 import ptxas_report
+
+    sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "o_ptr": "*fp32", "n_tiles": "i32",
+           "M": "constexpr", "NK": "constexpr", "C": "constexpr", "R": "constexpr"}
+    const = {"M": 64, "NK": 64, "C": 512, "R": 64}
+    ck = triton.compile(GluonASTSource(_loop_kernel, signature=sig, constexprs=const),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    return {"smem": ck.metadata.shared, "ptxas": ptxas_report(ck.asm["ptx"])}
+
+
 def compile_tile(s_warps: list[int]) -> dict:
     """sm_90 build of one tile with S's warps_per_cta = s_warps ([4, 2]: split by keys;
     [8, 1]: Triton's); returns wgmma shapes and counts in the PTX, smem bytes, ptxas line."""
@@ -97,6 +163,8 @@ def main() -> int:
     for warps, what in (([4, 2], "S split by keys (Gluon)"), ([8, 1], "S duplicated (Triton)")):
         r = compile_tile(warps)
         print(f"{what:<26} wgmma a warpgroup {r['wgmma']}, smem {r['smem']} B, {r['ptxas']}")
+    r = compile_loop()
+    print(f"{'loop, 2-slot K ring':<26} smem {r['smem']} B, {r['ptxas']}")
     return 0
 
 

@@ -497,12 +497,15 @@ def test_gluon_splits_the_score_tile_across_warpgroups_sm90():
     import sys
 
     code = ("import json, sys; sys.path.insert(0, 'scripts'); import gluon_mla_tile_probe as p; "
-            "print(json.dumps([p.compile_tile([4, 2]), p.compile_tile([8, 1])]))")
+            "print(json.dumps([p.compile_tile([4, 2]), p.compile_tile([8, 1]), "
+            "p.compile_loop()]))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert res.returncode == 0, res.stderr[-2000:]
-    split, dup = json.loads(res.stdout.strip().splitlines()[-1])
+    split, dup, loop = json.loads(res.stdout.strip().splitlines()[-1])
     assert split["wgmma"] == {"m64n256k16": 4, "m64n32k16": 36}, split
     assert dup["wgmma"] == {"m64n256k16": 4, "m64n64k16": 36}, dup
     assert "0 B spill" in split["ptxas"], split
+    # the loop with a 2-slot K ring and online softmax fits sm_90's 227 KB, spill-free
+    assert loop["smem"] <= 227 * 1024 and "0 B spill" in loop["ptxas"], loop
