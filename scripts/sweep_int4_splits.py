@@ -21,15 +21,11 @@ import torch
 from workbench import ops
 from workbench.bench import time_calls
 from workbench.kernels.int4_moe import register
+from workbench.kernels.int4_moe.triton_v3 import normalised_split
 from workbench.ops.cases import _experts, _Rand
 
 KS1 = (1, 2, 3, 4, 7, 14, 28)  # gate/up: 28 K tiles of 256 at D 7168
 KS2 = (1, 2, 3, 4, 8)  # down: 8 K tiles at I 2048
-
-
-def _split(k_tiles: int, ks: int) -> tuple[int, int]:
-    tps = -(-k_tiles // ks)
-    return -(-k_tiles // tps), tps
 
 
 def main(argv=None) -> int:
@@ -57,7 +53,7 @@ def main(argv=None) -> int:
         base = time_calls(lambda *q, **k: fn(*q, **k), [(args, kw)], "cuda", a.seconds, "on")
         print(f"{label:<36} {'table':>8} {'table':>8} {base.us:8.1f}", flush=True)
         for k1, k2 in itertools.product(KS1, KS2):
-            (s1, t1), (s2, t2) = _split(28, k1), _split(8, k2)
+            (s1, t1), (s2, t2) = normalised_split(28, k1), normalised_split(8, k2)
             cfg = dict(KS1=s1, TPS1=t1, KS2=s2, TPS2=t2)
             t = time_calls(lambda *q, c=cfg, **k: fn(*q, cfg=c, **k), [(args, kw)], "cuda",
                            a.seconds, "on")

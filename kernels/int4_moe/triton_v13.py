@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 from torch import Tensor
 
-from .triton_v3 import KT, WS_BYTES
+from .triton_v3 import KT, WS_BYTES, normalised_split
 from .triton_v11 import launch_hinted
 from .triton_v11 import tiles as _tiles_v11
 
@@ -46,8 +46,7 @@ def split(k_tiles: int, programs_per_split: int, ws_per_split: int) -> tuple[int
     and workspace cap."""
     ks = max(1, min(k_tiles, TARGET_PROGRAMS // max(1, programs_per_split),
                     WS_BYTES // max(1, ws_per_split)))
-    tps = triton.cdiv(k_tiles, ks)
-    return triton.cdiv(k_tiles, tps), tps
+    return normalised_split(k_tiles, ks)
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:

@@ -196,6 +196,12 @@ WS_BYTES = 1 << 28  # workspace cap that bounds the K splits (fp32 partial sums)
 def _splits(n_tiles_k: int, programs: int, ws_per_split: int) -> tuple[int, int]:
     """(splits, K tiles per split): enough programs for PROGRAMS, workspace <= WS_BYTES."""
     ks = max(1, min(n_tiles_k, -(-PROGRAMS // programs), WS_BYTES // max(ws_per_split, 1)))
+    return normalised_split(n_tiles_k, ks)
+
+
+def normalised_split(n_tiles_k: int, ks: int) -> tuple[int, int]:
+    """(splits, K tiles per split) for about ks splits of n_tiles_k K tiles: equal splits of
+    ceil(n / ks) tiles, the last one shorter, and no empty split (28 tiles in 8: 7 of 4)."""
     tps = -(-n_tiles_k // ks)
     return -(-n_tiles_k // tps), tps
 
