@@ -42,28 +42,40 @@ O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=
 
 
 @gluon.jit
+def _rows(ptr, first, N: gl.constexpr, C: gl.constexpr, R: gl.constexpr):
+    """Latent rows first .. first + N - 1 of a [*, C + R] bf16 matrix as (c [N, C], r [N, R])
+    registers in the load layout (the probe's stand-in for the kernel's TMA copies)."""
+    rows = first + gl.arange(0, N, layout=gl.SliceLayout(1, LOAD))
+    cc = gl.arange(0, C, layout=gl.SliceLayout(0, LOAD))
+    cr = gl.arange(0, R, layout=gl.SliceLayout(0, LOAD))
+    base = ptr + rows[:, None] * (C + R)
+    return gl.load(base + cc[None, :]), gl.load(base + C + cr[None, :])
+
+
+@gluon.jit
+def _scores(qc, qr, kc, kr, S_LAYOUT: gl.constexpr):
+    """S [M, NK] fp32 = Qc Kc^T + Qr Kr^T from shared memory, in S_LAYOUT."""
+    M: gl.constexpr = qc.shape[0]
+    NK: gl.constexpr = kc.shape[0]
+    s = warpgroup_mma(qc, kc.permute((1, 0)), gl.zeros([M, NK], gl.float32, layout=S_LAYOUT))
+    return warpgroup_mma(qr, kr.permute((1, 0)), s)  # + the rope part
+
+
+@gluon.jit
 def _tile_kernel(q_ptr, k_ptr, o_ptr, S_LAYOUT: gl.constexpr, M: gl.constexpr,
                  NK: gl.constexpr, C: gl.constexpr, R: gl.constexpr):
     """o [M, C] fp32 = softmax2(Q K^T) V for one tile: q [M, C + R], k [NK, C + R] bf16
     (V = K's first C columns, as absorbed MLA's latent rows); unnormalised, one tile."""
     smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                               rank=2)
-    D: gl.constexpr = C + R
-    rq = gl.arange(0, M, layout=gl.SliceLayout(1, LOAD))
-    rk = gl.arange(0, NK, layout=gl.SliceLayout(1, LOAD))
-    cc = gl.arange(0, C, layout=gl.SliceLayout(0, LOAD))
-    cr = gl.arange(0, R, layout=gl.SliceLayout(0, LOAD))
-    qc = gl.allocate_shared_memory(gl.bfloat16, [M, C], smem,
-                                   gl.load(q_ptr + rq[:, None] * D + cc[None, :]))
-    qr = gl.allocate_shared_memory(gl.bfloat16, [M, R], smem,
-                                   gl.load(q_ptr + rq[:, None] * D + C + cr[None, :]))
-    kc = gl.allocate_shared_memory(gl.bfloat16, [NK, C], smem,
-                                   gl.load(k_ptr + rk[:, None] * D + cc[None, :]))
-    kr = gl.allocate_shared_memory(gl.bfloat16, [NK, R], smem,
-                                   gl.load(k_ptr + rk[:, None] * D + C + cr[None, :]))
+    q_c, q_r = _rows(q_ptr, 0, M, C, R)
+    k_c, k_r = _rows(k_ptr, 0, NK, C, R)
+    qc = gl.allocate_shared_memory(gl.bfloat16, [M, C], smem, q_c)
+    qr = gl.allocate_shared_memory(gl.bfloat16, [M, R], smem, q_r)
+    kc = gl.allocate_shared_memory(gl.bfloat16, [NK, C], smem, k_c)
+    kr = gl.allocate_shared_memory(gl.bfloat16, [NK, R], smem, k_r)
     fence_async_shared()
-    s = warpgroup_mma(qc, kc.permute((1, 0)), gl.zeros([M, NK], gl.float32, layout=S_LAYOUT))
-    s = warpgroup_mma(qr, kr.permute((1, 0)), s)  # [M, NK]: + the rope part
+    s = _scores(qc, qr, kc, kr, S_LAYOUT)  # [M, NK]
     p = gl.exp2(s - gl.max(s, axis=1)[:, None])
     pa = gl.convert_layout(p.to(gl.bfloat16),
                            gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2))
@@ -84,31 +96,23 @@ def _loop_kernel(q_ptr, k_ptr, o_ptr, n_tiles, M: gl.constexpr, NK: gl.constexpr
                                               rank=2)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, 32, 16])
-    D: gl.constexpr = C + R
-    rq = gl.arange(0, M, layout=gl.SliceLayout(1, LOAD))
-    rk = gl.arange(0, NK, layout=gl.SliceLayout(1, LOAD))
-    cc = gl.arange(0, C, layout=gl.SliceLayout(0, LOAD))
-    cr = gl.arange(0, R, layout=gl.SliceLayout(0, LOAD))
-    qc = gl.allocate_shared_memory(gl.bfloat16, [M, C], smem,
-                                   gl.load(q_ptr + rq[:, None] * D + cc[None, :]))
-    qr = gl.allocate_shared_memory(gl.bfloat16, [M, R], smem,
-                                   gl.load(q_ptr + rq[:, None] * D + C + cr[None, :]))
+    q_c, q_r = _rows(q_ptr, 0, M, C, R)
+    qc = gl.allocate_shared_memory(gl.bfloat16, [M, C], smem, q_c)
+    qr = gl.allocate_shared_memory(gl.bfloat16, [M, R], smem, q_r)
     kc = gl.allocate_shared_memory(gl.bfloat16, [2, NK, C], smem)  # 2 slots of a [NK, C] tile
     kr = gl.allocate_shared_memory(gl.bfloat16, [2, NK, R], smem)
-    kc.index(0).store(gl.load(k_ptr + rk[:, None] * D + cc[None, :]))
-    kr.index(0).store(gl.load(k_ptr + rk[:, None] * D + C + cr[None, :]))
+    k_c, k_r = _rows(k_ptr, 0, NK, C, R)
+    kc.index(0).store(k_c)
+    kr.index(0).store(k_r)
     m_i = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     o = gl.zeros([M, C], gl.float32, layout=O_LAYOUT)
     for t in range(n_tiles):
         cur = t % 2
-        nxt = k_ptr + ((t + 1) % n_tiles) * NK * D  # next tile (wraps: the last load is spare)
-        kn_c = gl.load(nxt + rk[:, None] * D + cc[None, :])
-        kn_r = gl.load(nxt + rk[:, None] * D + C + cr[None, :])
+        # the next tile's rows (wraps: the last load is spare)
+        kn_c, kn_r = _rows(k_ptr, ((t + 1) % n_tiles) * NK, NK, C, R)
         fence_async_shared()
-        s = warpgroup_mma(qc, kc.index(cur).permute((1, 0)),
-                          gl.zeros([M, NK], gl.float32, layout=s_layout))
-        s = warpgroup_mma(qr, kr.index(cur).permute((1, 0)), s)
+        s = _scores(qc, qr, kc.index(cur), kr.index(cur), s_layout)
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
