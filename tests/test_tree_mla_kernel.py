@@ -1,5 +1,6 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
-triton_v4, triton_v4_split512, triton_v7, triton_v8): equal to the dense-mask reference.
+triton_v4, triton_v4_split512, triton_v7, triton_v8, and gluon_v9 on the GPU): equal to the
+dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -18,6 +19,7 @@ from workbench.check import compare_outputs
 from workbench.kernels.tree_mla import (
     BEST,
     _common,
+    gluon_v9,
     register,
     triton_v1,
     triton_v2,
@@ -33,6 +35,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
             "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton}
+# Gluon has no interpreter: gluon_v9 runs in the `gpu` tests only (its CPU tests compile it)
+GPU_VERSIONS = {**VERSIONS, "g9": gluon_v9.tree_mla_gluon}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
@@ -404,21 +408,21 @@ def _gpu_case(B, N, H, ctx, seed, budget_tree=True):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(GPU_VERSIONS))
 @pytest.mark.parametrize("H", [64, 8])
 @pytest.mark.parametrize("B, N, ctx", [(1, 9, 1024), (1, 17, 4096), (1, 33, 8192),
                                        (1, 65, 32768), (1, 129, 8192), (8, 9, 4096),
                                        (4, 33, 1024), (64, 9, 1024), (16, 129, 1024)])
 def test_gpu_real_shapes(B, N, H, ctx, version):
     for seed in (0, 1):
-        assert_matches_reference(_gpu_case(B, N, H, ctx, seed), VERSIONS[version])
+        assert_matches_reference(_gpu_case(B, N, H, ctx, seed), GPU_VERSIONS[version])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(GPU_VERSIONS))
 @pytest.mark.parametrize("budget", [1, 8, 16, 32, 64, 128])
 def test_gpu_cuda_graph_replay_equals_eager(budget, version):
-    tree_mla_triton = VERSIONS[version]
+    tree_mla_triton = GPU_VERSIONS[version]
     case = _gpu_case(4, budget + 1, 64, 4096, seed=budget)
     q, cache, P, anc, scale, C = case.args
     eager = tree_mla_triton(*case.args)
@@ -440,9 +444,9 @@ def test_gpu_cuda_graph_replay_equals_eager(budget, version):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(GPU_VERSIONS))
 def test_gpu_no_host_sync(version):
-    tree_mla_triton = VERSIONS[version]
+    tree_mla_triton = GPU_VERSIONS[version]
     case = _gpu_case(2, 33, 64, 4096, seed=5)
     tree_mla_triton(*case.args)
     torch.cuda.set_sync_debug_mode("error")
@@ -453,13 +457,13 @@ def test_gpu_no_host_sync(version):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(GPU_VERSIONS))
 @pytest.mark.parametrize("ctx", [8192, 500])  # 500: v2 finishes every request in one launch
 def test_gpu_row_result_independent_of_rows_in_launch(version, ctx):
     # why: DESIGN.md §7 stretch: a row's result depends on its q, P_b, keys and ancestor set
     # only: the first 9 rows of a 33-row launch equal a 9-row launch bit for bit, and a
     # request's rows equal themselves in a batch of 16
-    tree_mla_triton = VERSIONS[version]
+    tree_mla_triton = GPU_VERSIONS[version]
     big = _gpu_case(16, 33, 64, ctx, seed=9)
     q, cache, P, anc, scale, C = big.args
     o, lse = tree_mla_triton(*big.args)
@@ -467,6 +471,46 @@ def test_gpu_row_result_independent_of_rows_in_launch(version, ctx):
     assert torch.equal(o9, o[:, :9]) and torch.equal(lse9, lse[:, :9])
     o1, lse1 = tree_mla_triton(q[3:4], cache[3:4], P[3:4], anc[3:4], scale, C)
     assert torch.equal(o1[0], o[3]) and torch.equal(lse1[0], lse[3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(EDGE))
+def test_gpu_edge_gluon(name, poisoned):
+    # why: gluon_v9 has no interpreter, so the CPU EDGE table runs here; the widths and dtypes
+    # its tiles cannot take (fp32, C not a power of two) must be refused by name
+    prefix, tree, kw, _why = EDGE[name]
+    for seed in (0, 1):
+        case = make_case(prefix, tree, seed=seed, **kw, label=name)
+        case.args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in case.args)
+        if name == "fp32":
+            with pytest.raises(ValueError, match=r"q: expected dtype bfloat16 or float16"):
+                gluon_v9.tree_mla_gluon(*case.args)
+        elif name == "odd-widths":
+            with pytest.raises(ValueError, match=r"kv_lora_rank: expected a power of two"):
+                gluon_v9.tree_mla_gluon(*case.args)
+        else:
+            assert_matches_reference(case, gluon_v9.tree_mla_gluon)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_harness_cases_nan_and_batch_position(poisoned):
+    # why: the CPU-only tests of the Triton versions, for gluon_v9: the registry's EDGE cases
+    # (heads-major q), inf/NaN past each length, a request alone == inside a batch
+    from workbench.ops.cases import tree_mla_cases
+
+    fn = gluon_v9.tree_mla_gluon
+    for case in tree_mla_cases("edge", seed=7, device="cuda"):
+        assert_matches_reference(case, fn)
+    case = make_case((600, 37, 5), [random_parents(6, torch.Generator().manual_seed(s))
+                                    for s in range(3)], seed=3)
+    q, cache, P, anc, scale, C = (a.cuda() if isinstance(a, torch.Tensor) else a
+                                  for a in case.args)
+    cache[0, 600 + 6:] = float("inf")
+    o, lse = fn(q, cache, P, anc, scale, C)
+    assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
+    for b in range(3):
+        ob, lb = fn(q[b:b + 1], cache[b:b + 1], P[b:b + 1], anc[b:b + 1], scale, C)
+        assert torch.equal(ob[0], o[b]) and torch.equal(lb[0], lse[b]), b
 
 
 # ---------------------------------------------------------------- peers
@@ -509,3 +553,45 @@ def test_gluon_splits_the_score_tile_across_warpgroups_sm90():
     assert "0 B spill" in split["ptxas"], split
     # the loop with a 2-slot K ring and online softmax fits sm_90's 227 KB, spill-free
     assert loop["smem"] <= 227 * 1024 and "0 B spill" in loop["ptxas"], loop
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(q=torch.zeros(1, 2, 4, 40), kv_cache=torch.zeros(1, 8, 40)),
+     r"q: expected dtype bfloat16 or float16"),
+    (dict(kv_lora_rank=24), r"kv_lora_rank: expected a power of two in \[32, 512\]"),
+    (dict(kv_cache=torch.zeros(1, 8, 41, dtype=torch.bfloat16)[..., :40]),
+     r"kv_cache: expected rows TMA can read"),  # 82-byte slot stride
+    (dict(kv_cache=torch.zeros(1, 8, 40, dtype=torch.bfloat16).transpose(1, 2)
+          .contiguous().transpose(1, 2)), r"kv_cache: expected rows TMA can read"),
+    (dict(), r"q: expected a CUDA tensor"),  # valid inputs on the CPU
+])
+def test_gluon_v9_errors_name_the_argument(over, match):
+    # why: gluon_v9's tiles take bf16/fp16, C a power of two and TMA-readable cache rows, and
+    # run on an sm_90 GPU only; anything else is refused by name before a launch (CPU, under
+    # the interpreter, so the shared shape checks pass first)
+    with pytest.raises(ValueError, match=match):
+        gluon_v9.tree_mla_gluon(**_args(**over))
+
+
+def test_gluon_v9_compiles_to_split_score_tiles_sm90():
+    # why: gluon_v9's design (README "Design (v9)"): for sm_90 each of its two loops issues
+    # 36 wgmma m64n32k16 (S split by keys, no m64n64: no duplicate QK^T) and 4 m64n256k16 (each
+    # warpgroup's 256 value columns), K and Q arrive by TMA in 128-byte-swizzled [64, 64]
+    # boxes, the combine is a programmatic dependent, and it fits 227 KB of shared memory
+    # (a subprocess: Gluon has no interpreter, so no TRITON_INTERPRET there)
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json; from workbench.kernels.tree_mla import sm90_gluon as s; "
+            "rs = [s.compile_attn(64, 9, 4096), s.compile_attn(8, 129, 32768)]; "
+            "print(json.dumps([{k: v for k, v in r.items() if k != 'ptx'} for r in rs]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for r in json.loads(res.stdout.strip().splitlines()[-1]):
+        assert r["wgmma"] == {"m64n256k16": 8, "m64n32k16": 72}, r
+        assert r["smem"] <= 227 * 1024 and int(r["regs"]) <= 255, r
+        assert r["tma"] >= 4 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r

@@ -24,6 +24,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                128-key splits, up to 64 of them (a TP8 rank's small verify fills the GPU)
     triton_v8  triton_v7 with a combine that loads its parts 16 at a time (one barrier a chunk,
                not a load latency a part) in 32-column blocks; a fixed but different merge tree
+    gluon_v9   triton_v4's cascade with the attention kernel in Gluon: the two warpgroups split
+               the score tile by keys (no duplicate QK^T), K in a 2-slot TMA ring (sm_90 only)
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -48,6 +50,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v6": f"{_MOD}.triton_v6:tree_mla_triton",
         "triton_v7": f"{_MOD}.triton_v7:tree_mla_triton",
         "triton_v8": f"{_MOD}.triton_v8:tree_mla_triton",
+        "gluon_v9": f"{_MOD}.gluon_v9:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -77,6 +80,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v8"): "triton_v7 with a combine that is not a chain of one load per "
     "part: all lse at once, 16 parts a [16, 16, 32] tile load, 32-column blocks (4x v4's "
     "programs); a fixed merge tree per request (batch invariant, not v7's bits)",
+    ("tree_mla", "gluon_v9"): ("Gluon attention kernel under v4's policy and combine: each "
+                               "warpgroup scores half the keys of a tile and owns half the "
+                               "value columns (no duplicate QK^T), K tiles in a 2-slot TMA "
+                               "ring; bf16/fp16 on sm_90", ("sm90", "triton")),
 }
 
 

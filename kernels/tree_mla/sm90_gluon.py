@@ -1,0 +1,79 @@
+"""Compile tree_mla's Gluon attention kernel (gluon_v9) for sm_90 on a machine without a GPU and
+report what sm90.py reports for the Triton versions: registers, spills, wgmma shapes, shared
+memory, TMA copies, and the TMA boxes the driver will encode.
+
+    python -m workbench.kernels.tree_mla.sm90_gluon [--heads 64] [--rows 9] [--ctx 4096]
+
+sm90.py runs a launcher under the interpreter with its kernels swapped for recorders; Gluon
+kernels have no interpreter and gluon_v9's launcher wants a GPU, so the signature is built
+here from the launcher's constants (tensor descriptors as `tensordesc<bf16[block],layout>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+import torch
+
+
+def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, R: int = 64,
+                 dtype=torch.bfloat16) -> dict:
+    """sm_90 build of gluon_v9._attn_kernel with the constexprs its launcher passes for
+    q [1, rows, heads, C + R] and a [1, ctx, C + R] cache; ints not specialised (a launch
+    with ints equal to 1 would fold them: close enough for registers)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from workbench.kernels._sm90 import ptxas_stats
+    from workbench.kernels.tree_mla import gluon_v9
+    from workbench.kernels.tree_mla.triton_v4 import V4, parts_grid
+
+    el = "bf16" if dtype == torch.bfloat16 else "fp16"
+    RP = max(16, 1 << max(R - 1, 0).bit_length())
+    fn = gluon_v9._attn_kernel
+
+    def desc(block):
+        return f"tensordesc<{el}[{block[0]},{block[1]}],{gluon_v9._smem(block, dtype)!r}>"
+
+    sig = {name: "i32" for name in fn.arg_names}
+    sig.update(qc_desc=desc([64, C]), qr_desc=desc([64, RP]), kc_desc=desc([64, C]),
+               kr_desc=desc([64, RP]), kv_ptr=f"*{el}", plen_ptr="*i64", anc_ptr="*i64",
+               o_ptr=f"*{el}", lse_ptr="*fp32", opart_ptr="*fp32", lpart_ptr="*fp32",
+               qk_scale="fp32")
+    use_pdl = parts_grid(ctx, policy=V4) > 1
+    const = dict(C=C, R=R, RP=RP, SHORT_UPTO=V4.short_upto, SHORT_LEN=V4.short_len,
+                 LONG_MIN=V4.long_min, MAX_SPLITS=V4.max_splits, BLOCK_N=gluon_v9.BLOCK_N,
+                 USE_PDL=use_pdl)
+    for name in const:
+        sig[name] = "constexpr"
+    ck = triton.compile(GluonASTSource(fn, signature=sig, constexprs=const),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    ptx = ck.asm["ptx"]
+    regs, spill = ptxas_stats(ptx)
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)
+    return {"regs": regs, "spill": spill, "smem": ck.metadata.shared,
+            "wgmma": {s: shapes.count(s) for s in sorted(set(shapes))},
+            "tma": ptx.count("cp.async.bulk.tensor"), "gdc": ptx.count("griddepcontrol"),
+            "boxes": [m["block_size"] for m in (ck.metadata.tensordesc_meta or [])],
+            "ptx": ptx}
+
+
+def main(argv=None) -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: Gluon kernels compile only")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--rows", type=int, default=9)
+    p.add_argument("--ctx", type=int, default=4096)
+    a = p.parse_args(argv)
+    r = compile_attn(a.heads, a.rows, a.ctx)
+    print(f"gluon_v9 _attn_kernel: {r['regs']} regs, {r['spill']} B spill, smem {r['smem']} B, "
+          f"wgmma (PTX sites) {r['wgmma']}, tma {r['tma']}, gdc {r['gdc']}, boxes {r['boxes']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
