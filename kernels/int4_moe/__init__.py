@@ -37,7 +37,7 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the decode-loop test and the notebook use
-BEST = "triton_v11"
+BEST = "triton_v13"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
