@@ -20,6 +20,7 @@ from workbench.kernels.tree_mla import (
     BEST,
     _common,
     gluon_v9,
+    gluon_v10,
     register,
     triton_v1,
     triton_v2,
@@ -36,7 +37,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
             "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton}
 # Gluon has no interpreter: gluon_v9 runs in the `gpu` tests only (its CPU tests compile it)
-GPU_VERSIONS = {**VERSIONS, "g9": gluon_v9.tree_mla_gluon}
+GPU_VERSIONS = {**VERSIONS, "g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon}
+GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
@@ -474,8 +476,9 @@ def test_gpu_row_result_independent_of_rows_in_launch(version, ctx):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", list(GLUON))
 @pytest.mark.parametrize("name", list(EDGE))
-def test_gpu_edge_gluon(name, poisoned):
+def test_gpu_edge_gluon(name, version, poisoned):
     # why: gluon_v9 has no interpreter, so the CPU EDGE table runs here; the widths and dtypes
     # its tiles cannot take (fp32, C not a power of two) must be refused by name
     prefix, tree, kw, _why = EDGE[name]
@@ -484,21 +487,22 @@ def test_gpu_edge_gluon(name, poisoned):
         case.args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in case.args)
         if name == "fp32":
             with pytest.raises(ValueError, match=r"q: expected dtype bfloat16 or float16"):
-                gluon_v9.tree_mla_gluon(*case.args)
+                GLUON[version](*case.args)
         elif name == "odd-widths":
             with pytest.raises(ValueError, match=r"kv_lora_rank: expected a power of two"):
-                gluon_v9.tree_mla_gluon(*case.args)
+                GLUON[version](*case.args)
         else:
-            assert_matches_reference(case, gluon_v9.tree_mla_gluon)
+            assert_matches_reference(case, GLUON[version])
 
 
 @pytest.mark.gpu
-def test_gpu_gluon_harness_cases_nan_and_batch_position(poisoned):
+@pytest.mark.parametrize("version", list(GLUON))
+def test_gpu_gluon_harness_cases_nan_and_batch_position(version, poisoned):
     # why: the CPU-only tests of the Triton versions, for gluon_v9: the registry's EDGE cases
     # (heads-major q), inf/NaN past each length, a request alone == inside a batch
     from workbench.ops.cases import tree_mla_cases
 
-    fn = gluon_v9.tree_mla_gluon
+    fn = GLUON[version]
     for case in tree_mla_cases("edge", seed=7, device="cuda"):
         assert_matches_reference(case, fn)
     case = make_case((600, 37, 5), [random_parents(6, torch.Generator().manual_seed(s))
@@ -511,6 +515,17 @@ def test_gpu_gluon_harness_cases_nan_and_batch_position(poisoned):
     for b in range(3):
         ob, lb = fn(q[b:b + 1], cache[b:b + 1], P[b:b + 1], anc[b:b + 1], scale, C)
         assert torch.equal(ob[0], o[b]) and torch.equal(lb[0], lse[b]), b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, ctx", [(1, 9, 64, 1024), (2, 129, 8, 8192), (4, 17, 64, 40)])
+def test_gpu_gluon_v10_bitwise_v9(B, N, H, ctx):
+    # why: v10 changes only where the PV wgmma reads P from (its own shared-memory buffer, not
+    # a register operand): the same bf16 P and V through the same wgmma shapes and order
+    case = _gpu_case(B, N, H, ctx, seed=N)
+    o9, l9 = gluon_v9.tree_mla_gluon(*case.args)
+    o10, l10 = gluon_v10.tree_mla_gluon(*case.args)
+    assert torch.equal(o9, o10) and torch.equal(l9, l10)
 
 
 # ---------------------------------------------------------------- peers
@@ -574,7 +589,8 @@ def test_gluon_v9_errors_name_the_argument(over, match):
 
 
 def test_gluon_v9_compiles_to_split_score_tiles_sm90():
-    # why: gluon_v9's design (README "Design (v9)"): for sm_90 each of its two loops issues
+    # why: gluon_v9's design (README "Design (v9)"; v10 the same with P's own buffer): for
+    # sm_90 each of its two loops issues
     # 36 wgmma m64n32k16 (S split by keys, no m64n64: no duplicate QK^T) and 4 m64n256k16 (each
     # warpgroup's 256 value columns), K and Q arrive by TMA in 128-byte-swizzled [64, 64]
     # boxes, the combine is a programmatic dependent, and it fits 227 KB of shared memory
@@ -585,7 +601,7 @@ def test_gluon_v9_compiles_to_split_score_tiles_sm90():
     import sys
 
     code = ("import json; from workbench.kernels.tree_mla import sm90_gluon as s; "
-            "rs = [s.compile_attn(64, 9, 4096), s.compile_attn(8, 129, 32768)]; "
+            "rs = [s.compile_attn(64, 9, 4096), s.compile_attn(8, 129, 32768, p_smem=True)]; "
             "print(json.dumps([{k: v for k, v in r.items() if k != 'ptx'} for r in rs]))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

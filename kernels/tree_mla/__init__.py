@@ -26,6 +26,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                not a load latency a part) in 32-column blocks; a fixed but different merge tree
     gluon_v9   triton_v4's cascade with the attention kernel in Gluon: the two warpgroups split
                the score tile by keys (no duplicate QK^T), K in a 2-slot TMA ring (sm_90 only)
+    gluon_v10  gluon_v9 with P handed to the PV wgmma through its own shared-memory buffer (one
+               CTA barrier a tile instead of the conversion's four)
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -51,6 +53,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v7": f"{_MOD}.triton_v7:tree_mla_triton",
         "triton_v8": f"{_MOD}.triton_v8:tree_mla_triton",
         "gluon_v9": f"{_MOD}.gluon_v9:tree_mla_gluon",
+        "gluon_v10": f"{_MOD}.gluon_v10:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -84,6 +87,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                "warpgroup scores half the keys of a tile and owns half the "
                                "value columns (no duplicate QK^T), K tiles in a 2-slot TMA "
                                "ring; bf16/fp16 on sm_90", ("sm90", "triton")),
+    ("tree_mla", "gluon_v10"): ("gluon_v9 with P stored by each warpgroup into a [64, 64] "
+                                "shared-memory buffer read by the PV wgmma (one barrier a "
+                                "tile, not the layout conversion's four)", ("sm90", "triton")),
 }
 
 

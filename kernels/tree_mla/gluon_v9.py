@@ -92,6 +92,37 @@ def _pv(p, kc, acc, alpha, O_L: gl.constexpr):
 
 
 @gluon.jit
+def _softmax_pv(s, m_i, l_i, acc, kc, p_s, SAFE: gl.constexpr, P_SMEM: gl.constexpr,
+                O_L: gl.constexpr):
+    """One tile's base-2 online softmax and P V on masked, scaled scores s [64, 64] (S_L, each
+    warpgroup half the keys: the row max and sum cross the warpgroups). P reaches the PV wgmma
+    (which needs all 64 keys of a row in each warpgroup) either as a register A operand through
+    the compiler's layout conversion (v9: 4 CTA barriers, two rounds through its scratch) or,
+    P_SMEM (v10), stored by each warpgroup into p_s [64, 64] (its 32 columns) and read by the
+    wgmma from shared memory (one barrier). SAFE: a tile may hide every key from a row (masked
+    tiles): keep the subtracted max finite."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_use = m_new
+    if SAFE:
+        m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    if P_SMEM:
+        # p_s's last readers (the previous tile's PV wgmmas) have retired: every warpgroup
+        # waited on them before the CTA barrier inside this tile's row max
+        p_s.store(p.to(kc.dtype))
+        fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
+        gl.thread_barrier()
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        acc = warpgroup_mma(p_s, kc, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    else:
+        acc = _pv(p, kc, acc, alpha, O_L)
+    return m_new, l_i, acc
+
+
+@gluon.jit
 def _stage(kv_b, x, ok, skt, dst_c, dst_r, C: gl.constexpr, R: gl.constexpr,
            RP: gl.constexpr, LD: gl.constexpr):
     """Latent rows x [STAGE_ROWS] (slot indices; rows with ok False read 0, so NaN past a
@@ -111,7 +142,8 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
                  opart_ptr, lpart_ptr, skb, skt, s_plen, sab, san, saw, T, N, H, M, S_GRID,
                  qk_scale, C: gl.constexpr, R: gl.constexpr, RP: gl.constexpr,
                  SHORT_UPTO: gl.constexpr, SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr,
-                 MAX_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr):
+                 MAX_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr,
+                 P_SMEM: gl.constexpr):
     BLOCK_M: gl.constexpr = 64
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, 32, 16])
@@ -134,6 +166,9 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
         qr_s = gl.allocate_shared_memory(dtype, [BLOCK_M, RP], qr_desc.layout)
         kc_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, C], kc_desc.layout)
         kr_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, RP], kr_desc.layout)
+        p_s = None
+        if P_SMEM:  # v10: P [64, 64] as the PV wgmma's shared-memory A operand
+            p_s = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], kc_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(3):  # 0, 1: the K ring's slots; 2: Q
             mbarrier.init(bars.index(i), count=1)
@@ -180,20 +215,14 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
             s = _scores(qc_s, qr_s, kc, kr_s.index(slot), S_L)
             slots = k_ld + gl.arange(0, BLOCK_N, layout=COL_S)
             s = gl.where((slots >= k0)[None, :], s * qk_scale, NEG_INF)  # >= 1 key live
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            acc = _pv(p, kc, acc, alpha, O_L)
-        rows = mb * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)  # query rows of request b
-        row_ok = rows < M
+            m_i, l_i, acc = _softmax_pv(s, m_i, l_i, acc, kc, p_s, False, P_SMEM, O_L)
+        rows_s = mb * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)  # query rows of request b
         if t == n_parts - 1:
             # masked tiles over j = x - P in [j_lo, N): slot x visible to node i iff j < 0
             # (prefix, only when P < 64) or bit j of anc_bits[b, i]; tiles start at multiples
             # of 64 in j, so a tree tile reads one ancestor word a row
             j_lo = gl.where(P >= BLOCK_N, 0, -_cdiv(P, BLOCK_N) * BLOCK_N)
-            anc_rows = anc_ptr + b * sab + (rows // H) * san  # [64]
+            anc_rows = anc_ptr + b * sab + (rows_s // H) * san  # [64]
             kv_b = kv_ptr + b * skb
             kc = kc_s.index(0)
             kr = kr_s.index(0)
@@ -213,23 +242,19 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
                 x = P + j
                 ok = (x >= 0) & (j < N) & (x < T)  # x < T: memory safety, bad prefix_lens
                 word = gl.load(anc_rows + (gl.maximum(j0, 0) // 64) * saw,
-                               mask=row_ok & (j0 >= 0), other=0)  # [64]
+                               mask=(rows_s < M) & (j0 >= 0), other=0)  # [64]
                 sh = (gl.maximum(j, 0) % 64).to(gl.int64)
                 vis = (((word[:, None] >> sh[None, :]) & 1) != 0) | (j < 0)[None, :]
                 s = gl.where(vis & ok[None, :], s * qk_scale, NEG_INF)
                 # a tile may hide every key from a row (the tree's own part starts at
-                # m_i = -inf): keep the subtracted max finite, exp2 never sees -inf - -inf
-                m_new = gl.maximum(m_i, gl.max(s, axis=1))
-                m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
-                alpha = gl.exp2(m_i - m_use)
-                p = gl.exp2(s - m_use[:, None])
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                m_i = m_new
-                acc = _pv(p, kc, acc, alpha, O_L)
+                # m_i = -inf): SAFE keeps exp2 away from -inf - -inf
+                m_i, l_i, acc = _softmax_pv(s, m_i, l_i, acc, kc, p_s, True, P_SMEM, O_L)
         for i in gl.static_range(3):
             mbarrier.invalidate(bars.index(i))
         # l_i = 0 only for rows past M or an empty ancestor word (malformed input): out = 0,
         # lse = -inf there, weight 0 in the merge (v4)
+        rows = rows_s
+        row_ok = rows < M
         l_i = gl.where(row_ok & (l_i > 0), l_i, 1.0)
         lse2 = m_i + gl.log2(l_i)
         out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, O_L))[:, None]
@@ -253,7 +278,7 @@ def _smem(block, dtype) -> gl.NVMMASharedLayout:
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy):
+            policy: Policy, p_smem: bool = False):
     B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
                                             kv_lora_rank)
     C, R, M = kv_lora_rank, D - kv_lora_rank, N * H
@@ -304,7 +329,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         qc_desc, qr_desc, kc_desc, kr_desc, kv_cache, prefix_lens, anc_bits, o_lat, lse,
         o_part, l_part, kv_cache.stride(0), sk, prefix_lens.stride(0), *anc_bits.stride(),
         T, N, H, M, G, float(softmax_scale) * LOG2E, C=C, R=R, RP=RP, **consts,
-        USE_PDL=use_pdl, num_warps=8)
+        USE_PDL=use_pdl, P_SMEM=p_smem, num_warps=8)
     if G > 1:  # v4's combine (Triton), a programmatic dependent launch
         _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts,
                         use_pdl, {"launch_pdl": use_pdl})

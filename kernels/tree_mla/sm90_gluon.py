@@ -2,7 +2,7 @@
 report what sm90.py reports for the Triton versions: registers, spills, wgmma shapes, shared
 memory, TMA copies, and the TMA boxes the driver will encode.
 
-    python -m workbench.kernels.tree_mla.sm90_gluon [--heads 64] [--rows 9] [--ctx 4096]
+    python -m workbench.kernels.tree_mla.sm90_gluon [--version 9|10] [--heads 64] [--rows 9]
 
 sm90.py runs a launcher under the interpreter with its kernels swapped for recorders; Gluon
 kernels have no interpreter and gluon_v9's launcher wants a GPU, so the signature is built
@@ -19,8 +19,9 @@ import torch
 
 
 def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, R: int = 64,
-                 dtype=torch.bfloat16) -> dict:
-    """sm_90 build of gluon_v9._attn_kernel with the constexprs its launcher passes for
+                 dtype=torch.bfloat16, p_smem: bool = False) -> dict:
+    """sm_90 build of gluon_v9._attn_kernel (p_smem=True: gluon_v10's) with the constexprs
+    its launcher passes for
     q [1, rows, heads, C + R] and a [1, ctx, C + R] cache; ints not specialised (a launch
     with ints equal to 1 would fold them: close enough for registers)."""
     import triton
@@ -46,7 +47,7 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
     use_pdl = parts_grid(ctx, policy=V4) > 1
     const = dict(C=C, R=R, RP=RP, SHORT_UPTO=V4.short_upto, SHORT_LEN=V4.short_len,
                  LONG_MIN=V4.long_min, MAX_SPLITS=V4.max_splits, BLOCK_N=gluon_v9.BLOCK_N,
-                 USE_PDL=use_pdl)
+                 USE_PDL=use_pdl, P_SMEM=p_smem)
     for name in const:
         sig[name] = "constexpr"
     ck = triton.compile(GluonASTSource(fn, signature=sig, constexprs=const),
@@ -68,9 +69,10 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--rows", type=int, default=9)
     p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--version", type=int, choices=(9, 10), default=9)
     a = p.parse_args(argv)
-    r = compile_attn(a.heads, a.rows, a.ctx)
-    print(f"gluon_v9 _attn_kernel: {r['regs']} regs, {r['spill']} B spill, smem {r['smem']} B, "
+    r = compile_attn(a.heads, a.rows, a.ctx, p_smem=a.version == 10)
+    print(f"gluon_v{a.version} _attn_kernel: {r['regs']} regs, {r['spill']} B spill, smem {r['smem']} B, "
           f"wgmma (PTX sites) {r['wgmma']}, tma {r['tma']}, gdc {r['gdc']}, boxes {r['boxes']}")
     return 0
 
