@@ -37,8 +37,9 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
             "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton}
 # Gluon has no interpreter: gluon_v9 runs in the `gpu` tests only (its CPU tests compile it)
-GPU_VERSIONS = {**VERSIONS, "g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon}
-GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon}
+GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
+         "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads}
+GPU_VERSIONS = {**VERSIONS, **GLUON}
 tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale

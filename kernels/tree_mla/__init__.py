@@ -28,6 +28,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                the score tile by keys (no duplicate QK^T), K in a 2-slot TMA ring (sm_90 only)
     gluon_v10  gluon_v9 with P handed to the PV wgmma through its own shared-memory buffer (one
                CTA barrier a tile instead of the conversion's four)
+    gluon_v10_by_heads  gluon_v10 under triton_v7's policy by head count (short splits below
+               32 heads)
 
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
 """
@@ -54,6 +56,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v8": f"{_MOD}.triton_v8:tree_mla_triton",
         "gluon_v9": f"{_MOD}.gluon_v9:tree_mla_gluon",
         "gluon_v10": f"{_MOD}.gluon_v10:tree_mla_gluon",
+        "gluon_v10_by_heads": f"{_MOD}.gluon_v10:tree_mla_gluon_by_heads",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -90,6 +93,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "gluon_v10"): ("gluon_v9 with P stored by each warpgroup into a [64, 64] "
                                 "shared-memory buffer read by the PV wgmma (one barrier a "
                                 "tile, not the layout conversion's four)", ("sm90", "triton")),
+    ("tree_mla", "gluon_v10_by_heads"): ("gluon_v10 under triton_v7's policy by head count: "
+                                         "below 32 heads 128-key splits (up to 64), so an EP8 "
+                                         "rank's small verify fills the GPU",
+                                         ("sm90", "triton")),
 }
 
 
