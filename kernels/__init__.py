@@ -40,10 +40,11 @@ def register_all() -> list[str]:
     `INVARIANT` version where BEST is not batch/position-invariant: DDTree's tokens are AR's
     bit for bit on the GPU, tests/test_exact_gpu.py) and "engine" (optimized + the
     batch-variant engine-style supporting ops of kernels/dense: what the full-size emulation
-    times)."""
+    times). A folder whose BEST cannot run everywhere (tree_mla's Gluon kernel: sm_90 only)
+    also names PORTABLE, which a preset selects on machines without it (registry.PORTABLE)."""
     import importlib
 
-    from workbench.ops.registry import PRESETS
+    from workbench.ops.registry import PORTABLE, PRESETS
 
     added, best, invariant = [], {}, {}
     for folder in FOLDERS:
@@ -57,6 +58,8 @@ def register_all() -> list[str]:
                 best[op] = choice
         if getattr(mod, "INVARIANT", None):
             invariant[folder] = mod.INVARIANT
+        if getattr(mod, "PORTABLE", None):  # BEST needs hardware the interpreter lacks
+            PORTABLE[folder] = mod.PORTABLE
     PRESETS["optimized"] = best
     PRESETS["invariant"] = {**best, **invariant}
     from . import dense

@@ -18,7 +18,8 @@ if not HAS_CUDA:
 
 
 def _default_versions() -> dict[str, set[str]]:
-    """{op: {BEST, newest}}: the kernel versions whose CPU tests the default run keeps."""
+    """{op: {BEST, PORTABLE, newest}}: the kernel versions whose CPU tests the default run keeps
+    (PORTABLE: what the presets run where BEST cannot, e.g. tree_mla on a CPU box)."""
     import importlib
     import re
 
@@ -33,7 +34,8 @@ def _default_versions() -> dict[str, set[str]]:
         mod = importlib.import_module(f"workbench.kernels.{folder}")
         names = list(mod.VARIANTS.get(folder, {}))
         if getattr(mod, "BEST", None) and names:
-            keep[folder] = {mod.BEST, max(names, key=number)}
+            keep[folder] = {mod.BEST, getattr(mod, "PORTABLE", mod.BEST),
+                            max(names, key=number)}
     return keep
 
 
@@ -41,7 +43,7 @@ def _default_versions() -> dict[str, set[str]]:
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip without CUDA. In tests/test_<op>_kernel.py, a CPU test parametrised by
     `version` is `extended` (opt-in: pytest -m extended) unless the version is the folder's
-    BEST or its newest: the interpreter is slow and every numbered version is kept."""
+    BEST, PORTABLE or its newest: the interpreter is slow and every numbered version is kept."""
     keep = _default_versions()
     for item in items:
         if "gpu" in item.keywords:

@@ -27,13 +27,14 @@ GPU_NEEDS = {"cuda", "sm90", "cupy"}  # cupy imports on CPU but every launch rai
 def _params():
     # each kernel folder's BEST and the engine's picks for the supporting ops (kernels/dense)
     best = ops.PRESETS["engine"]
+    portable = ops.PORTABLE  # what the preset runs where its pick needs absent hardware
     for op in ops.list_ops():
         for name, v in ops.op_spec(op).variants.items():
             marks = [pytest.mark.gpu] if GPU_NEEDS & set(v.needs) else []
             # Triton variants run in the interpreter (slow on CPU): the default run checks the
             # version a preset selects; earlier and experimental versions run with
             # `-m extended` (their own kernel test files cover them too)
-            if "triton" in v.needs and best.get(op) != name:
+            if "triton" in v.needs and name not in (best.get(op), portable.get(op)):
                 marks.append(pytest.mark.extended)
             yield pytest.param(op, name, marks=marks, id=f"{op}-{name}")
 

@@ -18,6 +18,7 @@ import torch
 from workbench.check import compare_outputs
 from workbench.kernels.tree_mla import (
     BEST,
+    PORTABLE,
     _common,
     gluon_v9,
     gluon_v10,
@@ -40,7 +41,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
-tree_mla_triton = VERSIONS[BEST.removeprefix("triton_")]
+# BEST (gluon_v10) needs sm_90; the CPU tests exercise the presets' PORTABLE choice
+tree_mla_triton = VERSIONS[PORTABLE.removeprefix("triton_")]
 NAN = float("nan")
 SCALE = 0.14468  # K2.6's softmax scale
 
@@ -376,6 +378,25 @@ def test_registered_variants():
         assert ops.get("tree_mla") is triton_v8.tree_mla_triton
 
 
+def test_presets_select_best_where_it_runs_else_portable():
+    # why: BEST (Gluon) has no interpreter: a preset must still run on a CPU box, with the
+    # portable version, while an explicit request for the Gluon kernel fails by name
+    from workbench import ops
+
+    assert ops.PRESETS["optimized"]["tree_mla"] == BEST == "gluon_v10"
+    assert ops.PORTABLE["tree_mla"] == PORTABLE
+    runs = ops.op_spec("tree_mla").variant(BEST).unavailable_reason() is None
+    want = BEST if runs else PORTABLE
+    for preset in ("optimized", "engine"):
+        assert ops.resolve_preset(ops.PRESETS[preset])["tree_mla"] == want
+        with ops.use(preset):
+            assert ops.selected("tree_mla") == want
+    if not runs:
+        with pytest.raises(ops.VariantUnavailable, match="tree_mla=gluon_v10 cannot run here"):
+            with ops.use(tree_mla=BEST):
+                pass
+
+
 @pytest.mark.parametrize("budget", [None, 5])
 def test_decode_token_exact_with_kernel(tiny_target, budget):
     # why: the kernel in every attention call of the loop (prefill chunks = chain masks, AR
@@ -388,12 +409,12 @@ def test_decode_token_exact_with_kernel(tiny_target, budget):
     ar = generate(tiny_target, prompts=prompts, max_new_tokens=6)
     if budget is None:
         out = generate(tiny_target, prompts=prompts, max_new_tokens=6,
-                       kernels={"tree_mla": BEST})
+                       kernels={"tree_mla": PORTABLE})
     else:
         seqs = [p + t for p, t in zip(prompts, ar.tokens)]
         drafter = ReplayDrafter(tiny_target.cfg, seqs, hit_prob=0.9, seed=1)
         out = generate(tiny_target, drafter, prompts, max_new_tokens=6, budget=budget,
-                       kernels={"tree_mla": BEST})
+                       kernels={"tree_mla": PORTABLE})
         assert max(out.accepted) >= 2  # multi-token paths were verified by the kernel
     assert out.tokens == ar.tokens
 

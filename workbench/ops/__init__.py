@@ -10,6 +10,7 @@ add_rmsnorm, swiglu_mlp, moe_route, lm_head, mla_q_absorb, mla_v_up, rope, mla_k
 
 from . import cases as _cases
 from .registry import (
+    PORTABLE,
     PRESETS,
     REFERENCE,
     OpSpec,
@@ -20,6 +21,7 @@ from .registry import (
     list_ops,
     op_spec,
     register_op,
+    resolve_preset,
     selected,
     use,
 )
@@ -69,8 +71,9 @@ register_op("ep_combine", "The EP owner's combine: expert outputs back in send o
             f"{_R}.ep_plan:ep_combine", **_H("ep_combine"))
 
 __all__ = [
-    "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant", "VariantUnavailable", "get",
-    "list_ops", "op_spec", "register_op", "selected", "use",
+    "PORTABLE", "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant",
+    "VariantUnavailable", "get", "list_ops", "op_spec", "register_op", "resolve_preset",
+    "selected", "use",
 ]
 
 # optimized variants: each kernel folder registers its numbered versions (lazy imports)

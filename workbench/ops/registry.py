@@ -148,7 +148,7 @@ def _normalize(selection: Mapping[str, str] | str | None) -> dict[str, str]:
                 f"kernels: expected a mapping op -> variant or one of "
                 f"{sorted([REFERENCE, *PRESETS])}, got {selection!r}"
             )
-        return dict(PRESETS[selection])
+        return resolve_preset(PRESETS[selection])
     out = {}
     for op, variant in selection.items():
         op_spec(op).variant(variant)  # raises with the known names
@@ -178,6 +178,21 @@ def use(selection: Mapping[str, str] | str | None = None, /, **kw: str) -> Itera
 
 # named selections, e.g. PRESETS["optimized"] = {"int4_moe": "triton_v2", ...}
 PRESETS: dict[str, dict[str, str]] = {}
+# op -> the version a preset selects where the one it names cannot run here: a kernel folder
+# whose BEST needs hardware the interpreter does not emulate (tree_mla's Gluon kernel: sm_90)
+# names its best version that runs everywhere (PORTABLE, e.g. on the CPU under the interpreter)
+PORTABLE: dict[str, str] = {}
+
+
+def resolve_preset(preset: Mapping[str, str]) -> dict[str, str]:
+    """A preset's selection for this machine: each op's named version, or PORTABLE[op] where
+    that version cannot run here (its needs, e.g. an sm_90 GPU, are unmet). Only presets are
+    resolved: an explicit op=variant that cannot run still fails in `use`, naming the reason."""
+    out = dict(preset)
+    for op, variant in out.items():
+        if op in PORTABLE and op_spec(op).variant(variant).unavailable_reason():
+            out[op] = PORTABLE[op]
+    return out
 
 
 def unavailable_reason(needs) -> str | None:
