@@ -566,25 +566,31 @@ def test_sglang_extend_peer_matches_reference():
     assert err < 1e-2
 
 
-def test_gluon_splits_the_score_tile_across_warpgroups_sm90():
-    # why: the next tree_mla kernel's premise (scripts/gluon_mla_tile_probe.py, README "Next:
-    # Gluon"): on this toolchain Gluon compiles a 64 x 64 absorbed-MLA tile for sm_90 with S
-    # split by keys over the two warpgroups (36 wgmma m64n32 a warpgroup where Triton's layout
-    # issues m64n64: the duplicate QK^T) and each warpgroup's 256 value columns, no spill
-    # (a subprocess: Gluon has no interpreter, so no TRITON_INTERPRET there)
+def _gluon_compile(code: str):
+    """Run `code` (which sets `out`) in a subprocess without TRITON_INTERPRET (Gluon has no
+    interpreter: its kernels only compile on this box) from the repo root; returns `out`
+    through JSON."""
     import json
     import os
     import subprocess
     import sys
 
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gluon_mla_tile_probe as p; "
-            "print(json.dumps([p.compile_tile([4, 2]), p.compile_tile([8, 1]), "
-            "p.compile_loop()]))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    res = subprocess.run([sys.executable, "-c", f"import json; {code}; print(json.dumps(out))"],
+                         capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert res.returncode == 0, res.stderr[-2000:]
-    split, dup, loop = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_gluon_splits_the_score_tile_across_warpgroups_sm90():
+    # why: the next tree_mla kernel's premise (scripts/gluon_mla_tile_probe.py, README "Next:
+    # Gluon"): on this toolchain Gluon compiles a 64 x 64 absorbed-MLA tile for sm_90 with S
+    # split by keys over the two warpgroups (36 wgmma m64n32 a warpgroup where Triton's layout
+    # issues m64n64: the duplicate QK^T) and each warpgroup's 256 value columns, no spill
+    split, dup, loop = _gluon_compile(
+        "import sys; sys.path.insert(0, 'scripts'); import gluon_mla_tile_probe as p; "
+        "out = [p.compile_tile([4, 2]), p.compile_tile([8, 1]), p.compile_loop()]")
     assert split["wgmma"] == {"m64n256k16": 4, "m64n32k16": 36}, split
     assert dup["wgmma"] == {"m64n256k16": 4, "m64n64k16": 36}, dup
     assert "0 B spill" in split["ptxas"], split
@@ -612,24 +618,14 @@ def test_gluon_v9_errors_name_the_argument(over, match):
 
 def test_gluon_v9_compiles_to_split_score_tiles_sm90():
     # why: gluon_v9's design (README "Design (v9)"; v10 the same with P's own buffer): for
-    # sm_90 each of its two loops issues
-    # 36 wgmma m64n32k16 (S split by keys, no m64n64: no duplicate QK^T) and 4 m64n256k16 (each
-    # warpgroup's 256 value columns), K and Q arrive by TMA in 128-byte-swizzled [64, 64]
-    # boxes, the combine is a programmatic dependent, and it fits 227 KB of shared memory
-    # (a subprocess: Gluon has no interpreter, so no TRITON_INTERPRET there)
-    import json
-    import os
-    import subprocess
-    import sys
-
-    code = ("import json; from workbench.kernels.tree_mla import sm90_gluon as s; "
-            "rs = [s.compile_attn(64, 9, 4096), s.compile_attn(8, 129, 32768, p_smem=True)]; "
-            "print(json.dumps([{k: v for k, v in r.items() if k != 'ptx'} for r in rs]))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    for r in json.loads(res.stdout.strip().splitlines()[-1]):
+    # sm_90 each of its two loops issues 36 wgmma m64n32k16 (S split by keys, no m64n64: no
+    # duplicate QK^T) and 4 m64n256k16 (each warpgroup's 256 value columns), K and Q arrive by
+    # TMA in 128-byte-swizzled [64, 64] boxes, the combine is a programmatic dependent, and it
+    # fits 227 KB of shared memory
+    for r in _gluon_compile(
+            "from workbench.kernels.tree_mla import sm90_gluon as s; "
+            "out = [{k: v for k, v in r.items() if k != 'ptx'} for r in "
+            "[s.compile_attn(64, 9, 4096), s.compile_attn(8, 129, 32768, p_smem=True)]]"):
         assert r["wgmma"] == {"m64n256k16": 8, "m64n32k16": 72}, r
         assert r["smem"] <= 227 * 1024 and int(r["regs"]) <= 255, r
         assert r["tma"] >= 4 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
