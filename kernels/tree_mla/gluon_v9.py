@@ -18,8 +18,9 @@ Gluon, so the two warpgroups split the score tile by keys instead of both comput
 Inputs it takes (else a ValueError naming the argument): CUDA sm_90, bf16 or fp16, C a power
 of two in [32, 512] (O's instruction is m64n{C/2}k16 a warpgroup), R <= 64, kv_cache viewable
 as [B * T, C + R] rows (stride(0) = T * stride(1), 16-byte aligned; the harness's gappy slot
-stride qualifies; B = 1 ignores stride(0)). A q that TMA cannot read as [B * M, C + R] (heads-major, a row slice) is
-copied contiguous first: one [B, N, H, C + R] copy, said here rather than hidden.
+stride qualifies; B = 1 ignores stride(0)). A q that TMA cannot read as [B * M, C + R]
+(heads-major, a row slice) is copied contiguous first: one [B, N, H, C + R] copy, said here
+rather than hidden. The kernel's P_SMEM constexpr is gluon_v10 (P through a buffer of its own).
 Gluon has no interpreter: on CPU it is compiled (tests, `sm90.py`-style), run on the H200.
 Legend: _common.py. Softmax in base 2.
 """
@@ -47,7 +48,7 @@ BLOCK_M = 64  # query rows (heads x nodes) a program: one wgmma M tile
 BLOCK_N = 64  # keys a tile, prefix and masked
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 NEG_INF: gl.constexpr = gl.constexpr(float("-inf"))
-# masked tiles are staged through registers 32 rows at a time (16 values a thread a part)
+# masked tiles are staged through registers 32 rows at a time (64 latent values a thread)
 STAGE_ROWS = gl.constexpr(32)
 
 
