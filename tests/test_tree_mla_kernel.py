@@ -1,6 +1,6 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
-triton_v4, triton_v4_split512, triton_v7, triton_v8, and gluon_v9 on the GPU): equal to the
-dense-mask reference.
+triton_v4, triton_v4_split512, triton_v7, triton_v8; gluon_v9, gluon_v10 and
+gluon_v10_by_heads on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -37,7 +37,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
             "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton}
-# Gluon has no interpreter: gluon_v9 runs in the `gpu` tests only (its CPU tests compile it)
+# Gluon has no interpreter: the Gluon versions run in the `gpu` tests only (the CPU tests
+# compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
@@ -501,7 +502,7 @@ def test_gpu_row_result_independent_of_rows_in_launch(version, ctx):
 @pytest.mark.parametrize("version", list(GLUON))
 @pytest.mark.parametrize("name", list(EDGE))
 def test_gpu_edge_gluon(name, version, poisoned):
-    # why: gluon_v9 has no interpreter, so the CPU EDGE table runs here; the widths and dtypes
+    # why: Gluon has no interpreter, so the CPU EDGE table runs here; the widths and dtypes
     # its tiles cannot take (fp32, C not a power of two) must be refused by name
     prefix, tree, kw, _why = EDGE[name]
     for seed in (0, 1):
