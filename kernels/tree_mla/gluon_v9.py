@@ -53,18 +53,13 @@ STAGE_ROWS = gl.constexpr(32)
 
 
 @gluon.jit
-def _cdiv(a, b):
-    return (a + b - 1) // b
-
-
-@gluon.jit
 def _parts(P, SHORT_UPTO: gl.constexpr, SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr,
            MAX_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
     """triton_v4._parts in Gluon: (split length, prefix splits, parts) from P only."""
-    long = gl.maximum(_cdiv(_cdiv(P, MAX_SPLITS), BLOCK_N) * BLOCK_N, LONG_MIN)
+    long = gl.maximum(gl.cdiv(gl.cdiv(P, MAX_SPLITS), BLOCK_N) * BLOCK_N, LONG_MIN)
     short = (P <= SHORT_UPTO).to(gl.int32)
     length = short * SHORT_LEN + (1 - short) * long
-    n_pre = (P >= BLOCK_N).to(gl.int32) * _cdiv(P, length)  # P < 64: all in the masked loop
+    n_pre = (P >= BLOCK_N).to(gl.int32) * gl.cdiv(P, length)  # P < 64: all in the masked loop
     n_parts = gl.maximum(n_pre + (P > SHORT_UPTO).to(gl.int32), 1)
     return length, n_pre, n_parts
 
@@ -79,17 +74,6 @@ def _scores(qc_s, qr_s, kc, kr, S_L: gl.constexpr):
                       use_acc=False, is_async=True)
     s = warpgroup_mma(qr_s, kr.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-
-
-@gluon.jit
-def _pv(p, kc, acc, alpha, O_L: gl.constexpr):
-    """acc * alpha + P V: P [64, 64] to the A-operand layout of O (both warpgroups get all 64
-    keys of their rows), V = the tile's first C columns, each warpgroup its C / 2 columns."""
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-    pa = gl.convert_layout(p.to(kc.dtype), gl.DotOperandLayout(operand_index=0, parent=O_L,
-                                                               k_width=2))
-    acc = warpgroup_mma(pa, kc, acc, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
 
 @gluon.jit
@@ -109,18 +93,20 @@ def _softmax_pv(s, m_i, l_i, acc, kc, p_s, SAFE: gl.constexpr, P_SMEM: gl.conste
     alpha = gl.exp2(m_i - m_use)
     p = gl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
     if P_SMEM:
         # p_s's last readers (the previous tile's PV wgmmas) have retired: every warpgroup
         # waited on them before the CTA barrier inside this tile's row max
         p_s.store(p.to(kc.dtype))
         fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
         gl.thread_barrier()
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        acc = warpgroup_mma(p_s, kc, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    else:
-        acc = _pv(p, kc, acc, alpha, O_L)
-    return m_new, l_i, acc
+        pa = p_s
+    else:  # both warpgroups get all 64 keys of their rows
+        pa = gl.convert_layout(p.to(kc.dtype), gl.DotOperandLayout(operand_index=0, parent=O_L,
+                                                                   k_width=2))
+    # V = the tile's first C columns, each warpgroup its C / 2 of them
+    acc = warpgroup_mma(pa, kc, acc, is_async=True)
+    return m_new, l_i, warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
 
 @gluon.jit
@@ -183,7 +169,7 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
         # at the split's end (v3); keys before a tile's nominal start get p = 0
         start = t * length
         end = gl.where(t < n_pre, gl.minimum(start + length, P), start)
-        n_tiles = _cdiv(end - start, BLOCK_N)
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
         kv_row = (b * T).to(gl.int32)  # request b's slot 0 in kv viewed [B * T, C + R]
         k_bytes: gl.constexpr = kc_desc.block_type.nbytes + kr_desc.block_type.nbytes
         first = n_tiles > 0
@@ -217,13 +203,13 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
             slots = k_ld + gl.arange(0, BLOCK_N, layout=COL_S)
             s = gl.where((slots >= k0)[None, :], s * qk_scale, NEG_INF)  # >= 1 key live
             m_i, l_i, acc = _softmax_pv(s, m_i, l_i, acc, kc, p_s, False, P_SMEM, O_L)
-        rows_s = mb * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)  # query rows of request b
+        rows = mb * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)  # query rows of request b
         if t == n_parts - 1:
             # masked tiles over j = x - P in [j_lo, N): slot x visible to node i iff j < 0
             # (prefix, only when P < 64) or bit j of anc_bits[b, i]; tiles start at multiples
             # of 64 in j, so a tree tile reads one ancestor word a row
-            j_lo = gl.where(P >= BLOCK_N, 0, -_cdiv(P, BLOCK_N) * BLOCK_N)
-            anc_rows = anc_ptr + b * sab + (rows_s // H) * san  # [64]
+            j_lo = gl.where(P >= BLOCK_N, 0, -gl.cdiv(P, BLOCK_N) * BLOCK_N)
+            anc_rows = anc_ptr + b * sab + (rows // H) * san  # [64]
             kv_b = kv_ptr + b * skb
             kc = kc_s.index(0)
             kr = kr_s.index(0)
@@ -243,7 +229,7 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
                 x = P + j
                 ok = (x >= 0) & (j < N) & (x < T)  # x < T: memory safety, bad prefix_lens
                 word = gl.load(anc_rows + (gl.maximum(j0, 0) // 64) * saw,
-                               mask=(rows_s < M) & (j0 >= 0), other=0)  # [64]
+                               mask=(rows < M) & (j0 >= 0), other=0)  # [64]
                 sh = (gl.maximum(j, 0) % 64).to(gl.int64)
                 vis = (((word[:, None] >> sh[None, :]) & 1) != 0) | (j < 0)[None, :]
                 s = gl.where(vis & ok[None, :], s * qk_scale, NEG_INF)
@@ -254,7 +240,6 @@ def _attn_kernel(qc_desc, qr_desc, kc_desc, kr_desc, kv_ptr, plen_ptr, anc_ptr, 
             mbarrier.invalidate(bars.index(i))
         # l_i = 0 only for rows past M or an empty ancestor word (malformed input): out = 0,
         # lse = -inf there, weight 0 in the merge (v4)
-        rows = rows_s
         row_ok = rows < M
         l_i = gl.where(row_ok & (l_i > 0), l_i, 1.0)
         lse2 = m_i + gl.log2(l_i)
@@ -304,9 +289,9 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     lse = torch.empty(B, N, H, dtype=torch.float32, device=q.device)
     if B == 0:
         return o_lat, lse
-    if not q.is_contiguous() or q.data_ptr() % 16 or D * e % 16:
-        q = q.contiguous()  # the one copy (module docstring): TMA reads q as [B * M, D] rows
     _require(D * e % 16 == 0, "q", "rows of a multiple of 16 bytes (TMA)", f"{D * e} B")
+    if not q.is_contiguous() or q.data_ptr() % 16:
+        q = q.contiguous()  # the one copy (module docstring): TMA reads q as [B * M, D] rows
     RP = max(16, _common.next_pow2(R))
     G = parts_grid(T, policy=policy)
     o_part = torch.empty(B, G, M, C, dtype=torch.float32, device=q.device) if G > 1 else lse

@@ -29,11 +29,11 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from workbench.kernels._sm90 import ptxas_stats
-    from workbench.kernels.tree_mla import gluon_v9
+    from workbench.kernels.tree_mla import _common, gluon_v9
     from workbench.kernels.tree_mla.triton_v4 import V4, parts_grid
 
     el = "bf16" if dtype == torch.bfloat16 else "fp16"
-    RP = max(16, 1 << max(R - 1, 0).bit_length())
+    RP = max(16, _common.next_pow2(R))  # gluon_v9._launch's rope box
     fn = gluon_v9._attn_kernel
 
     def desc(block):
