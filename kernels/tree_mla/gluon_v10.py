@@ -19,7 +19,7 @@ import torch
 
 from .gluon_v9 import _launch
 from .triton_v4 import V4
-from .triton_v7 import policy_for
+from .triton_v7 import policy_of
 
 
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
@@ -35,9 +35,8 @@ def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.T
 def tree_mla_gluon_by_heads(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
                             anc_bits: torch.Tensor, softmax_scale: float, kv_lora_rank: int, *,
                             validate: bool = False):
-    """gluon_v10 under triton_v7's policy (`policy_for(H)`: below 32 heads 128-key splits, up
+    """gluon_v10 under triton_v7's policy (`policy_of(q)`: below 32 heads 128-key splits, up
     to 64 of them): an EP8 rank's 8-head verify on many short programs (session 12's
     emulation: v4's policy made gluon_v9 slower than triton_v7 at C 1)."""
-    H = q.shape[2] if q.dim() == 4 else 0  # a bad rank is reported by the input checks
     return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-                   policy_for(H), p_smem=True)
+                   policy_of(q), p_smem=True)

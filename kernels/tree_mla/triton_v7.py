@@ -34,12 +34,17 @@ def policy_for(H: int) -> Policy:
     return V4 if H >= 32 else FEW_HEADS
 
 
+def policy_of(q: torch.Tensor) -> Policy:
+    """policy_for(q's head count): q [B, N, H, C+R]; a q of another rank gets v4's policy
+    here and is reported by the launcher's input checks."""
+    return policy_for(q.shape[2] if q.dim() == 4 else 0)
+
+
 def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
                     anc_bits: torch.Tensor, softmax_scale: float, kv_lora_rank: int, *,
                     validate: bool = False):
     """q [B, N, H, C+R], kv_cache [B, T, C+R], prefix_lens [B], anc_bits [B, N, W] int64
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla; v4's kernels
     under policy_for(H). No host sync unless validate=True."""
-    H = q.shape[2] if q.dim() == 4 else 0  # a bad rank is reported by v4's input checks
     return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-                   policy_for(H))
+                   policy_of(q))

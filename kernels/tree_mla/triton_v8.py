@@ -9,7 +9,7 @@ memory, whose barrier waits for that load, then the [16, 128] fp32 tile load and
 next part's loads cannot move above the barrier), ~0.35 µs of latency a part for ~9 MB of
 partials, on 36 programs (9 row blocks x 4 column blocks) of 132 SMs.
 
-    launch 1  v4's _attn_kernel, v7's policy_for(H) (imported, unchanged)
+    launch 1  v4's _attn_kernel, v7's policy_of(q) (imported, unchanged)
     launch 2  _combine_kernel (below), grid (ceil(M / 16), CP / 32, B), PDL as v4's:
               1. every part's lse of the 16 rows in one [NP, 16] load (NP = next_pow2(G)):
                  m = their max (exact in any order: NP and the load's shape never change it)
@@ -40,7 +40,7 @@ from . import _common
 
 # _attn_kernel is imported for sm90.py, which compiles a version's kernels by module
 from .triton_v4 import COMBINE_ROWS, LN2, _attn_kernel, _launch, _parts  # noqa: F401
-from .triton_v7 import policy_for
+from .triton_v7 import policy_of
 
 COMBINE_COLS = 32  # columns a combine program (v4: 128): 4x the programs, 16 B a thread a part
 CHUNK = 16  # parts a loop iteration: 16 independent 16 B loads a thread in flight
@@ -113,6 +113,5 @@ def tree_mla_triton(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.
     """q [B, N, H, C+R], kv_cache [B, T, C+R], prefix_lens [B], anc_bits [B, N, W] int64
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla; triton_v7's
     attention and policy, the chunked combine above. No host sync unless validate=True."""
-    H = q.shape[2] if q.dim() == 4 else 0  # a bad rank is reported by v4's input checks
     return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-                   policy_for(H), combine=_launch_combine)
+                   policy_of(q), combine=_launch_combine)
