@@ -42,6 +42,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
+# a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
+WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
 # BEST (gluon_v10) needs sm_90; the CPU tests exercise the presets' PORTABLE choice
 tree_mla_triton = VERSIONS[PORTABLE.removeprefix("triton_")]
 NAN = float("nan")
@@ -98,6 +100,13 @@ def make_case(prefix, parents, H=4, C=32, R=8, dtype=torch.bfloat16, seed=0, spa
     dims = dict(B=B, N=N, H=H, C=C, R=R, T=T, P_sum=sum(prefix), W=anc.shape[-1])
     return Case("tree_mla", label or f"P={prefix} N={N}", (q, cache, P, anc, SCALE, C),
                 dims=dims)
+
+
+def _on(case: Case, version: str) -> Case:
+    """The case on CUDA for a Gluon version (no interpreter), as made (CPU) otherwise."""
+    if version in GLUON:
+        case.args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in case.args)
+    return case
 
 
 def assert_matches_reference(case: Case, fn=None):
@@ -266,33 +275,37 @@ def test_v8_chunked_combine(poisoned):
     assert_matches_reference(case, triton_v8.tree_mla_triton)
 
 
-def test_harness_edge_cases(poisoned):
+@pytest.mark.parametrize("version", [PORTABLE.removeprefix("triton_"),
+                                     *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)])
+def test_harness_edge_cases(version, poisoned):
     # why: the registry's own EDGE cases (incl. a heads-major non-contiguous q)
     from workbench.ops.cases import tree_mla_cases
 
-    for case in tree_mla_cases("edge", seed=7):
-        assert_matches_reference(case)
+    device = "cuda" if version in GLUON else "cpu"
+    for case in tree_mla_cases("edge", seed=7, device=device):
+        assert_matches_reference(case, GPU_VERSIONS[version])
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", WITH_GLUON)
 def test_nan_past_length_never_leaks(version):
     # why: NaN (and inf) in every slot past P_b + N, and NaN in a request's own unused rows of
     # q: outputs stay finite for every real row
-    case = make_case((100, 3), random_parents(9, torch.Generator().manual_seed(6)))
+    case = _on(make_case((100, 3), random_parents(9, torch.Generator().manual_seed(6))),
+               version)
     q, cache, P, anc, scale, C = case.args
     cache[0, 100 + 9:] = float("inf")
-    o, lse = VERSIONS[version](q, cache, P, anc, scale, C)
+    o, lse = GPU_VERSIONS[version](q, cache, P, anc, scale, C)
     assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", WITH_GLUON)
 def test_batch_position_invariance(version):
     # why: a request's rows are bitwise the same alone and inside a batch of other requests
     # (its programs, tiles and split partition depend only on its own P_b); v2: the batch
     # mixes merged (P = 600) and one-split (37, 5) requests
-    fn = VERSIONS[version]
-    case = make_case((600, 37, 5), [random_parents(6, torch.Generator().manual_seed(s))
-                                    for s in range(3)], seed=3)
+    fn = GPU_VERSIONS[version]
+    case = _on(make_case((600, 37, 5), [random_parents(6, torch.Generator().manual_seed(s))
+                                        for s in range(3)], seed=3), version)
     q, cache, P, anc, scale, C = case.args
     o, lse = fn(*case.args)
     for b in range(3):
@@ -506,8 +519,7 @@ def test_gpu_edge_gluon(name, version, poisoned):
     # its tiles cannot take (fp32, C not a power of two) must be refused by name
     prefix, tree, kw, _why = EDGE[name]
     for seed in (0, 1):
-        case = make_case(prefix, tree, seed=seed, **kw, label=name)
-        case.args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in case.args)
+        case = _on(make_case(prefix, tree, seed=seed, **kw, label=name), version)
         if name == "fp32":
             with pytest.raises(ValueError, match=r"q: expected dtype bfloat16 or float16"):
                 GLUON[version](*case.args)
@@ -516,28 +528,6 @@ def test_gpu_edge_gluon(name, version, poisoned):
                 GLUON[version](*case.args)
         else:
             assert_matches_reference(case, GLUON[version])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("version", list(GLUON))
-def test_gpu_gluon_harness_cases_nan_and_batch_position(version, poisoned):
-    # why: the CPU-only tests of the Triton versions, for gluon_v9: the registry's EDGE cases
-    # (heads-major q), inf/NaN past each length, a request alone == inside a batch
-    from workbench.ops.cases import tree_mla_cases
-
-    fn = GLUON[version]
-    for case in tree_mla_cases("edge", seed=7, device="cuda"):
-        assert_matches_reference(case, fn)
-    case = make_case((600, 37, 5), [random_parents(6, torch.Generator().manual_seed(s))
-                                    for s in range(3)], seed=3)
-    q, cache, P, anc, scale, C = (a.cuda() if isinstance(a, torch.Tensor) else a
-                                  for a in case.args)
-    cache[0, 600 + 6:] = float("inf")
-    o, lse = fn(q, cache, P, anc, scale, C)
-    assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
-    for b in range(3):
-        ob, lb = fn(q[b:b + 1], cache[b:b + 1], P[b:b + 1], anc[b:b + 1], scale, C)
-        assert torch.equal(ob[0], o[b]) and torch.equal(lb[0], lse[b]), b
 
 
 @pytest.mark.gpu
