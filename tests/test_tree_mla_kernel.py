@@ -1,6 +1,6 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
-triton_v4, triton_v4_split512, triton_v7, triton_v8; gluon_v9, gluon_v10 and
-gluon_v10_by_heads on the GPU): equal to the dense-mask reference.
+triton_v4, triton_v4_split512, triton_v7, triton_v8; gluon_v9, gluon_v10,
+gluon_v10_by_heads and gluon_v11 on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -22,6 +22,7 @@ from workbench.kernels.tree_mla import (
     _common,
     gluon_v9,
     gluon_v10,
+    gluon_v11,
     register,
     triton_v1,
     triton_v2,
@@ -40,7 +41,7 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
 # Gluon has no interpreter: the Gluon versions run in the `gpu` tests only (the CPU tests
 # compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
-         "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads}
+         "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads, "g11": gluon_v11.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
@@ -615,8 +616,24 @@ def test_gluon_v9_compiles_to_split_score_tiles_sm90():
     # fits 227 KB of shared memory
     for r in _gluon_compile(
             "from workbench.kernels.tree_mla import sm90_gluon as s; "
-            "out = [{k: v for k, v in r.items() if k != 'ptx'} for r in "
+            "out = [{k: v for k, v in r.items() if k not in ('ptx', 'cubin')} for r in "
             "[s.compile_attn(64, 9, 4096), s.compile_attn(8, 129, 32768, p_smem=True)]]"):
         assert r["wgmma"] == {"m64n256k16": 8, "m64n32k16": 72}, r
         assert r["smem"] <= 227 * 1024 and int(r["regs"]) <= 255, r
         assert r["tma"] >= 4 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
+
+
+def test_gluon_v11_compiles_to_whole_score_tiles_sm90():
+    # why: gluon_v11's seesaw (README "Design (v11)"): each warpgroup scores whole tiles (wgmma
+    # m64n64k16, the rope part with Q from registers) and owns C/2 value columns (m64n256k16,
+    # its own P from registers, the other's from shared memory); two 4-warp partitions (the
+    # second with setmaxnreg), every load by TMA in 128-byte-swizzled [64, 64] boxes, within
+    # 227 KB of shared memory with Q, two K slots and P0
+    r = _gluon_compile(
+        "from workbench.kernels.tree_mla import sm90_gluon as s; "
+        "r = s.compile_attn(64, 9, 4096, version=11); "
+        "out = dict({k: v for k, v in r.items() if k not in ('ptx', 'cubin')}, "
+        "setmaxnreg=r['ptx'].count('setmaxnreg'))")
+    assert set(r["wgmma"]) == {"m64n64k16", "m64n256k16"}, r
+    assert r["smem"] <= 227 * 1024 and int(r["regs"]) <= 255, r
+    assert r["setmaxnreg"] >= 2 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r

@@ -30,6 +30,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                CTA barrier a tile instead of the conversion's four)
     gluon_v10_by_heads  gluon_v10 under triton_v7's policy by head count (short splits below
                32 heads)
+    gluon_v11  the seesaw: warpgroup 0 scores even tiles, warpgroup 1 odd ones (whole m64n64
+               S each), P and the running max passed through shared memory, so one
+               warpgroup's softmax runs under the other's MMAs (warp-specialized Gluon)
 
 BEST (gluon_v10) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -64,6 +67,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v9": f"{_MOD}.gluon_v9:tree_mla_gluon",
         "gluon_v10": f"{_MOD}.gluon_v10:tree_mla_gluon",
         "gluon_v10_by_heads": f"{_MOD}.gluon_v10:tree_mla_gluon_by_heads",
+        "gluon_v11": f"{_MOD}.gluon_v11:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -104,6 +108,11 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                          "below 32 heads 128-key splits (up to 64), so an EP8 "
                                          "rank's small verify fills the GPU",
                                          ("sm90", "triton")),
+    ("tree_mla", "gluon_v11"): ("the seesaw (FlashMLA's schedule) under v4's policy and "
+                                "combine: warpgroups score alternate whole tiles and exchange "
+                                "P and the running max through shared memory, K slots refilled "
+                                "by halves as each is read; bf16/fp16 on sm_90",
+                                ("sm90", "triton")),
 }
 
 

@@ -263,8 +263,10 @@ def _smem(block, dtype) -> gl.NVMMASharedLayout:
                                                 else gl.float16)
 
 
-def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy, p_smem: bool = False):
+def _check(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+           version: str = "gluon_v9"):
+    """The Gluon versions' input contract (a ValueError naming the argument otherwise) ->
+    (B, N, H, D, T, C, M, q as TMA reads it, o_lat, lse: the outputs allocated)."""
     B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
                                             kv_lora_rank)
     C, R, M = kv_lora_rank, D - kv_lora_rank, N * H
@@ -279,7 +281,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
              "kv_cache", "rows TMA can read as [B * T, C + R] (unit last stride, stride(0) = "
              "T * stride(1), 16-byte aligned rows and base)",
              f"strides {tuple(kv_cache.stride())}, base % 16 = {kv_cache.data_ptr() % 16}")
-    _require(q.device.type == "cuda", "q", "a CUDA tensor (gluon_v9 has no interpreter path)",
+    _require(q.device.type == "cuda", "q", f"a CUDA tensor ({version} has no interpreter path)",
              q.device)
     cc = torch.cuda.get_device_capability(q.device)
     _require(cc == (9, 0), "q", "a tensor on an sm_90 GPU (wgmma, TMA)", f"sm_{cc[0]}{cc[1]}")
@@ -287,11 +289,20 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         _common.validate_contents(kv_cache, prefix_lens, N)
     o_lat = torch.empty(B, N, H, C, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, N, H, dtype=torch.float32, device=q.device)
+    if B > 0:
+        _require(D * e % 16 == 0, "q", "rows of a multiple of 16 bytes (TMA)", f"{D * e} B")
+        if not q.is_contiguous() or q.data_ptr() % 16:
+            q = q.contiguous()  # the one copy (module docstring): TMA reads q as [B * M, D]
+    return B, N, H, D, T, C, M, q, o_lat, lse
+
+
+def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+            policy: Policy, p_smem: bool = False):
+    B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
+                                                softmax_scale, kv_lora_rank, validate)
     if B == 0:
         return o_lat, lse
-    _require(D * e % 16 == 0, "q", "rows of a multiple of 16 bytes (TMA)", f"{D * e} B")
-    if not q.is_contiguous() or q.data_ptr() % 16:
-        q = q.contiguous()  # the one copy (module docstring): TMA reads q as [B * M, D] rows
+    R = D - C
     RP = max(16, _common.next_pow2(R))
     G = parts_grid(T, policy=policy)
     o_part = torch.empty(B, G, M, C, dtype=torch.float32, device=q.device) if G > 1 else lse

@@ -1,0 +1,465 @@
+"""tree_mla gluon_v11: the seesaw. v10's cascade (v4's policy, parts and PDL combine) with an
+attention kernel whose two warpgroups no longer run the same phases at the same time
+(README.md, "Design (v11)"; the schedule FlashMLA's sm90 decode kernel uses, written here in
+Gluon with warp specialization).
+
+    launch 1  _attn_kernel (Gluon)  grid (G, ceil(M / 64), B), 2 partitions of 4 warps
+              part t of request b as v9 (same `_parts`, same shifted last prefix tile, the same
+              64-key masked tiles at j = 0, 64, ..), every tile by TMA. Tiles are taken in pairs
+              (b, b + 1); warpgroup 0 scores even tiles, warpgroup 1 odd ones, each a whole
+              m64n64 S over all 576 dims:
+                WG0: softmax(b) -> publish m_b          WG1: wait m_b, softmax(b + 1) against
+                     own P_b V_L (P in registers)            it, publish m_{b+1} and the factor
+                     wait factor, store P_b x factor          own P_{b+1} V_R (registers)
+                     sP1 V_L (P from shared memory)           sP0 V_R (P from shared memory)
+                     QK^T of b + 2                            QK^T of b + 3
+              so one warpgroup's softmax runs under the other's QK^T / PV. Warpgroup w owns O's
+              value columns [w C/2, (w + 1) C/2) and reads only that half of every tile's V.
+    launch 2  v4's _combine_kernel (Triton, PDL) when G > 1.
+
+Shared memory (C 512): Q halves 2 x 32 KB + rope 8 KB, two K slots each split as left half /
+right half / rope (2 x 72 KB), P0 8 KB: 230 KB. P1 lives in Q's rope buffer: both warpgroups
+hold Q's rope columns in registers (the rope QK^T is a register-A wgmma), so that buffer is
+free once they have loaded it. The rope box is always 64 wide (TMA zero-fills past D), so P1
+fits whatever R <= 64 is.
+
+The K slot's halves are refilled by the warpgroup that last reads them (V_L by WG0 after its
+two PVs, V_R and rope by WG1 after its two PVs), each under its own mbarrier, and each
+warpgroup's QK^T consumes first the half that was refilled first.
+
+Masked tiles are read by TMA like prefix tiles; rows a tile must not see (j >= N, x < 0, x >= T:
+past the request, the previous or next request's slots, NaN allowed) are masked to -inf in S,
+and each warpgroup zeroes them in its own V half before its PV (0 x NaN would otherwise reach
+O); the zeroing happens after the tile's QK^T has completed, so it never races with a reader.
+
+Numerics: the running max starts at -1e30 (finite), masked scores are -inf, so exp2 never sees
+inf - inf and no SAFE variant is needed; a row that sees no key keeps l = 0: out 0, lse -inf.
+P_b reaches WG1 as bf16(P_b x factor) (rescaled to m_{b+1} before rounding, as FlashMLA), so
+the two column halves of O round P differently; l sums the fp32 P. Not v10's bits; the same
+partition and merge as v4 (batch invariance by P only).
+
+Inputs: gluon_v9's (a ValueError naming the argument otherwise). Gluon has no interpreter: on
+CPU the kernel is compiled (`sm90_gluon --version 11`), run on the H200. Legend: _common.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .gluon_v9 import BLOCK_M, BLOCK_N, _check, _parts, _smem
+from .triton_v4 import LOG2E, V4, Policy, _launch_combine, parts_grid
+
+RP = 64  # the rope box: zero-filled past D, and wide enough to hold P1 [64, 64]
+M_INIT: gl.constexpr = gl.constexpr(-1.0e30)  # running max before any key: finite
+NEG_INF: gl.constexpr = gl.constexpr(float("-inf"))
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+# mbarriers (one arrival each unless said): the K slots' halves are TMA barriers
+B_Q = gl.constexpr(0)  # Q
+B_L0, B_L1 = gl.constexpr(1), gl.constexpr(2)  # slot s's left half (TMA)
+B_H0, B_H1 = gl.constexpr(3), gl.constexpr(4)  # slot s's right half and rope (TMA)
+B_M0 = gl.constexpr(5)  # WG0 -> WG1: m_i and P_i (p0_s) published
+B_M1 = gl.constexpr(6)  # WG1 -> WG0: m_{i+1} and P_i's factor to it published
+B_P1 = gl.constexpr(7)  # WG1 -> WG0: P_{i+1} in qr_s, and p0_s read
+B_LW1 = gl.constexpr(8)  # WG1 -> WG0: WG1's l at the end
+B_LSUM = gl.constexpr(9)  # WG0 -> WG1: the summed l
+N_BARS = gl.constexpr(10)
+
+
+@gluon.jit
+def _row(i, n_pf, start, end, P, j_lo, kv_row, BLOCK_N: gl.constexpr):
+    """Cache row (of kv viewed [B * T, D]) where tile i starts: prefix tiles as v9 (the last
+    shifted back to end at the split's end), masked tiles at slot P + j0 (may be < 0: TMA
+    zero-fills rows before the tensor, other rows are zeroed by _zero_rows)."""
+    k_ld = gl.minimum(start + i * BLOCK_N, end - BLOCK_N)
+    return kv_row + gl.where(i < n_pf, k_ld, P + j_lo + (i - n_pf) * BLOCK_N)
+
+
+@gluon.jit
+def _load_left(desc, bar, dst, row, pred):
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc, [row, 0], bar, dst, pred=pred)
+
+
+@gluon.jit
+def _load_right(kh_desc, kr_desc, bar, dst_h, dst_r, row, pred, C: gl.constexpr):
+    mbarrier.expect(bar, kh_desc.block_type.nbytes + kr_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(kh_desc, [row, C // 2], bar, dst_h, pred=pred)
+    tma.async_copy_global_to_shared(kr_desc, [row, C], bar, dst_r, pred=pred)
+
+
+@gluon.jit
+def _masked_scores(s, i, n_pf, start, end, P, j_lo, N, T, anc_rows, row_ok, saw, qk_scale,
+                   S_L: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Scaled scores of tile i, -inf where the row must not see the key (v9's two masks)."""
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    if i < n_pf:  # prefix: keys before the tile's nominal start belong to the previous tile
+        k0 = start + i * BLOCK_N
+        out = gl.where((gl.minimum(k0, end - BLOCK_N) + cols >= k0)[None, :], s * qk_scale,
+                       NEG_INF)
+    else:  # masked: prefix (j < 0, P < 64 only) or an ancestor bit; x < T for memory safety
+        j0 = j_lo + (i - n_pf) * BLOCK_N
+        j = j0 + cols
+        x = P + j
+        ok = (x >= 0) & (j < N) & (x < T)
+        word = gl.load(anc_rows + (gl.maximum(j0, 0) // 64) * saw, mask=row_ok & (j0 >= 0),
+                       other=0)
+        # the bit test in 32-bit halves: an int64 [64, 64] shift would hold 64 registers
+        lo = word.to(gl.int32)
+        hi = (word >> 32).to(gl.int32)
+        sh = gl.maximum(j, 0) % 32
+        half = gl.where((gl.maximum(j, 0) % 64 < 32)[None, :], lo[:, None], hi[:, None])
+        vis = (((half >> sh[None, :]) & 1) != 0) | (j < 0)[None, :]
+        out = gl.where(vis & ok[None, :], s * qk_scale, NEG_INF)
+    return out
+
+
+@gluon.jit
+def _zero_rows(v_s, i, n_pf, P, j_lo, N, T, CH: gl.constexpr, PW: gl.constexpr,
+               BLOCK_N: gl.constexpr):
+    """Masked tile i only: zero the rows of this warpgroup's V half v_s [64, CH] that the tile
+    must not see (their P is 0, but 0 x NaN is NaN), PW columns at a time; then fence and a
+    warpgroup barrier so the PV wgmma reads the zeros."""
+    if i >= n_pf:
+        ZL: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (PW // 8), PW // 8], [4, 1], [1, 0])
+        j = j_lo + (i - n_pf) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ZL))
+        x = P + j
+        ok = (x >= 0) & (j < N) & (x < T)
+        for c in gl.static_range(CH // PW):
+            piece = v_s.slice(c * PW, PW, dim=1)
+            v = piece.load(ZL)
+            piece.store(gl.where(ok[:, None], v, gl.zeros_like(v)))
+        fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
+        gl.thread_barrier()
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, W: gl.constexpr, b, mb, M, t, n_parts, S_GRID, live, o_ptr,
+              lse_ptr, opart_ptr, lpart_ptr, S_L: gl.constexpr, O_L: gl.constexpr):
+    """Warpgroup W's C/2 columns of the part's answer (v9's stores); WG0 also the lse."""
+    CH: gl.constexpr = acc.shape[1]
+    ROW: gl.constexpr = gl.SliceLayout(1, S_L)
+    rows = mb * 64 + gl.arange(0, 64, layout=ROW)
+    row_ok = (rows < M) & live
+    seen = l_i > 0  # l = 0: rows past M, or a row no key is visible to (malformed input)
+    lse2 = gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), NEG_INF)
+    out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), gl.SliceLayout(1, O_L))[:, None]
+    rows_o = mb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
+    cols = gl.arange(0, CH, layout=gl.SliceLayout(0, O_L))
+    keep = ((rows_o < M) & live)[:, None] & (cols < CH)[None, :]
+    C: gl.constexpr = 2 * CH
+    if n_parts == 1:  # the whole answer: no partial round trip, no combine
+        o_rows = b * M + rows_o
+        gl.store(o_ptr + o_rows[:, None] * C + (W * CH + cols)[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=keep)
+        if W == 0:
+            gl.store(lse_ptr + b * M + rows, lse2 * LN2, mask=row_ok)
+    else:
+        part = (b * S_GRID + t) * M
+        gl.store(opart_ptr + (part + rows_o)[:, None] * C + (W * CH + cols)[None, :], out,
+                 mask=keep)
+        if W == 0:
+            gl.store(lpart_ptr + part + rows, lse2, mask=row_ok)
+
+
+@gluon.jit
+def _wg0(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
+         anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
+         n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
+         C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Warpgroup 0 (the default partition): even tiles' scores, value columns [0, C/2)."""
+    CH: gl.constexpr = C // 2
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, CH, 16])
+    ROW: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    dtype: gl.constexpr = ql_s.dtype
+    rows = mb * 64 + gl.arange(0, 64, layout=ROW)
+    row_ok = rows < M
+    anc_rows = anc_ptr + b * sab + (rows // H) * san
+    m_i = gl.full([64], M_INIT, gl.float32, ROW)  # running max (log2 units) O is scaled to
+    l_i = gl.zeros([64], gl.float32, ROW)  # sum of this warpgroup's tiles' p, scaled to m_i
+    acc = gl.zeros([64, CH], gl.float32, O_L)
+    mbarrier.wait(bars.index(B_Q), 0)
+    qr = qr_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    s = gl.zeros([64, 64], gl.float32, S_L)
+    if n > 0:  # S_0: tile 0's halves were issued before the fork
+        mbarrier.wait(bars.index(B_L0), 0)
+        s = warpgroup_mma(ql_s, kl_s.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        mbarrier.wait(bars.index(B_H0), 0)
+        s = warpgroup_mma(qh_s, kh_s.index(0).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qr, kr_s.index(0).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    for k in range(gl.cdiv(n, 2)):
+        i = 2 * k  # this pair: tile i (slot 0, mine), tile i + 1 (slot 1, WG1's) if i + 1 < n
+        ph = k & 1
+        s = _masked_scores(s, i, n_pf, start, end, P, j_lo, N, T, anc_rows, row_ok, saw,
+                           qk_scale, S_L, BLOCK_N)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        pb = p.to(dtype)
+        # publish m_i and P_i; p0_s's last reader (WG1's PV of the previous pair) retired
+        # before WG1 arrived on B_P1, which this warpgroup waited for in that pair
+        p0_s.store(pb)
+        sm_s.store(m_new)
+        fence_async_shared()  # generic-proxy stores, then WG1's wgmma reads
+        mbarrier.arrive(bars.index(B_M0), count=1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        _zero_rows(kl_s.index(0), i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+        acc = warpgroup_mma(gl.convert_layout(pb, A_O), kl_s.index(0), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        # slot 0's left half is read by no one else: tile i + 2's left half may land
+        _load_left(kh_desc, bars.index(B_L0), kl_s.index(0),
+                   _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n)
+        # WG1's max m_{i+1} and the factor exp2(m_i - m_{i+1}) (1 without a tile i + 1)
+        mbarrier.wait(bars.index(B_M1), ph)
+        sc = sc_s.load(ROW)
+        m_i = sm_s.load(ROW)
+        l_i = l_i * sc
+        acc = acc * gl.convert_layout(sc, ROW_O)[:, None]
+        if i + 1 < n:  # (without a tile i + 1 there is no tile i + 2 either: the last pair)
+            mbarrier.wait(bars.index(B_P1), ph)  # P_{i+1} in qr_s; WG1 done with p0_s
+            mbarrier.wait(bars.index(B_L1), ph)  # the TMA's bytes, seen by this warpgroup
+            _zero_rows(kl_s.index(1), i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+            acc = warpgroup_mma(qr_s, kl_s.index(1), acc, is_async=True)
+            # S_{i+2}, left half first (it was issued first); on the last pair nothing was
+            # loaded: the barriers are skipped and the MMAs read slot 0's old tile, unused
+            more = i + 2 < n
+            mbarrier.wait(bars.index(B_L0), (k + 1) & 1, pred=more)
+            s = warpgroup_mma(ql_s, kl_s.index(0).permute((1, 0)), s, use_acc=False,
+                              is_async=True)
+            # retire sP1 V_L (the older group): slot 1's left half is free for tile i + 3
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            _load_left(kh_desc, bars.index(B_L1), kl_s.index(1),
+                       _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 3 < n)
+            mbarrier.wait(bars.index(B_H0), (k + 1) & 1, pred=more)
+            s = warpgroup_mma(qh_s, kh_s.index(0).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(qr, kr_s.index(0).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    # l = WG0's + WG1's sums, added once here in this order and handed back to WG1
+    mbarrier.wait(bars.index(B_LW1), 0)
+    l_i = l_i + sl_s.load(ROW)
+    sc_s.store(l_i)
+    mbarrier.arrive(bars.index(B_LSUM), count=1)
+    _epilogue(acc, m_i, l_i, 0, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
+              lpart_ptr, S_L, O_L)
+
+
+@gluon.jit
+def _wg1(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
+         anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
+         n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
+         C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Warpgroup 1 (the worker partition): odd tiles' scores, value columns [C/2, C)."""
+    CH: gl.constexpr = C // 2
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, CH, 16])
+    ROW: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    dtype: gl.constexpr = ql_s.dtype
+    rows = mb * 64 + gl.arange(0, 64, layout=ROW)
+    row_ok = rows < M
+    anc_rows = anc_ptr + b * sab + (rows // H) * san
+    m_i = gl.full([64], M_INIT, gl.float32, ROW)  # the max this warpgroup's O is scaled to
+    l_i = gl.zeros([64], gl.float32, ROW)
+    acc = gl.zeros([64, CH], gl.float32, O_L)
+    mbarrier.wait(bars.index(B_Q), 0)
+    qr = qr_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    s = gl.zeros([64, 64], gl.float32, S_L)
+    if n > 1:  # S_1, right half and rope first (the order slot 1 is refilled in the loop)
+        mbarrier.wait(bars.index(B_H1), 0)
+        s = warpgroup_mma(qh_s, kh_s.index(1).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(qr, kr_s.index(1).permute((1, 0)), s, is_async=True)
+        mbarrier.wait(bars.index(B_L1), 0)
+        s = warpgroup_mma(ql_s, kl_s.index(1).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    for k in range(gl.cdiv(n, 2)):
+        i = 2 * k
+        ph = k & 1
+        has1 = i + 1 < n
+        mbarrier.wait(bars.index(B_M0), ph)  # WG0 published m_i and P_i
+        m_b = sm_s.load(ROW)
+        m_new = m_b
+        if has1:
+            s = _masked_scores(s, i + 1, n_pf, start, end, P, j_lo, N, T, anc_rows, row_ok, saw,
+                               qk_scale, S_L, BLOCK_N)
+            m_new = gl.maximum(m_b, gl.max(s, axis=1))
+        p = gl.exp2(s - m_new[:, None])  # unused without a tile i + 1
+        sc = gl.exp2(m_b - m_new)  # from m_i to m_{i+1}; 1 without a tile i + 1
+        l_i = l_i * gl.exp2(m_i - m_new)
+        if has1:
+            l_i = l_i + gl.sum(p, axis=1)
+            sm_s.store(m_new)
+        sc_s.store(sc)
+        mbarrier.arrive(bars.index(B_M1), count=1)
+        pb = p.to(dtype)
+        if has1:
+            qr_s.store(pb)  # P_{i+1} for WG0 (both hold Q's rope in registers)
+            fence_async_shared()
+        # O_R: to m_i, + P_i V_R (WG0's tile i), to m_{i+1}, + P_{i+1} V_R
+        acc = acc * gl.convert_layout(gl.exp2(m_i - m_b), ROW_O)[:, None]
+        mbarrier.wait(bars.index(B_H0), ph)  # tile i's right half, seen by this warpgroup
+        _zero_rows(kh_s.index(0), i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+        acc = warpgroup_mma(p0_s, kh_s.index(0), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        # p0_s read: P_{i+1} may be used and p0_s rewritten
+        mbarrier.arrive(bars.index(B_P1), count=1, pred=has1)
+        # slot 0's right half and rope (the rope was WG0's QK^T's) for tile i + 2
+        _load_right(kh_desc, kr_desc, bars.index(B_H0), kh_s.index(0), kr_s.index(0),
+                    _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n, C)
+        m_i = m_new
+        if has1:
+            acc = acc * gl.convert_layout(sc, ROW_O)[:, None]
+            _zero_rows(kh_s.index(1), i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+            acc = warpgroup_mma(gl.convert_layout(pb, A_O), kh_s.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            # slot 1's right half and rope for tile i + 3, then S_{i+3} in that order
+            more = i + 3 < n
+            _load_right(kh_desc, kr_desc, bars.index(B_H1), kh_s.index(1), kr_s.index(1),
+                        _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), more, C)
+            if more:
+                mbarrier.wait(bars.index(B_H1), (k + 1) & 1)
+                s = warpgroup_mma(qh_s, kh_s.index(1).permute((1, 0)), s, use_acc=False,
+                                  is_async=True)
+                s = warpgroup_mma(qr, kr_s.index(1).permute((1, 0)), s, is_async=True)
+                mbarrier.wait(bars.index(B_L1), (k + 1) & 1)
+                s = warpgroup_mma(ql_s, kl_s.index(1).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    sl_s.store(l_i)
+    mbarrier.arrive(bars.index(B_LW1), count=1)
+    mbarrier.wait(bars.index(B_LSUM), 0)
+    l_i = sc_s.load(ROW)
+    _epilogue(acc, m_i, l_i, 1, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
+              lpart_ptr, S_L, O_L)
+
+
+@gluon.jit
+def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_ptr,
+                 opart_ptr, lpart_ptr, s_plen, sab, san, saw, T, N, H, M, S_GRID, qk_scale,
+                 C: gl.constexpr, PW: gl.constexpr, SHORT_UPTO: gl.constexpr,
+                 SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr,
+                 BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr):
+    if USE_PDL:  # the combine may launch now and wait in griddepcontrol.wait (v4)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    CH: gl.constexpr = C // 2
+    t = gl.program_id(0)
+    mb = gl.program_id(1)
+    b = gl.program_id(2).to(gl.int64)
+    P = gl.minimum(gl.maximum(gl.load(plen_ptr + b * s_plen).to(gl.int32), 0), T)
+    length, n_pre, n_parts = _parts(P, SHORT_UPTO, SHORT_LEN, LONG_MIN, MAX_SPLITS, BLOCK_N)
+    live = t < n_parts  # the grid covers parts_grid(T); the rest load and store nothing
+    start = t * length
+    end = gl.where(t < n_pre, gl.minimum(start + length, P), start)
+    n_pf = gl.cdiv(end - start, BLOCK_N)  # prefix tiles of part t
+    j_lo = gl.where(P >= BLOCK_N, 0, -gl.cdiv(P, BLOCK_N) * BLOCK_N)
+    n_msk = gl.where(t == n_parts - 1, gl.cdiv(N - j_lo, BLOCK_N), 0)  # tree (+ P < 64) tiles
+    n = gl.where(live, n_pf + n_msk, 0)
+    kv_row = (b * T).to(gl.int32)
+
+    dtype: gl.constexpr = kh_desc.dtype
+    ql_s = gl.allocate_shared_memory(dtype, [64, CH], qh_desc.layout)
+    qh_s = gl.allocate_shared_memory(dtype, [64, CH], qh_desc.layout)
+    qr_s = gl.allocate_shared_memory(dtype, [64, 64], qr_desc.layout)  # later P1
+    kl_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, CH], kh_desc.layout)
+    kh_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, CH], kh_desc.layout)
+    kr_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], kr_desc.layout)
+    p0_s = gl.allocate_shared_memory(dtype, [64, BLOCK_N], qr_desc.layout)
+    VL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sm_s = gl.allocate_shared_memory(gl.float32, [64], VL)  # the running max, published
+    sc_s = gl.allocate_shared_memory(gl.float32, [64], VL)  # WG1's factor; at the end l
+    sl_s = gl.allocate_shared_memory(gl.float32, [64], VL)  # WG1's l at the end
+    bars = gl.allocate_shared_memory(gl.int64, [N_BARS, 1], mbarrier.MBarrierLayout())
+    for x in gl.static_range(N_BARS):
+        mbarrier.init(bars.index(x), count=1)
+    # Q: rows b * M + mb * 64 .. of q viewed [B * M, D] (rows past M: the next request's or
+    # zero fill, row-local, never stored); tiles 0 and 1, each half under its own barrier
+    q_row = (b * M + mb * 64).to(gl.int32)
+    mbarrier.expect(bars.index(B_Q), 2 * qh_desc.block_type.nbytes + qr_desc.block_type.nbytes,
+                    pred=live)
+    tma.async_copy_global_to_shared(qh_desc, [q_row, 0], bars.index(B_Q), ql_s, pred=live)
+    tma.async_copy_global_to_shared(qh_desc, [q_row, CH], bars.index(B_Q), qh_s, pred=live)
+    tma.async_copy_global_to_shared(qr_desc, [q_row, C], bars.index(B_Q), qr_s, pred=live)
+    if not live:  # nothing will load Q: let both partitions pass the Q barrier
+        mbarrier.arrive(bars.index(B_Q), count=1)
+    for s in gl.static_range(2):
+        row = _row(s, n_pf, start, end, P, j_lo, kv_row, BLOCK_N)
+        _load_left(kh_desc, bars.index(B_L0 + s), kl_s.index(s), row, s < n)
+        _load_right(kh_desc, kr_desc, bars.index(B_H0 + s), kh_s.index(s), kr_s.index(s), row,
+                    s < n, C)
+    gl.warp_specialize([
+        (_wg0, (ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+                kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
+                H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
+                qk_scale, C, PW, BLOCK_N)),
+        (_wg1, (ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+                kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
+                H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
+                qk_scale, C, PW, BLOCK_N)),
+    ], [4], [240])
+
+
+def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+            policy: Policy):
+    B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
+                                                softmax_scale, kv_lora_rank, validate, "gluon_v11")
+    if B == 0:
+        return o_lat, lse
+    CH = C // 2
+    G = parts_grid(T, policy=policy)
+    o_part = torch.empty(B, G, M, C, dtype=torch.float32, device=q.device) if G > 1 else lse
+    l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
+    # descriptors from pointer, shape and strides only: no sync, graph-capturable; boxes past
+    # column D (the rope box when R < 64) are TMA's zero fill, rows before 0 or past B * T too
+    q2 = q.view(B * M, D)
+    sk = kv_cache.stride(1)
+    kv2 = kv_cache.as_strided((B * T, D), (sk, 1))
+    qh_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, CH], _smem([BLOCK_M, CH],
+                                                                            q.dtype))
+    qr_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, RP], _smem([BLOCK_M, RP],
+                                                                            q.dtype))
+    kh_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, CH], _smem([BLOCK_N, CH],
+                                                                              q.dtype))
+    kr_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, RP], _smem([BLOCK_N, RP],
+                                                                              q.dtype))
+    use_pdl = G > 1
+    consts = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
+                  LONG_MIN=policy.long_min, MAX_SPLITS=policy.max_splits, BLOCK_N=BLOCK_N)
+    _attn_kernel[(G, triton.cdiv(M, BLOCK_M), B)](
+        qh_desc, qr_desc, kh_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
+        prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
+        float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=use_pdl,
+        num_warps=4)
+    if G > 1:  # v4's combine (Triton), a programmatic dependent launch
+        _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts,
+                        use_pdl, {"launch_pdl": use_pdl})
+    return o_lat, lse
+
+
+def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
+                   anc_bits: torch.Tensor, softmax_scale: float, kv_lora_rank: int, *,
+                   validate: bool = False):
+    """q [B, N, H, C+R], kv_cache [B, T, C+R], prefix_lens [B], anc_bits [B, N, W] int64
+    -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla (gluon_v9's
+    inputs and errors); v4's split policy and combine. No host sync unless validate=True."""
+    return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+                   V4)
