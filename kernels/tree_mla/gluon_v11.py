@@ -173,7 +173,7 @@ def _epilogue(acc, m_i, l_i, W: gl.constexpr, b, mb, M, t, n_parts, S_GRID, live
 
 
 @gluon.jit
-def _wg0(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
+def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -186,7 +186,7 @@ def _wg0(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    dtype: gl.constexpr = ql_s.dtype
+    dtype: gl.constexpr = q_s.dtype
     rows = mb * 64 + gl.arange(0, 64, layout=ROW)
     row_ok = rows < M
     anc_rows = anc_ptr + b * sab + (rows // H) * san
@@ -198,14 +198,20 @@ def _wg0(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 0:  # S_0: tile 0's halves were issued before the fork
         mbarrier.wait(bars.index(B_L0), 0)
-        s = warpgroup_mma(ql_s, kl_s.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_s.index(0), kl_s.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
         mbarrier.wait(bars.index(B_H0), 0)
-        s = warpgroup_mma(qh_s, kh_s.index(0).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(q_s.index(1), kh_s.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma(qr, kr_s.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     for k in range(gl.cdiv(n, 2)):
         i = 2 * k  # this pair: tile i (slot 0, mine), tile i + 1 (slot 1, WG1's) if i + 1 < n
         ph = k & 1
+        # views indexed by a zero the compiler cannot hoist: the wgmma descriptors of Q and
+        # the K slots are then formed in the loop instead of kept live across it (spilled)
+        z = k >> 30
+        ql, qh = q_s.index(z), q_s.index(z + 1)
+        kl0, kl1 = kl_s.index(z), kl_s.index(z + 1)
+        kh0, kr0 = kh_s.index(z), kr_s.index(z)  # WG0 reads slot 1's left half only
         s = _masked_scores(s, i, n_pf, start, end, P, j_lo, N, T, anc_rows, row_ok, saw,
                            qk_scale, S_L, BLOCK_N)
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -221,11 +227,11 @@ def _wg0(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
         mbarrier.arrive(bars.index(B_M0), count=1)
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        _zero_rows(kl_s.index(0), i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
-        acc = warpgroup_mma(gl.convert_layout(pb, A_O), kl_s.index(0), acc, is_async=True)
+        _zero_rows(kl0, i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+        acc = warpgroup_mma(gl.convert_layout(pb, A_O), kl0, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         # slot 0's left half is read by no one else: tile i + 2's left half may land
-        _load_left(kh_desc, bars.index(B_L0), kl_s.index(0),
+        _load_left(kh_desc, bars.index(B_L0), kl0,
                    _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n)
         # WG1's max m_{i+1} and the factor exp2(m_i - m_{i+1}) (1 without a tile i + 1)
         mbarrier.wait(bars.index(B_M1), ph)
@@ -236,21 +242,21 @@ def _wg0(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
         if i + 1 < n:  # (without a tile i + 1 there is no tile i + 2 either: the last pair)
             mbarrier.wait(bars.index(B_P1), ph)  # P_{i+1} in qr_s; WG1 done with p0_s
             mbarrier.wait(bars.index(B_L1), ph)  # the TMA's bytes, seen by this warpgroup
-            _zero_rows(kl_s.index(1), i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
-            acc = warpgroup_mma(qr_s, kl_s.index(1), acc, is_async=True)
+            _zero_rows(kl1, i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+            acc = warpgroup_mma(qr_s, kl1, acc, is_async=True)
             # S_{i+2}, left half first (it was issued first); on the last pair nothing was
             # loaded: the barriers are skipped and the MMAs read slot 0's old tile, unused
             more = i + 2 < n
             mbarrier.wait(bars.index(B_L0), (k + 1) & 1, pred=more)
-            s = warpgroup_mma(ql_s, kl_s.index(0).permute((1, 0)), s, use_acc=False,
+            s = warpgroup_mma(ql, kl0.permute((1, 0)), s, use_acc=False,
                               is_async=True)
             # retire sP1 V_L (the older group): slot 1's left half is free for tile i + 3
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            _load_left(kh_desc, bars.index(B_L1), kl_s.index(1),
+            _load_left(kh_desc, bars.index(B_L1), kl1,
                        _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 3 < n)
             mbarrier.wait(bars.index(B_H0), (k + 1) & 1, pred=more)
-            s = warpgroup_mma(qh_s, kh_s.index(0).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma(qr, kr_s.index(0).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(qh, kh0.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(qr, kr0.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     # l = WG0's + WG1's sums, added once here in this order and handed back to WG1
     mbarrier.wait(bars.index(B_LW1), 0)
@@ -262,7 +268,7 @@ def _wg0(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
 
 
 @gluon.jit
-def _wg1(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
+def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -275,7 +281,7 @@ def _wg1(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    dtype: gl.constexpr = ql_s.dtype
+    dtype: gl.constexpr = q_s.dtype
     rows = mb * 64 + gl.arange(0, 64, layout=ROW)
     row_ok = rows < M
     anc_rows = anc_ptr + b * sab + (rows // H) * san
@@ -287,17 +293,30 @@ def _wg1(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 1:  # S_1, right half and rope first (the order slot 1 is refilled in the loop)
         mbarrier.wait(bars.index(B_H1), 0)
-        s = warpgroup_mma(qh_s, kh_s.index(1).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_s.index(1), kh_s.index(1).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(qr, kr_s.index(1).permute((1, 0)), s, is_async=True)
         mbarrier.wait(bars.index(B_L1), 0)
-        s = warpgroup_mma(ql_s, kl_s.index(1).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(q_s.index(0), kl_s.index(1).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     for k in range(gl.cdiv(n, 2)):
         i = 2 * k
         ph = k & 1
+        # views indexed by a zero the compiler cannot hoist: the wgmma descriptors of Q and
+        # the K slots are then formed in the loop instead of kept live across it (spilled)
+        z = k >> 30
+        ql, qh = q_s.index(z), q_s.index(z + 1)
+        kl1 = kl_s.index(z + 1)  # WG1 reads slot 0's right half and rope only
+        kh0, kh1 = kh_s.index(z), kh_s.index(z + 1)
+        kr0, kr1 = kr_s.index(z), kr_s.index(z + 1)
         has1 = i + 1 < n
         mbarrier.wait(bars.index(B_M0), ph)  # WG0 published m_i and P_i
         m_b = sm_s.load(ROW)
+        # O_R to m_i and P_i V_R (WG0's tile i) first: that PV runs under this warpgroup's
+        # softmax of tile i + 1, and its retirement frees slot 0's right half early
+        acc = acc * gl.convert_layout(gl.exp2(m_i - m_b), ROW_O)[:, None]
+        mbarrier.wait(bars.index(B_H0), ph)  # tile i's right half, seen by this warpgroup
+        _zero_rows(kh0, i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+        acc = warpgroup_mma(p0_s, kh0, acc, is_async=True)
         m_new = m_b
         if has1:
             s = _masked_scores(s, i + 1, n_pf, start, end, P, j_lo, N, T, anc_rows, row_ok, saw,
@@ -315,34 +334,29 @@ def _wg1(ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_de
         if has1:
             qr_s.store(pb)  # P_{i+1} for WG0 (both hold Q's rope in registers)
             fence_async_shared()
-        # O_R: to m_i, + P_i V_R (WG0's tile i), to m_{i+1}, + P_{i+1} V_R
-        acc = acc * gl.convert_layout(gl.exp2(m_i - m_b), ROW_O)[:, None]
-        mbarrier.wait(bars.index(B_H0), ph)  # tile i's right half, seen by this warpgroup
-        _zero_rows(kh_s.index(0), i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
-        acc = warpgroup_mma(p0_s, kh_s.index(0), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        # p0_s read: P_{i+1} may be used and p0_s rewritten
+        # p0_s read and P_{i+1} stored: WG0 may use qr_s and rewrite p0_s
         mbarrier.arrive(bars.index(B_P1), count=1, pred=has1)
         # slot 0's right half and rope (the rope was WG0's QK^T's) for tile i + 2
-        _load_right(kh_desc, kr_desc, bars.index(B_H0), kh_s.index(0), kr_s.index(0),
+        _load_right(kh_desc, kr_desc, bars.index(B_H0), kh0, kr0,
                     _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n, C)
         m_i = m_new
         if has1:
             acc = acc * gl.convert_layout(sc, ROW_O)[:, None]
-            _zero_rows(kh_s.index(1), i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
-            acc = warpgroup_mma(gl.convert_layout(pb, A_O), kh_s.index(1), acc, is_async=True)
+            _zero_rows(kh1, i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
+            acc = warpgroup_mma(gl.convert_layout(pb, A_O), kh1, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             # slot 1's right half and rope for tile i + 3, then S_{i+3} in that order
             more = i + 3 < n
-            _load_right(kh_desc, kr_desc, bars.index(B_H1), kh_s.index(1), kr_s.index(1),
+            _load_right(kh_desc, kr_desc, bars.index(B_H1), kh1, kr1,
                         _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), more, C)
             if more:
                 mbarrier.wait(bars.index(B_H1), (k + 1) & 1)
-                s = warpgroup_mma(qh_s, kh_s.index(1).permute((1, 0)), s, use_acc=False,
+                s = warpgroup_mma(qh, kh1.permute((1, 0)), s, use_acc=False,
                                   is_async=True)
-                s = warpgroup_mma(qr, kr_s.index(1).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma(qr, kr1.permute((1, 0)), s, is_async=True)
                 mbarrier.wait(bars.index(B_L1), (k + 1) & 1)
-                s = warpgroup_mma(ql_s, kl_s.index(1).permute((1, 0)), s, is_async=True)
+                s = warpgroup_mma(ql, kl1.permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     sl_s.store(l_i)
     mbarrier.arrive(bars.index(B_LW1), count=1)
@@ -377,8 +391,7 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
     kv_row = (b * T).to(gl.int32)
 
     dtype: gl.constexpr = kh_desc.dtype
-    ql_s = gl.allocate_shared_memory(dtype, [64, CH], qh_desc.layout)
-    qh_s = gl.allocate_shared_memory(dtype, [64, CH], qh_desc.layout)
+    q_s = gl.allocate_shared_memory(dtype, [2, 64, CH], qh_desc.layout)  # Q's two halves
     qr_s = gl.allocate_shared_memory(dtype, [64, 64], qr_desc.layout)  # later P1
     kl_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, CH], kh_desc.layout)
     kh_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, CH], kh_desc.layout)
@@ -396,8 +409,10 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
     q_row = (b * M + mb * 64).to(gl.int32)
     mbarrier.expect(bars.index(B_Q), 2 * qh_desc.block_type.nbytes + qr_desc.block_type.nbytes,
                     pred=live)
-    tma.async_copy_global_to_shared(qh_desc, [q_row, 0], bars.index(B_Q), ql_s, pred=live)
-    tma.async_copy_global_to_shared(qh_desc, [q_row, CH], bars.index(B_Q), qh_s, pred=live)
+    tma.async_copy_global_to_shared(qh_desc, [q_row, 0], bars.index(B_Q), q_s.index(0),
+                                    pred=live)
+    tma.async_copy_global_to_shared(qh_desc, [q_row, CH], bars.index(B_Q), q_s.index(1),
+                                    pred=live)
     tma.async_copy_global_to_shared(qr_desc, [q_row, C], bars.index(B_Q), qr_s, pred=live)
     if not live:  # nothing will load Q: let both partitions pass the Q barrier
         mbarrier.arrive(bars.index(B_Q), count=1)
@@ -407,11 +422,11 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
         _load_right(kh_desc, kr_desc, bars.index(B_H0 + s), kh_s.index(s), kr_s.index(s), row,
                     s < n, C)
     gl.warp_specialize([
-        (_wg0, (ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+        (_wg0, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
                 qk_scale, C, PW, BLOCK_N)),
-        (_wg1, (ql_s, qh_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+        (_wg1, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
                 qk_scale, C, PW, BLOCK_N)),
