@@ -3,11 +3,15 @@ shapes of an EP8 / TP8 rank: GPU busy time of one call (attention + combine, the
 kernel intervals under PDL) per (N, P, policy), from CUDA-graph replays.
 
     PYTHONPATH=. python3 scripts/sweep_tree_mla_policy.py [--heads 8] [--rows 1,9,17,33]
-        [--prefix 1024,4096] [--csv out.csv]
+        [--prefix 1024,4096] [--version triton_v4|gluon_v10|gluon_v11]
+        [--policies v4,s512,...] [--csv out.csv]
 
 Why: in the emulated EP8 rank tree_mla v7 takes ~31 µs a layer at N 17, H 8, P 1024 against a
 0.4 µs floor (traces/gpu/session8); the policy (keys per split, parts) is the one knob that
-needs no kernel change.
+needs no kernel change. At 64 heads the other way round (session 13): v4's 32 splits past
+P = 2048 give N 129 x P 8192 33 parts, so [33, 8256, 512] fp32 partials (558 MB) are written
+and read back by the combine; the "long*" policies keep v4's short splits and take fewer,
+longer ones past 2048.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import functools
 
 import torch
 
-from workbench.kernels.tree_mla.triton_v4 import Policy, _launch, num_parts
+from workbench.kernels.tree_mla import gluon_v9, gluon_v11, triton_v4
+from workbench.kernels.tree_mla.triton_v4 import Policy, num_parts
 from workbench.loopbench import busy_us
 from workbench.reference.tree_mla import causal_anc_bits
 
@@ -29,7 +34,14 @@ POLICIES = {  # name: Policy (short_upto, short_len, long_min, max_splits)
     "s256": Policy(short_upto=2048, short_len=256, long_min=256, max_splits=32),
     "s512": Policy(short_upto=2048, short_len=512, long_min=512, max_splits=16),
     "s1024": Policy(short_upto=2048, short_len=1024, long_min=1024, max_splits=8),
+    "long512": Policy(long_min=512, max_splits=16),
+    "long1024": Policy(long_min=1024, max_splits=8),
+    "long2048": Policy(long_min=2048, max_splits=4),
 }
+# the launchers taking a Policy: (q, kv, P, anc, scale, C, validate, policy)
+LAUNCH = {"triton_v4": triton_v4._launch,
+          "gluon_v10": functools.partial(gluon_v9._launch, p_smem=True),
+          "gluon_v11": gluon_v11._launch}
 
 
 def time_call(fn, reps: int = 20) -> float:
@@ -57,8 +69,12 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--rows", default="1,9,17,33")
     ap.add_argument("--prefix", default="1024,4096")
+    ap.add_argument("--version", choices=list(LAUNCH), default="triton_v4")
+    ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--csv", default=None)
     a = ap.parse_args()
+    _launch = LAUNCH[a.version]
+    policies = {k: POLICIES[k] for k in a.policies.split(",")}
     dev, C, R = "cuda", 512, 64
     rows = []
     for P in map(int, a.prefix.split(",")):
@@ -69,14 +85,15 @@ def main() -> None:
             pre = torch.tensor([P], device=dev)
             anc = causal_anc_bits(N, 1, dev)
             want = _launch(q, cache, pre, anc, 0.1447, C, False, POLICIES["v7"])[0].float()
-            for name, pol in POLICIES.items():
+            for name, pol in policies.items():
                 call = functools.partial(_launch, q, cache, pre, anc, 0.1447, C, False, pol)
                 err = float((call()[0].float() - want).abs().max())  # any policy: same math
                 us = time_call(call)
                 parts = num_parts(P, policy=pol)[1]
-                rows.append(dict(H=a.heads, N=N, P=P, policy=name, parts=parts, busy_us=us,
-                                 max_diff_vs_v7=err))
-                print(f"H {a.heads} N {N:3d} P {P:5d} {name:6s} parts {parts:3d} {us:7.2f} us"
+                rows.append(dict(version=a.version, H=a.heads, N=N, P=P, policy=name,
+                                 parts=parts, busy_us=us, max_diff_vs_v7=err))
+                print(f"{a.version} H {a.heads} N {N:3d} P {P:5d} {name:8s} parts {parts:3d} "
+                      f"{us:7.2f} us"
                       f"  |diff| {err:.1e}", flush=True)
     if a.csv:
         with open(a.csv, "w", newline="") as f:
