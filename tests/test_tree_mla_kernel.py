@@ -1,6 +1,6 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
 triton_v4, triton_v4_split512, triton_v7, triton_v8; gluon_v9, gluon_v10,
-gluon_v10_by_heads and gluon_v11 on the GPU): equal to the dense-mask reference.
+gluon_v10_by_heads, gluon_v11 and gluon_v11_long on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -41,7 +41,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
 # Gluon has no interpreter: the Gluon versions run in the `gpu` tests only (the CPU tests
 # compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
-         "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads, "g11": gluon_v11.tree_mla_gluon}
+         "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads, "g11": gluon_v11.tree_mla_gluon,
+         "g11_long": gluon_v11.tree_mla_gluon_long}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]

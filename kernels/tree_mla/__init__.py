@@ -33,6 +33,7 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v11  the seesaw: warpgroup 0 scores even tiles, warpgroup 1 odd ones (whole m64n64
                S each), P and the running max passed through shared memory, so one
                warpgroup's softmax runs under the other's MMAs (warp-specialized Gluon)
+    gluon_v11_long  gluon_v11 with >= 1024-key splits past P = 2048 at >= 32 heads
 
 BEST (gluon_v10) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -68,6 +69,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v10": f"{_MOD}.gluon_v10:tree_mla_gluon",
         "gluon_v10_by_heads": f"{_MOD}.gluon_v10:tree_mla_gluon_by_heads",
         "gluon_v11": f"{_MOD}.gluon_v11:tree_mla_gluon",
+        "gluon_v11_long": f"{_MOD}.gluon_v11:tree_mla_gluon_long",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -113,6 +115,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "P and the running max through shared memory, K slots refilled "
                                 "by halves as each is read; bf16/fp16 on sm_90",
                                 ("sm90", "triton")),
+    ("tree_mla", "gluon_v11_long"): ("gluon_v11 with >= 1024-key splits past P = 2048 at 32 "
+                                     "heads or more (at most 8: fewer fp32 partials for a "
+                                     "64-head verify)", ("sm90", "triton")),
 }
 
 

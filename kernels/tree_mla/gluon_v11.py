@@ -64,16 +64,56 @@ RP = 64  # the rope box: zero-filled past D, and wide enough to hold P1 [64, 64]
 M_INIT: gl.constexpr = gl.constexpr(-1.0e30)  # running max before any key: finite
 NEG_INF: gl.constexpr = gl.constexpr(float("-inf"))
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
-# mbarriers (one arrival each unless said): the K slots' halves are TMA barriers
+# TMA mbarriers (one arrival each, the expect): Q and the K slots' halves
 B_Q = gl.constexpr(0)  # Q
 B_L0, B_L1 = gl.constexpr(1), gl.constexpr(2)  # slot s's left half (TMA)
 B_H0, B_H1 = gl.constexpr(3), gl.constexpr(4)  # slot s's right half and rope (TMA)
-B_M0 = gl.constexpr(5)  # WG0 -> WG1: m_i and P_i (p0_s) published
-B_M1 = gl.constexpr(6)  # WG1 -> WG0: m_{i+1} and P_i's factor to it published
-B_P1 = gl.constexpr(7)  # WG1 -> WG0: P_{i+1} in qr_s, and p0_s read
-B_LW1 = gl.constexpr(8)  # WG1 -> WG0: WG1's l at the end
-B_LSUM = gl.constexpr(9)  # WG0 -> WG1: the summed l
-N_BARS = gl.constexpr(10)
+N_BARS = gl.constexpr(5)
+# the exchanges between the warpgroups: hardware named barriers over both (256 threads; ids
+# clear of the ones Gluon's warp specialization uses, 0-2), one warpgroup's bar.arrive and the
+# other's bar.sync a handoff. Not mbarriers: an mbarrier arrive is one elected thread after a
+# warpgroup bar.sync, and compute-sanitizer's racecheck does not follow that chain (session 13
+# call 3: 92 hazards on sm_s / sc_s / sl_s); bar.arrive / bar.sync order every participating
+# thread's shared-memory accesses, which racecheck models
+NB_M0 = gl.constexpr(10)  # WG0 -> WG1: m_i and P_i (p0_s) published
+NB_M1 = gl.constexpr(11)  # WG1 -> WG0: m_{i+1} and P_i's factor to it published
+NB_P1 = gl.constexpr(12)  # WG1 -> WG0: P_{i+1} in qr_s, and p0_s read
+NB_LW1 = gl.constexpr(13)  # WG1 -> WG0: WG1's l at the end
+NB_LSUM = gl.constexpr(14)  # WG0 -> WG1: the summed l
+
+
+@gluon.jit
+def _bar(op: gl.constexpr):
+    gl.inline_asm_elementwise(op, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _handoff(bar_id: gl.constexpr, wait: gl.constexpr):
+    """This warpgroup's side of a handoff on named barrier `bar_id` (256 threads: both
+    warpgroups): wait=False signals (bar.arrive, no wait), wait=True waits for the other's
+    signal (bar.sync). Immediate ids (ptxas 12.8 crashes on register ids here)."""
+    if wait:
+        if bar_id == 10:
+            _bar("bar.sync 10, 256; mov.u32 $0, 0;")
+        elif bar_id == 11:
+            _bar("bar.sync 11, 256; mov.u32 $0, 0;")
+        elif bar_id == 12:
+            _bar("bar.sync 12, 256; mov.u32 $0, 0;")
+        elif bar_id == 13:
+            _bar("bar.sync 13, 256; mov.u32 $0, 0;")
+        else:
+            _bar("bar.sync 14, 256; mov.u32 $0, 0;")
+    else:
+        if bar_id == 10:
+            _bar("bar.arrive 10, 256; mov.u32 $0, 0;")
+        elif bar_id == 11:
+            _bar("bar.arrive 11, 256; mov.u32 $0, 0;")
+        elif bar_id == 12:
+            _bar("bar.arrive 12, 256; mov.u32 $0, 0;")
+        elif bar_id == 13:
+            _bar("bar.arrive 13, 256; mov.u32 $0, 0;")
+        else:
+            _bar("bar.arrive 14, 256; mov.u32 $0, 0;")
 
 
 @gluon.jit
@@ -220,11 +260,11 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         l_i = l_i * alpha + gl.sum(p, axis=1)
         pb = p.to(dtype)
         # publish m_i and P_i; p0_s's last reader (WG1's PV of the previous pair) retired
-        # before WG1 arrived on B_P1, which this warpgroup waited for in that pair
+        # before WG1 signalled NB_P1, which this warpgroup waited for in that pair
         p0_s.store(pb)
         sm_s.store(m_new)
         fence_async_shared()  # generic-proxy stores, then WG1's wgmma reads
-        mbarrier.arrive(bars.index(B_M0), count=1)
+        _handoff(NB_M0, False)
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         _zero_rows(kl0, i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
@@ -234,13 +274,15 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         _load_left(kh_desc, bars.index(B_L0), kl0,
                    _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n)
         # WG1's max m_{i+1} and the factor exp2(m_i - m_{i+1}) (1 without a tile i + 1)
-        mbarrier.wait(bars.index(B_M1), ph)
+        _handoff(NB_M1, True)
         sc = sc_s.load(ROW)
         m_i = sm_s.load(ROW)
         l_i = l_i * sc
         acc = acc * gl.convert_layout(sc, ROW_O)[:, None]
+        # P_{i+1} in qr_s (if any) and WG1 done with p0_s; every pair, both sides (ptxas
+        # 12.8 crashes on a named barrier under a branch here)
+        _handoff(NB_P1, True)
         if i + 1 < n:  # (without a tile i + 1 there is no tile i + 2 either: the last pair)
-            mbarrier.wait(bars.index(B_P1), ph)  # P_{i+1} in qr_s; WG1 done with p0_s
             mbarrier.wait(bars.index(B_L1), ph)  # the TMA's bytes, seen by this warpgroup
             _zero_rows(kl1, i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
             acc = warpgroup_mma(qr_s, kl1, acc, is_async=True)
@@ -259,10 +301,10 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
             s = warpgroup_mma(qr, kr0.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     # l = WG0's + WG1's sums, added once here in this order and handed back to WG1
-    mbarrier.wait(bars.index(B_LW1), 0)
+    _handoff(NB_LW1, True)
     l_i = l_i + sl_s.load(ROW)
     sc_s.store(l_i)
-    mbarrier.arrive(bars.index(B_LSUM), count=1)
+    _handoff(NB_LSUM, False)
     _epilogue(acc, m_i, l_i, 0, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
               lpart_ptr, S_L, O_L)
 
@@ -309,7 +351,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         kh0, kh1 = kh_s.index(z), kh_s.index(z + 1)
         kr0, kr1 = kr_s.index(z), kr_s.index(z + 1)
         has1 = i + 1 < n
-        mbarrier.wait(bars.index(B_M0), ph)  # WG0 published m_i and P_i
+        _handoff(NB_M0, True)  # WG0 published m_i and P_i
         m_b = sm_s.load(ROW)
         # O_R to m_i and P_i V_R (WG0's tile i) first: that PV runs under this warpgroup's
         # softmax of tile i + 1, and its retirement frees slot 0's right half early
@@ -329,14 +371,14 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
             l_i = l_i + gl.sum(p, axis=1)
             sm_s.store(m_new)
         sc_s.store(sc)
-        mbarrier.arrive(bars.index(B_M1), count=1)
+        _handoff(NB_M1, False)
         pb = p.to(dtype)
         if has1:
             qr_s.store(pb)  # P_{i+1} for WG0 (both hold Q's rope in registers)
             fence_async_shared()
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         # p0_s read and P_{i+1} stored: WG0 may use qr_s and rewrite p0_s
-        mbarrier.arrive(bars.index(B_P1), count=1, pred=has1)
+        _handoff(NB_P1, False)
         # slot 0's right half and rope (the rope was WG0's QK^T's) for tile i + 2
         _load_right(kh_desc, kr_desc, bars.index(B_H0), kh0, kr0,
                     _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n, C)
@@ -359,8 +401,8 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
                 s = warpgroup_mma(ql, kl1.permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     sl_s.store(l_i)
-    mbarrier.arrive(bars.index(B_LW1), count=1)
-    mbarrier.wait(bars.index(B_LSUM), 0)
+    _handoff(NB_LW1, False)
+    _handoff(NB_LSUM, True)
     l_i = sc_s.load(ROW)
     _epilogue(acc, m_i, l_i, 1, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
               lpart_ptr, S_L, O_L)
@@ -470,6 +512,19 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     return o_lat, lse
 
 
+# past P = 2048 at 32 heads or more: >= 1024-key splits (<= 8) instead of v4's <= 16 of 512.
+# A 64-head verify fills the GPU with its row blocks, and v4's parts cost it their partials:
+# N 129 x P 8192 writes and re-reads [17, 8256, 512] fp32 (287 MB) through the combine
+# (session 13 call 3, scripts/sweep_tree_mla_policy.py). Still fixed per request (H is the
+# model's per-rank head count, as triton_v7's policy); N = 1 pays with fewer programs.
+LONG = V4._replace(long_min=1024, max_splits=8)
+
+
+def policy_long(q: torch.Tensor) -> Policy:
+    """LONG at >= 32 heads (q [B, N, H, C+R]), v4's policy below."""
+    return LONG if q.dim() == 4 and q.shape[2] >= 32 else V4
+
+
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
                    anc_bits: torch.Tensor, softmax_scale: float, kv_lora_rank: int, *,
                    validate: bool = False):
@@ -478,3 +533,12 @@ def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.T
     inputs and errors); v4's split policy and combine. No host sync unless validate=True."""
     return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
                    V4)
+
+
+def tree_mla_gluon_long(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
+                        anc_bits: torch.Tensor, softmax_scale: float, kv_lora_rank: int, *,
+                        validate: bool = False):
+    """gluon_v11 under `policy_long(q)`: fewer, longer prefix splits past P = 2048 at >= 32
+    heads (less partial traffic for a large verify, fewer programs for N = 1)."""
+    return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+                   policy_long(q))
