@@ -634,7 +634,11 @@ def test_gluon_v11_compiles_to_whole_score_tiles_sm90():
         "from workbench.kernels.tree_mla import sm90_gluon as s; "
         "r = s.compile_attn(64, 9, 4096, version=11); "
         "out = dict({k: v for k, v in r.items() if k not in ('ptx', 'cubin')}, "
-        "setmaxnreg=r['ptx'].count('setmaxnreg'))")
+        "setmaxnreg=r['ptx'].count('setmaxnreg'), arrive=r['ptx'].count('bar.arrive 1'), "
+        "sync=r['ptx'].count('bar.sync 1'))")
     assert set(r["wgmma"]) == {"m64n64k16", "m64n256k16"}, r
     assert r["smem"] <= 227 * 1024 and int(r["regs"]) <= 255, r
     assert r["setmaxnreg"] >= 2 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
+    # the warpgroups hand m, the factor, P and l over on named barriers 10-14, a bar.sync on
+    # each side (what racecheck follows): five handoffs, ten sites
+    assert r["arrive"] == 0 and r["sync"] == 10, r

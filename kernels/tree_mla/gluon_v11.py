@@ -70,11 +70,10 @@ B_L0, B_L1 = gl.constexpr(1), gl.constexpr(2)  # slot s's left half (TMA)
 B_H0, B_H1 = gl.constexpr(3), gl.constexpr(4)  # slot s's right half and rope (TMA)
 N_BARS = gl.constexpr(5)
 # the exchanges between the warpgroups: hardware named barriers over both (256 threads; ids
-# clear of the ones Gluon's warp specialization uses, 0-2), one warpgroup's bar.arrive and the
-# other's bar.sync a handoff. Not mbarriers: an mbarrier arrive is one elected thread after a
-# warpgroup bar.sync, and compute-sanitizer's racecheck does not follow that chain (session 13
-# call 3: 92 hazards on sm_s / sc_s / sl_s); bar.arrive / bar.sync order every participating
-# thread's shared-memory accesses, which racecheck models
+# clear of the ones Gluon's warp specialization uses, 0-2), a bar.sync on each side. Not
+# mbarriers: an mbarrier arrive is one elected thread after a warpgroup bar.sync, and
+# compute-sanitizer's racecheck does not follow that chain (session 13 call 3: 92 hazards on
+# sm_s / sc_s / sl_s); bar.sync orders every participating thread's shared-memory accesses
 NB_M0 = gl.constexpr(10)  # WG0 -> WG1: m_i and P_i (p0_s) published
 NB_M1 = gl.constexpr(11)  # WG1 -> WG0: m_{i+1} and P_i's factor to it published
 NB_P1 = gl.constexpr(12)  # WG1 -> WG0: P_{i+1} in qr_s, and p0_s read
@@ -88,32 +87,22 @@ def _bar(op: gl.constexpr):
 
 
 @gluon.jit
-def _handoff(bar_id: gl.constexpr, wait: gl.constexpr):
-    """This warpgroup's side of a handoff on named barrier `bar_id` (256 threads: both
-    warpgroups): wait=False signals (bar.arrive, no wait), wait=True waits for the other's
-    signal (bar.sync). Immediate ids (ptxas 12.8 crashes on register ids here)."""
-    if wait:
-        if bar_id == 10:
-            _bar("bar.sync 10, 256; mov.u32 $0, 0;")
-        elif bar_id == 11:
-            _bar("bar.sync 11, 256; mov.u32 $0, 0;")
-        elif bar_id == 12:
-            _bar("bar.sync 12, 256; mov.u32 $0, 0;")
-        elif bar_id == 13:
-            _bar("bar.sync 13, 256; mov.u32 $0, 0;")
-        else:
-            _bar("bar.sync 14, 256; mov.u32 $0, 0;")
+def _handoff(bar_id: gl.constexpr):
+    """Both warpgroups meet at named barrier `bar_id` (bar.sync over 256 threads): what one
+    stored to shared memory before it, the other may read after it, and the reverse. A
+    rendezvous, not a one-way bar.arrive: racecheck takes bar.arrive -> bar.sync as unordered
+    (session 13 call 4: 32 hazards left on the m and l vectors). Immediate ids (ptxas crashes
+    on register ids here)."""
+    if bar_id == 10:
+        _bar("bar.sync 10, 256; mov.u32 $0, 0;")
+    elif bar_id == 11:
+        _bar("bar.sync 11, 256; mov.u32 $0, 0;")
+    elif bar_id == 12:
+        _bar("bar.sync 12, 256; mov.u32 $0, 0;")
+    elif bar_id == 13:
+        _bar("bar.sync 13, 256; mov.u32 $0, 0;")
     else:
-        if bar_id == 10:
-            _bar("bar.arrive 10, 256; mov.u32 $0, 0;")
-        elif bar_id == 11:
-            _bar("bar.arrive 11, 256; mov.u32 $0, 0;")
-        elif bar_id == 12:
-            _bar("bar.arrive 12, 256; mov.u32 $0, 0;")
-        elif bar_id == 13:
-            _bar("bar.arrive 13, 256; mov.u32 $0, 0;")
-        else:
-            _bar("bar.arrive 14, 256; mov.u32 $0, 0;")
+        _bar("bar.sync 14, 256; mov.u32 $0, 0;")
 
 
 @gluon.jit
@@ -264,7 +253,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         p0_s.store(pb)
         sm_s.store(m_new)
         fence_async_shared()  # generic-proxy stores, then WG1's wgmma reads
-        _handoff(NB_M0, False)
+        _handoff(NB_M0)
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         _zero_rows(kl0, i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
@@ -274,14 +263,14 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         _load_left(kh_desc, bars.index(B_L0), kl0,
                    _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n)
         # WG1's max m_{i+1} and the factor exp2(m_i - m_{i+1}) (1 without a tile i + 1)
-        _handoff(NB_M1, True)
+        _handoff(NB_M1)
         sc = sc_s.load(ROW)
         m_i = sm_s.load(ROW)
         l_i = l_i * sc
         acc = acc * gl.convert_layout(sc, ROW_O)[:, None]
         # P_{i+1} in qr_s (if any) and WG1 done with p0_s; every pair, both sides (ptxas
         # 12.8 crashes on a named barrier under a branch here)
-        _handoff(NB_P1, True)
+        _handoff(NB_P1)
         if i + 1 < n:  # (without a tile i + 1 there is no tile i + 2 either: the last pair)
             mbarrier.wait(bars.index(B_L1), ph)  # the TMA's bytes, seen by this warpgroup
             _zero_rows(kl1, i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
@@ -301,10 +290,10 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
             s = warpgroup_mma(qr, kr0.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     # l = WG0's + WG1's sums, added once here in this order and handed back to WG1
-    _handoff(NB_LW1, True)
+    _handoff(NB_LW1)
     l_i = l_i + sl_s.load(ROW)
     sc_s.store(l_i)
-    _handoff(NB_LSUM, False)
+    _handoff(NB_LSUM)
     _epilogue(acc, m_i, l_i, 0, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
               lpart_ptr, S_L, O_L)
 
@@ -351,7 +340,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         kh0, kh1 = kh_s.index(z), kh_s.index(z + 1)
         kr0, kr1 = kr_s.index(z), kr_s.index(z + 1)
         has1 = i + 1 < n
-        _handoff(NB_M0, True)  # WG0 published m_i and P_i
+        _handoff(NB_M0)  # WG0 published m_i and P_i
         m_b = sm_s.load(ROW)
         # O_R to m_i and P_i V_R (WG0's tile i) first: that PV runs under this warpgroup's
         # softmax of tile i + 1, and its retirement frees slot 0's right half early
@@ -371,14 +360,14 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
             l_i = l_i + gl.sum(p, axis=1)
             sm_s.store(m_new)
         sc_s.store(sc)
-        _handoff(NB_M1, False)
+        _handoff(NB_M1)
         pb = p.to(dtype)
         if has1:
             qr_s.store(pb)  # P_{i+1} for WG0 (both hold Q's rope in registers)
             fence_async_shared()
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         # p0_s read and P_{i+1} stored: WG0 may use qr_s and rewrite p0_s
-        _handoff(NB_P1, False)
+        _handoff(NB_P1)
         # slot 0's right half and rope (the rope was WG0's QK^T's) for tile i + 2
         _load_right(kh_desc, kr_desc, bars.index(B_H0), kh0, kr0,
                     _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n, C)
@@ -401,8 +390,8 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
                 s = warpgroup_mma(ql, kl1.permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     sl_s.store(l_i)
-    _handoff(NB_LW1, False)
-    _handoff(NB_LSUM, True)
+    _handoff(NB_LW1)
+    _handoff(NB_LSUM)
     l_i = sc_s.load(ROW)
     _epilogue(acc, m_i, l_i, 1, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
               lpart_ptr, S_L, O_L)
