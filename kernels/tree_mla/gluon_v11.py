@@ -83,7 +83,7 @@ NB_LSUM = gl.constexpr(14)  # WG0 -> WG1: the summed l
 
 @gluon.jit
 def _bar(op: gl.constexpr):
-    gl.inline_asm_elementwise(op, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise(op, "=r,~{memory}", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

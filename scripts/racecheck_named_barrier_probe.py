@@ -1,0 +1,63 @@
+"""Does compute-sanitizer's racecheck follow a named-barrier handoff between the two partitions
+of a Gluon warp-specialized kernel? (tree_mla gluon_v11, session 13: racecheck reports hazards
+between a store before `bar.sync 14, 256` on one warpgroup and a load after it on the other,
+SASS in that order.) The probe does only that: warpgroup 0 stores a [64] vector k times, the
+warpgroup 1 reads it back after the rendezvous and writes it out; the output is checked.
+
+    compute-sanitizer --tool racecheck python3 scripts/racecheck_named_barrier_probe.py
+
+Hazards reported here, on a kernel this small whose result is checked, are the tool's model
+(of named barriers, or of Gluon's warp-specialization prologue), not the tree_mla kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def _bar(op: gl.constexpr):
+    gl.inline_asm_elementwise(op, "=r,~{memory}", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _reader(buf, out_ptr, n):
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    r = gl.arange(0, 64, layout=L)
+    for k in range(n):
+        _bar("bar.sync 10, 256; mov.u32 $0, 0;")  # written
+        x = buf.load(L)
+        gl.store(out_ptr + k * 64 + r, x)
+        _bar("bar.sync 11, 256; mov.u32 $0, 0;")  # read: may be rewritten
+
+
+@gluon.jit
+def _writer(buf, out_ptr, n):
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    r = gl.arange(0, 64, layout=L)
+    for k in range(n):
+        buf.store((r + k * 64).to(gl.float32))
+        _bar("bar.sync 10, 256; mov.u32 $0, 0;")
+        _bar("bar.sync 11, 256; mov.u32 $0, 0;")
+
+
+@gluon.jit
+def _kernel(out_ptr, n):
+    buf = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    gl.warp_specialize([(_writer, (buf, out_ptr, n)), (_reader, (buf, out_ptr, n))], [4], [240])
+
+
+def main() -> int:
+    n = 4
+    out = torch.full((n * 64,), float("nan"), device="cuda")
+    _kernel[(1,)](out, n, num_warps=4)
+    torch.cuda.synchronize()
+    ok = torch.equal(out, torch.arange(n * 64, device="cuda", dtype=torch.float32))
+    print(f"named-barrier probe: output {'correct' if ok else 'WRONG'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
