@@ -15,6 +15,7 @@ Gluon with warp specialization).
                      QK^T of b + 2                            QK^T of b + 3
               so one warpgroup's softmax runs under the other's QK^T / PV. Warpgroup w owns O's
               value columns [w C/2, (w + 1) C/2) and reads only that half of every tile's V.
+              m, the factor, P and l cross through shared memory at named-barrier rendezvous.
     launch 2  v4's _combine_kernel (Triton, PDL) when G > 1.
 
 Shared memory (C 512): Q halves 2 x 32 KB + rope 8 KB, two K slots each split as left half /
