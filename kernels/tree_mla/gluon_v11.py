@@ -203,28 +203,34 @@ def _epilogue(acc, m_i, l_i, W: gl.constexpr, b, mb, M, t, n_parts, S_GRID, live
 
 
 @gluon.jit
+def _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san, S_L: gl.constexpr, O_L: gl.constexpr):
+    """A warpgroup's start: its rows' validity and ancestor-word pointers, the running max
+    (M_INIT, log2 units), l (this warpgroup's tiles' p, scaled to that max) and O at zero, and
+    Q's rope columns in registers once Q has landed (the register A operand of every rope
+    QK^T; Q's rope buffer then holds P1)."""
+    rows = mb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_L))
+    m_i = gl.full([64], M_INIT, gl.float32, gl.SliceLayout(1, S_L))
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+    acc = gl.zeros([64, O_L.instr_shape[1]], gl.float32, O_L)
+    mbarrier.wait(bars.index(B_Q), 0)
+    qr = qr_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    return rows < M, anc_ptr + b * sab + (rows // H) * san, m_i, l_i, acc, qr
+
+
+@gluon.jit
 def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
-         C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr):
+         C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
+         O_L: gl.constexpr):
     """Warpgroup 0 (the default partition): even tiles' scores, value columns [0, C/2)."""
     CH: gl.constexpr = C // 2
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 64, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, CH, 16])
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     dtype: gl.constexpr = q_s.dtype
-    rows = mb * 64 + gl.arange(0, 64, layout=ROW)
-    row_ok = rows < M
-    anc_rows = anc_ptr + b * sab + (rows // H) * san
-    m_i = gl.full([64], M_INIT, gl.float32, ROW)  # running max (log2 units) O is scaled to
-    l_i = gl.zeros([64], gl.float32, ROW)  # sum of this warpgroup's tiles' p, scaled to m_i
-    acc = gl.zeros([64, CH], gl.float32, O_L)
-    mbarrier.wait(bars.index(B_Q), 0)
-    qr = qr_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    row_ok, anc_rows, m_i, l_i, acc, qr = _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san,
+                                                 S_L, O_L)
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 0:  # S_0: tile 0's halves were issued before the fork
         mbarrier.wait(bars.index(B_L0), 0)
@@ -303,25 +309,16 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
 def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
-         C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr):
+         C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
+         O_L: gl.constexpr):
     """Warpgroup 1 (the worker partition): odd tiles' scores, value columns [C/2, C)."""
     CH: gl.constexpr = C // 2
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 64, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, CH, 16])
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     dtype: gl.constexpr = q_s.dtype
-    rows = mb * 64 + gl.arange(0, 64, layout=ROW)
-    row_ok = rows < M
-    anc_rows = anc_ptr + b * sab + (rows // H) * san
-    m_i = gl.full([64], M_INIT, gl.float32, ROW)  # the max this warpgroup's O is scaled to
-    l_i = gl.zeros([64], gl.float32, ROW)
-    acc = gl.zeros([64, CH], gl.float32, O_L)
-    mbarrier.wait(bars.index(B_Q), 0)
-    qr = qr_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
+    row_ok, anc_rows, m_i, l_i, acc, qr = _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san,
+                                                 S_L, O_L)
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 1:  # S_1, right half and rope first (the order slot 1 is refilled in the loop)
         mbarrier.wait(bars.index(B_H1), 0)
@@ -408,6 +405,11 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
     CH: gl.constexpr = C // 2
+    # each partition is one warpgroup: S [64, 64] and O [64, C/2] as single-warpgroup wgmma
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, CH, 16])
     t = gl.program_id(0)
     mb = gl.program_id(1)
     b = gl.program_id(2).to(gl.int64)
@@ -457,11 +459,11 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
         (_wg0, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N)),
+                qk_scale, C, PW, BLOCK_N, S_L, O_L)),
         (_wg1, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N)),
+                qk_scale, C, PW, BLOCK_N, S_L, O_L)),
     ], [4], [240])
 
 
