@@ -4,7 +4,12 @@ between a store before `bar.sync 14, 256` on one warpgroup and a load after it o
 SASS in that order.) The probe does only that: warpgroup 0 stores a [64] vector k times, the
 warpgroup 1 reads it back after the rendezvous and writes it out; the output is checked.
 
-    compute-sanitizer --tool racecheck python3 scripts/racecheck_named_barrier_probe.py
+    compute-sanitizer --tool racecheck python3 scripts/racecheck_named_barrier_probe.py [--mma]
+
+--mma stores and loads the vector in gluon_v11's row layout (a slice of the m64n64 wgmma
+accumulator layout: each row held by the four lanes of a quad), where the session 13 call 7
+per-hazard report put every hazard: written by lane 3 of a quad in warpgroup 0, read by lane 0
+of the same quad position in warpgroup 1, the value -1e30 (rows no key reaches).
 
 Hazards reported here, on a kernel this small whose result is checked, are the tool's model
 (of named barriers, or of Gluon's warp-specialization prologue), not the tree_mla kernel.
@@ -23,8 +28,7 @@ def _bar(op: gl.constexpr):
 
 
 @gluon.jit
-def _reader(buf, out_ptr, n):
-    L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _reader(buf, out_ptr, n, L: gl.constexpr):
     r = gl.arange(0, 64, layout=L)
     for k in range(n):
         _bar("bar.sync 10, 256; mov.u32 $0, 0;")  # written
@@ -34,8 +38,7 @@ def _reader(buf, out_ptr, n):
 
 
 @gluon.jit
-def _writer(buf, out_ptr, n):
-    L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _writer(buf, out_ptr, n, L: gl.constexpr):
     r = gl.arange(0, 64, layout=L)
     for k in range(n):
         buf.store((r + k * 64).to(gl.float32))
@@ -44,15 +47,26 @@ def _writer(buf, out_ptr, n):
 
 
 @gluon.jit
-def _kernel(out_ptr, n):
+def _kernel(out_ptr, n, MMA: gl.constexpr):
+    if MMA:  # gluon_v11's ROW: rows of the m64n64 accumulator, 4 lanes a row
+        L: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+    else:
+        L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     buf = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    gl.warp_specialize([(_writer, (buf, out_ptr, n)), (_reader, (buf, out_ptr, n))], [4], [240])
+    gl.warp_specialize([(_writer, (buf, out_ptr, n, L)), (_reader, (buf, out_ptr, n, L))], [4],
+                       [240])
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mma", action="store_true", help="gluon_v11's row layout")
+    a = ap.parse_args(argv)
     n = 4
     out = torch.full((n * 64,), float("nan"), device="cuda")
-    _kernel[(1,)](out, n, num_warps=4)
+    _kernel[(1,)](out, n, MMA=a.mma, num_warps=4)
     torch.cuda.synchronize()
     ok = torch.equal(out, torch.arange(n * 64, device="cuda", dtype=torch.float32))
     print(f"named-barrier probe: output {'correct' if ok else 'WRONG'}")
