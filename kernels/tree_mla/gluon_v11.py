@@ -203,7 +203,8 @@ def _epilogue(acc, m_i, l_i, W: gl.constexpr, b, mb, M, t, n_parts, S_GRID, live
 
 
 @gluon.jit
-def _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san, S_L: gl.constexpr, O_L: gl.constexpr):
+def _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san, S_L: gl.constexpr, O_L: gl.constexpr,
+           CH: gl.constexpr):
     """A warpgroup's start: its rows' validity and ancestor-word pointers, the running max
     (M_INIT, log2 units), l (this warpgroup's tiles' p, scaled to that max) and O at zero, and
     Q's rope columns in registers once Q has landed (the register A operand of every rope
@@ -211,7 +212,7 @@ def _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san, S_L: gl.constexpr, O_L: g
     rows = mb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_L))
     m_i = gl.full([64], M_INIT, gl.float32, gl.SliceLayout(1, S_L))
     l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
-    acc = gl.zeros([64, O_L.instr_shape[1]], gl.float32, O_L)
+    acc = gl.zeros([64, CH], gl.float32, O_L)
     mbarrier.wait(bars.index(B_Q), 0)
     qr = qr_s.load(gl.DotOperandLayout(operand_index=0, parent=S_L, k_width=2))
     return rows < M, anc_ptr + b * sab + (rows // H) * san, m_i, l_i, acc, qr
@@ -230,7 +231,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
     A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     dtype: gl.constexpr = q_s.dtype
     row_ok, anc_rows, m_i, l_i, acc, qr = _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san,
-                                                 S_L, O_L)
+                                                 S_L, O_L, CH)
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 0:  # S_0: tile 0's halves were issued before the fork
         mbarrier.wait(bars.index(B_L0), 0)
@@ -318,7 +319,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
     A_O: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     dtype: gl.constexpr = q_s.dtype
     row_ok, anc_rows, m_i, l_i, acc, qr = _start(qr_s, bars, anc_ptr, b, mb, M, H, sab, san,
-                                                 S_L, O_L)
+                                                 S_L, O_L, CH)
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 1:  # S_1, right half and rope first (the order slot 1 is refilled in the loop)
         mbarrier.wait(bars.index(B_H1), 0)
