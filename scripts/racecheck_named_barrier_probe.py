@@ -4,12 +4,17 @@ between a store before `bar.sync 14, 256` on one warpgroup and a load after it o
 SASS in that order.) The probe does only that: warpgroup 0 stores a [64] vector k times, the
 warpgroup 1 reads it back after the rendezvous and writes it out; the output is checked.
 
-    compute-sanitizer --tool racecheck python3 scripts/racecheck_named_barrier_probe.py [--mma]
+    compute-sanitizer --tool racecheck python3 scripts/racecheck_named_barrier_probe.py \
+        [--mma] [--reverse] [--sync]
 
 --mma stores and loads the vector in gluon_v11's row layout (a slice of the m64n64 wgmma
 accumulator layout: each row held by the four lanes of a quad), where the session 13 call 7
 per-hazard report put every hazard: written by lane 3 of a quad in warpgroup 0, read by lane 0
-of the same quad position in warpgroup 1, the value -1e30 (rows no key reaches).
+of the same quad position in warpgroup 1, the value -1e30 (rows no key reaches); the reverse
+direction (warpgroup 1 publishing) was never reported. --reverse makes the worker partition
+the writer; --sync puts a partition barrier (Gluon's `bar.sync 0, 128` in the default
+partition) between the store and the handoff, as v11 has. Session 13 call 8: the plain and
+--mma runs have a clean handoff.
 
 Hazards reported here, on a kernel this small whose result is checked, are the tool's model
 (of named barriers, or of Gluon's warp-specialization prologue), not the tree_mla kernel.
@@ -28,7 +33,7 @@ def _bar(op: gl.constexpr):
 
 
 @gluon.jit
-def _reader(buf, out_ptr, n, L: gl.constexpr):
+def _reader(buf, out_ptr, n, L: gl.constexpr, SYNC: gl.constexpr):
     r = gl.arange(0, 64, layout=L)
     for k in range(n):
         _bar("bar.sync 10, 256; mov.u32 $0, 0;")  # written
@@ -38,24 +43,30 @@ def _reader(buf, out_ptr, n, L: gl.constexpr):
 
 
 @gluon.jit
-def _writer(buf, out_ptr, n, L: gl.constexpr):
+def _writer(buf, out_ptr, n, L: gl.constexpr, SYNC: gl.constexpr):
     r = gl.arange(0, 64, layout=L)
     for k in range(n):
         buf.store((r + k * 64).to(gl.float32))
+        if SYNC:  # a partition barrier between the store and the handoff, as in gluon_v11
+            gl.thread_barrier()
         _bar("bar.sync 10, 256; mov.u32 $0, 0;")
         _bar("bar.sync 11, 256; mov.u32 $0, 0;")
 
 
 @gluon.jit
-def _kernel(out_ptr, n, MMA: gl.constexpr):
+def _kernel(out_ptr, n, MMA: gl.constexpr, REVERSE: gl.constexpr, SYNC: gl.constexpr):
     if MMA:  # gluon_v11's ROW: rows of the m64n64 accumulator, 4 lanes a row
         L: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
     else:
         L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     buf = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    gl.warp_specialize([(_writer, (buf, out_ptr, n, L)), (_reader, (buf, out_ptr, n, L))], [4],
-                       [240])
+    if REVERSE:  # the worker partition writes, the default one reads
+        gl.warp_specialize([(_reader, (buf, out_ptr, n, L, SYNC)),
+                            (_writer, (buf, out_ptr, n, L, SYNC))], [4], [240])
+    else:  # the default partition writes (gluon_v11's reported direction)
+        gl.warp_specialize([(_writer, (buf, out_ptr, n, L, SYNC)),
+                            (_reader, (buf, out_ptr, n, L, SYNC))], [4], [240])
 
 
 def main(argv=None) -> int:
@@ -63,10 +74,13 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mma", action="store_true", help="gluon_v11's row layout")
+    ap.add_argument("--reverse", action="store_true", help="the worker writes, the default reads")
+    ap.add_argument("--sync", action="store_true",
+                    help="a partition barrier between the writer's store and the handoff")
     a = ap.parse_args(argv)
     n = 4
     out = torch.full((n * 64,), float("nan"), device="cuda")
-    _kernel[(1,)](out, n, MMA=a.mma, num_warps=4)
+    _kernel[(1,)](out, n, MMA=a.mma, REVERSE=a.reverse, SYNC=a.sync, num_warps=4)
     torch.cuda.synchronize()
     ok = torch.equal(out, torch.arange(n * 64, device="cuda", dtype=torch.float32))
     print(f"named-barrier probe: output {'correct' if ok else 'WRONG'}")
