@@ -6,13 +6,15 @@ Gluon with warp specialization).
     launch 1  _attn_kernel (Gluon)  grid (G, ceil(M / 64), B), 2 partitions of 4 warps
               part t of request b as v9 (same `_parts`, same shifted last prefix tile, the same
               64-key masked tiles at j = 0, 64, ..), every tile by TMA. Tiles are taken in pairs
-              (b, b + 1); warpgroup 0 scores even tiles, warpgroup 1 odd ones, each a whole
+              (i, i + 1); warpgroup 0 scores even tiles, warpgroup 1 odd ones, each a whole
               m64n64 S over all 576 dims:
-                WG0: softmax(b) -> publish m_b          WG1: wait m_b, softmax(b + 1) against
-                     own P_b V_L (P in registers)            it, publish m_{b+1} and the factor
-                     wait factor, store P_b x factor          own P_{b+1} V_R (registers)
-                     sP1 V_L (P from shared memory)           sP0 V_R (P from shared memory)
-                     QK^T of b + 2                            QK^T of b + 3
+                WG0: softmax(i), publish m_i and P_i     WG1: wait m_i, P_i; O_R to m_i;
+                     (p0_s)                                   issue P_i V_R (P from p0_s)
+                     O_L to m_i, P_i V_L (registers)         softmax(i + 1) under that PV,
+                     wait m_{i+1}: O_L to it                  publish m_{i+1}, the factor and
+                     sP1 V_L (P from qr_s)                    P_{i+1} (qr_s); O_R to m_{i+1},
+                     QK^T of i + 2                            P_{i+1} V_R (registers)
+                                                              QK^T of i + 3
               so one warpgroup's softmax runs under the other's QK^T / PV. Warpgroup w owns O's
               value columns [w C/2, (w + 1) C/2) and reads only that half of every tile's V.
               m, the factor, P and l cross through shared memory at named-barrier rendezvous.
@@ -35,9 +37,10 @@ O); the zeroing happens after the tile's QK^T has completed, so it never races w
 
 Numerics: the running max starts at -1e30 (finite), masked scores are -inf, so exp2 never sees
 inf - inf and no SAFE variant is needed; a row that sees no key keeps l = 0: out 0, lse -inf.
-P_b reaches WG1 as bf16(P_b x factor) (rescaled to m_{b+1} before rounding, as FlashMLA), so
-the two column halves of O round P differently; l sums the fp32 P. Not v10's bits; the same
-partition and merge as v4 (batch invariance by P only).
+Both column halves multiply the same bf16 P of a tile (O is rescaled between the two tiles of
+a pair instead of P, unlike FlashMLA); each warpgroup sums its own tiles' fp32 p into l and
+warpgroup 0 adds the two once at the end. Not v10's bits; the same partition and merge as v4
+(batch invariance by P only).
 
 Inputs: gluon_v9's (a ValueError naming the argument otherwise). Gluon has no interpreter: on
 CPU the kernel is compiled (`sm90_gluon --version 11`), run on the H200. Legend: _common.py.
