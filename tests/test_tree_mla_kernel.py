@@ -1,6 +1,6 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
 triton_v4, triton_v4_split512, triton_v7, triton_v8; gluon_v9, gluon_v10,
-gluon_v10_by_heads, gluon_v11 and gluon_v11_long on the GPU): equal to the dense-mask reference.
+gluon_v10_by_heads, gluon_v11, gluon_v11_long and gluon_v12 on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -23,6 +23,7 @@ from workbench.kernels.tree_mla import (
     gluon_v9,
     gluon_v10,
     gluon_v11,
+    gluon_v12,
     register,
     triton_v1,
     triton_v2,
@@ -42,7 +43,7 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
 # compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads, "g11": gluon_v11.tree_mla_gluon,
-         "g11_long": gluon_v11.tree_mla_gluon_long}
+         "g11_long": gluon_v11.tree_mla_gluon_long, "g12": gluon_v12.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
@@ -624,15 +625,17 @@ def test_gluon_v9_compiles_to_split_score_tiles_sm90():
         assert r["tma"] >= 4 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
 
 
-def test_gluon_v11_compiles_to_whole_score_tiles_sm90():
+@pytest.mark.parametrize("version", [11, 12])
+def test_gluon_v11_compiles_to_whole_score_tiles_sm90(version):
     # why: gluon_v11's seesaw (README "Design (v11)"): each warpgroup scores whole tiles (wgmma
     # m64n64k16, the rope part with Q from registers) and owns C/2 value columns (m64n256k16,
     # its own P from registers, the other's from shared memory); two 4-warp partitions (the
     # second with setmaxnreg), every load by TMA in 128-byte-swizzled [64, 64] boxes, within
-    # 227 KB of shared memory with Q, two K slots and P0
+    # 227 KB of shared memory with Q, two K slots and P0; gluon_v12 the same kernel with the
+    # K halves in 64-column chunks (one [64, 64] box a chunk)
     r = _gluon_compile(
         "from workbench.kernels.tree_mla import sm90_gluon as s; "
-        "r = s.compile_attn(64, 9, 4096, version=11); "
+        f"r = s.compile_attn(64, 9, 4096, version={version}); "
         "out = dict({k: v for k, v in r.items() if k not in ('ptx', 'cubin')}, "
         "setmaxnreg=r['ptx'].count('setmaxnreg'), arrive=r['ptx'].count('bar.arrive 1'), "
         "sync=r['ptx'].count('bar.sync 1'))")

@@ -34,6 +34,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                S each), P and the running max passed through shared memory, so one
                warpgroup's softmax runs under the other's MMAs (warp-specialized Gluon)
     gluon_v11_long  gluon_v11 with >= 1024-key splits past P = 2048 at >= 32 heads
+    gluon_v12  gluon_v11 with each K half in 64-column chunks under their own mbarriers (a
+               QK^T starts on a half's first chunk); compile-checked, not yet run on the GPU
 
 BEST (gluon_v10) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -72,6 +74,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v10_by_heads": f"{_MOD}.gluon_v10:tree_mla_gluon_by_heads",
         "gluon_v11": f"{_MOD}.gluon_v11:tree_mla_gluon",
         "gluon_v11_long": f"{_MOD}.gluon_v11:tree_mla_gluon_long",
+        "gluon_v12": f"{_MOD}.gluon_v12:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -120,6 +123,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "gluon_v11_long"): ("gluon_v11 with >= 1024-key splits past P = 2048 at 32 "
                                      "heads or more (at most 8: fewer fp32 partials for a "
                                      "64-head verify)", ("sm90", "triton")),
+    ("tree_mla", "gluon_v12"): ("gluon_v11 with each K half in 64-column chunks, each under "
+                                "its own mbarrier, so a QK^T starts on the first chunk "
+                                "(compile-checked, not yet run on the GPU)",
+                                ("sm90", "triton")),
 }
 
 

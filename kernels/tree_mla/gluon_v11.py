@@ -68,11 +68,10 @@ RP = 64  # the rope box: zero-filled past D, and wide enough to hold P1 [64, 64]
 M_INIT: gl.constexpr = gl.constexpr(-1.0e30)  # running max before any key: finite
 NEG_INF: gl.constexpr = gl.constexpr(float("-inf"))
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
-# TMA mbarriers (one arrival each, the expect): Q and the K slots' halves
+# TMA mbarriers (one arrival each, the expect): Q, then each K slot's halves in NCH column
+# chunks (gluon_v11: one chunk a half; gluon_v12: 64-column chunks), the rope with the right
+# half's last chunk. Index 1 + slot * NCH + c: left chunk c; 1 + 2 NCH + slot * NCH + c: right
 B_Q = gl.constexpr(0)  # Q
-B_L0, B_L1 = gl.constexpr(1), gl.constexpr(2)  # slot s's left half (TMA)
-B_H0, B_H1 = gl.constexpr(3), gl.constexpr(4)  # slot s's right half and rope (TMA)
-N_BARS = gl.constexpr(5)
 # the exchanges between the warpgroups: hardware named barriers over both (256 threads; ids
 # clear of the ones Gluon's warp specialization uses, 0-2), a bar.sync on each side. Not
 # mbarriers: an mbarrier arrive is one elected thread after a warpgroup bar.sync, and
@@ -119,16 +118,91 @@ def _row(i, n_pf, start, end, P, j_lo, kv_row, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _load_left(desc, bar, dst, row, pred):
-    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(desc, [row, 0], bar, dst, pred=pred)
+def _lbar(bars, slot: gl.constexpr, c: gl.constexpr, NCH: gl.constexpr):
+    return bars.index(1 + slot * NCH + c)
 
 
 @gluon.jit
-def _load_right(kh_desc, kr_desc, bar, dst_h, dst_r, row, pred, C: gl.constexpr):
-    mbarrier.expect(bar, kh_desc.block_type.nbytes + kr_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(kh_desc, [row, C // 2], bar, dst_h, pred=pred)
-    tma.async_copy_global_to_shared(kr_desc, [row, C], bar, dst_r, pred=pred)
+def _hbar(bars, slot: gl.constexpr, c: gl.constexpr, NCH: gl.constexpr):
+    return bars.index(1 + 2 * NCH + slot * NCH + c)
+
+
+@gluon.jit
+def _load_left(desc, bars, slot: gl.constexpr, dst, row, pred, NCH: gl.constexpr):
+    """Slot `slot`'s left half (columns [0, C/2) of K rows row..row + 63) into dst, NCH
+    chunks each under its own mbarrier (desc's box is a chunk)."""
+    CW: gl.constexpr = dst.shape[1] // NCH
+    for c in gl.static_range(NCH):
+        bar = _lbar(bars, slot, c, NCH)
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        if NCH == 1:
+            tma.async_copy_global_to_shared(desc, [row, 0], bar, dst, pred=pred)
+        else:
+            tma.async_copy_global_to_shared(desc, [row, c * CW], bar,
+                                            dst.slice(c * CW, CW, dim=1), pred=pred)
+
+
+@gluon.jit
+def _load_right(kh_desc, kr_desc, bars, slot: gl.constexpr, dst_h, dst_r, row, pred,
+                C: gl.constexpr, NCH: gl.constexpr):
+    """Slot `slot`'s right half (columns [C/2, C)) in NCH chunks, the rope (columns C..) with
+    the last one."""
+    CW: gl.constexpr = dst_h.shape[1] // NCH
+    for c in gl.static_range(NCH):
+        bar = _hbar(bars, slot, c, NCH)
+        if c == NCH - 1:
+            mbarrier.expect(bar, kh_desc.block_type.nbytes + kr_desc.block_type.nbytes,
+                            pred=pred)
+        else:
+            mbarrier.expect(bar, kh_desc.block_type.nbytes, pred=pred)
+        if NCH == 1:
+            tma.async_copy_global_to_shared(kh_desc, [row, C // 2], bar, dst_h, pred=pred)
+        else:
+            tma.async_copy_global_to_shared(kh_desc, [row, C // 2 + c * CW], bar,
+                                            dst_h.slice(c * CW, CW, dim=1), pred=pred)
+        if c == NCH - 1:
+            tma.async_copy_global_to_shared(kr_desc, [row, C], bar, dst_r, pred=pred)
+
+
+@gluon.jit
+def _qk_left(q, k, bars, slot: gl.constexpr, ph, s, FIRST: gl.constexpr, NCH: gl.constexpr,
+             pred=True):
+    """Issue S (+)= Q_L K_L^T of slot `slot`'s tile, chunk by chunk as each lands (async)."""
+    CW: gl.constexpr = k.shape[1] // NCH
+    for c in gl.static_range(NCH):
+        mbarrier.wait(_lbar(bars, slot, c, NCH), ph, pred=pred)
+        if NCH == 1:
+            s = warpgroup_mma(q, k.permute((1, 0)), s, use_acc=not FIRST, is_async=True)
+        else:
+            s = warpgroup_mma(q.slice(c * CW, CW, dim=1), k.slice(c * CW, CW, dim=1).permute(
+                (1, 0)), s, use_acc=not (FIRST and c == 0), is_async=True)
+    return s
+
+
+@gluon.jit
+def _qk_right(q, k, qr, kr, bars, slot: gl.constexpr, ph, s, FIRST: gl.constexpr,
+              NCH: gl.constexpr, pred=True):
+    """Issue S (+)= Q_R K_R^T + Qr Kr^T (Q's rope from registers) of slot `slot`'s tile."""
+    CW: gl.constexpr = k.shape[1] // NCH
+    for c in gl.static_range(NCH):
+        mbarrier.wait(_hbar(bars, slot, c, NCH), ph, pred=pred)
+        if NCH == 1:
+            s = warpgroup_mma(q, k.permute((1, 0)), s, use_acc=not FIRST, is_async=True)
+        else:
+            s = warpgroup_mma(q.slice(c * CW, CW, dim=1), k.slice(c * CW, CW, dim=1).permute(
+                (1, 0)), s, use_acc=not (FIRST and c == 0), is_async=True)
+    return warpgroup_mma(qr, kr.permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _seen(bars, left: gl.constexpr, slot: gl.constexpr, ph, NCH: gl.constexpr):
+    """Wait for every chunk of a half this warpgroup did not score itself (the TMA's bytes
+    become visible to the waiting threads; complete already, the other warpgroup waited)."""
+    for c in gl.static_range(NCH):
+        if left:
+            mbarrier.wait(_lbar(bars, slot, c, NCH), ph)
+        else:
+            mbarrier.wait(_hbar(bars, slot, c, NCH), ph)
 
 
 @gluon.jit
@@ -226,7 +300,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
-         O_L: gl.constexpr):
+         O_L: gl.constexpr, NCH: gl.constexpr):
     """Warpgroup 0 (the default partition): even tiles' scores, value columns [0, C/2)."""
     CH: gl.constexpr = C // 2
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -237,11 +311,8 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
                                                  S_L, O_L, CH)
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 0:  # S_0: tile 0's halves were issued before the fork
-        mbarrier.wait(bars.index(B_L0), 0)
-        s = warpgroup_mma(q_s.index(0), kl_s.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
-        mbarrier.wait(bars.index(B_H0), 0)
-        s = warpgroup_mma(q_s.index(1), kh_s.index(0).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qr, kr_s.index(0).permute((1, 0)), s, is_async=True)
+        s = _qk_left(q_s.index(0), kl_s.index(0), bars, 0, 0, s, True, NCH)
+        s = _qk_right(q_s.index(1), kh_s.index(0), qr, kr_s.index(0), bars, 0, 0, s, False, NCH)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     for k in range(gl.cdiv(n, 2)):
         i = 2 * k  # this pair: tile i (slot 0, mine), tile i + 1 (slot 1, WG1's) if i + 1 < n
@@ -271,8 +342,8 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         acc = warpgroup_mma(gl.convert_layout(pb, A_O), kl0, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         # slot 0's left half is read by no one else: tile i + 2's left half may land
-        _load_left(kh_desc, bars.index(B_L0), kl0,
-                   _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n)
+        _load_left(kh_desc, bars, 0, kl0, _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N),
+                   i + 2 < n, NCH)
         # WG1's max m_{i+1} and the factor exp2(m_i - m_{i+1}) (1 without a tile i + 1)
         _handoff(NB_M1)
         sc = sc_s.load(ROW)
@@ -283,22 +354,18 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         # 12.8 crashes on a named barrier under a branch here)
         _handoff(NB_P1)
         if i + 1 < n:  # (without a tile i + 1 there is no tile i + 2 either: the last pair)
-            mbarrier.wait(bars.index(B_L1), ph)  # the TMA's bytes, seen by this warpgroup
+            _seen(bars, True, 1, ph, NCH)  # the TMA's bytes, seen by this warpgroup
             _zero_rows(kl1, i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
             acc = warpgroup_mma(qr_s, kl1, acc, is_async=True)
             # S_{i+2}, left half first (it was issued first); on the last pair nothing was
             # loaded: the barriers are skipped and the MMAs read slot 0's old tile, unused
             more = i + 2 < n
-            mbarrier.wait(bars.index(B_L0), (k + 1) & 1, pred=more)
-            s = warpgroup_mma(ql, kl0.permute((1, 0)), s, use_acc=False,
-                              is_async=True)
-            # retire sP1 V_L (the older group): slot 1's left half is free for tile i + 3
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            _load_left(kh_desc, bars.index(B_L1), kl1,
-                       _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 3 < n)
-            mbarrier.wait(bars.index(B_H0), (k + 1) & 1, pred=more)
-            s = warpgroup_mma(qh, kh0.permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma(qr, kr0.permute((1, 0)), s, is_async=True)
+            s = _qk_left(ql, kl0, bars, 0, (k + 1) & 1, s, True, NCH, pred=more)
+            # retire sP1 V_L (the oldest group): slot 1's left half is free for tile i + 3
+            acc = warpgroup_mma_wait(num_outstanding=NCH, deps=(acc,))
+            _load_left(kh_desc, bars, 1, kl1,
+                       _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 3 < n, NCH)
+            s = _qk_right(qh, kh0, qr, kr0, bars, 0, (k + 1) & 1, s, False, NCH, pred=more)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     # l = WG0's + WG1's sums, added once here in this order and handed back to WG1
     _handoff(NB_LW1)
@@ -314,7 +381,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
-         O_L: gl.constexpr):
+         O_L: gl.constexpr, NCH: gl.constexpr):
     """Warpgroup 1 (the worker partition): odd tiles' scores, value columns [C/2, C)."""
     CH: gl.constexpr = C // 2
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -325,11 +392,8 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
                                                  S_L, O_L, CH)
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 1:  # S_1, right half and rope first (the order slot 1 is refilled in the loop)
-        mbarrier.wait(bars.index(B_H1), 0)
-        s = warpgroup_mma(q_s.index(1), kh_s.index(1).permute((1, 0)), s, use_acc=False, is_async=True)
-        s = warpgroup_mma(qr, kr_s.index(1).permute((1, 0)), s, is_async=True)
-        mbarrier.wait(bars.index(B_L1), 0)
-        s = warpgroup_mma(q_s.index(0), kl_s.index(1).permute((1, 0)), s, is_async=True)
+        s = _qk_right(q_s.index(1), kh_s.index(1), qr, kr_s.index(1), bars, 1, 0, s, True, NCH)
+        s = _qk_left(q_s.index(0), kl_s.index(1), bars, 1, 0, s, False, NCH)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     for k in range(gl.cdiv(n, 2)):
         i = 2 * k
@@ -347,7 +411,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         # O_R to m_i and P_i V_R (WG0's tile i) first: that PV runs under this warpgroup's
         # softmax of tile i + 1, and its retirement frees slot 0's right half early
         acc = acc * gl.convert_layout(gl.exp2(m_i - m_b), ROW_O)[:, None]
-        mbarrier.wait(bars.index(B_H0), ph)  # tile i's right half, seen by this warpgroup
+        _seen(bars, False, 0, ph, NCH)  # tile i's right half, seen by this warpgroup
         _zero_rows(kh0, i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
         acc = warpgroup_mma(p0_s, kh0, acc, is_async=True)
         m_new = m_b
@@ -371,8 +435,8 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         # p0_s read and P_{i+1} stored: WG0 may use qr_s and rewrite p0_s
         _handoff(NB_P1)
         # slot 0's right half and rope (the rope was WG0's QK^T's) for tile i + 2
-        _load_right(kh_desc, kr_desc, bars.index(B_H0), kh0, kr0,
-                    _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n, C)
+        _load_right(kh_desc, kr_desc, bars, 0, kh0, kr0,
+                    _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n, C, NCH)
         m_i = m_new
         if has1:
             acc = acc * gl.convert_layout(sc, ROW_O)[:, None]
@@ -381,15 +445,11 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             # slot 1's right half and rope for tile i + 3, then S_{i+3} in that order
             more = i + 3 < n
-            _load_right(kh_desc, kr_desc, bars.index(B_H1), kh1, kr1,
-                        _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), more, C)
+            _load_right(kh_desc, kr_desc, bars, 1, kh1, kr1,
+                        _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), more, C, NCH)
             if more:
-                mbarrier.wait(bars.index(B_H1), (k + 1) & 1)
-                s = warpgroup_mma(qh, kh1.permute((1, 0)), s, use_acc=False,
-                                  is_async=True)
-                s = warpgroup_mma(qr, kr1.permute((1, 0)), s, is_async=True)
-                mbarrier.wait(bars.index(B_L1), (k + 1) & 1)
-                s = warpgroup_mma(ql, kl1.permute((1, 0)), s, is_async=True)
+                s = _qk_right(qh, kh1, qr, kr1, bars, 1, (k + 1) & 1, s, True, NCH)
+                s = _qk_left(ql, kl1, bars, 1, (k + 1) & 1, s, False, NCH)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     sl_s.store(l_i)
     _handoff(NB_LW1)
@@ -404,7 +464,7 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
                  opart_ptr, lpart_ptr, s_plen, sab, san, saw, T, N, H, M, S_GRID, qk_scale,
                  C: gl.constexpr, PW: gl.constexpr, SHORT_UPTO: gl.constexpr,
                  SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr,
-                 BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr):
+                 BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr, NCH: gl.constexpr):
     if USE_PDL:  # the combine may launch now and wait in griddepcontrol.wait (v4)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -439,8 +499,8 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
     sm_s = gl.allocate_shared_memory(gl.float32, [64], VL)  # the running max, published
     sc_s = gl.allocate_shared_memory(gl.float32, [64], VL)  # WG1's factor; at the end l
     sl_s = gl.allocate_shared_memory(gl.float32, [64], VL)  # WG1's l at the end
-    bars = gl.allocate_shared_memory(gl.int64, [N_BARS, 1], mbarrier.MBarrierLayout())
-    for x in gl.static_range(N_BARS):
+    bars = gl.allocate_shared_memory(gl.int64, [1 + 4 * NCH, 1], mbarrier.MBarrierLayout())
+    for x in gl.static_range(1 + 4 * NCH):
         mbarrier.init(bars.index(x), count=1)
     # Q: rows b * M + mb * 64 .. of q viewed [B * M, D] (rows past M: the next request's or
     # zero fill, row-local, never stored); tiles 0 and 1, each half under its own barrier
@@ -456,23 +516,23 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
         mbarrier.arrive(bars.index(B_Q), count=1)
     for s in gl.static_range(2):
         row = _row(s, n_pf, start, end, P, j_lo, kv_row, BLOCK_N)
-        _load_left(kh_desc, bars.index(B_L0 + s), kl_s.index(s), row, s < n)
-        _load_right(kh_desc, kr_desc, bars.index(B_H0 + s), kh_s.index(s), kr_s.index(s), row,
-                    s < n, C)
+        _load_left(kh_desc, bars, s, kl_s.index(s), row, s < n, NCH)
+        _load_right(kh_desc, kr_desc, bars, s, kh_s.index(s), kr_s.index(s), row, s < n, C, NCH)
     gl.warp_specialize([
         (_wg0, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N, S_L, O_L)),
+                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH)),
         (_wg1, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N, S_L, O_L)),
+                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH)),
     ], [4], [240])
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy):
+            policy: Policy, chunks: bool = False):
+    """chunks: gluon_v12's K halves in 64-column chunks under their own mbarriers."""
     B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
                                                 softmax_scale, kv_lora_rank, validate, "gluon_v11")
     if B == 0:
@@ -490,8 +550,9 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
                                                                             q.dtype))
     qr_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, RP], _smem([BLOCK_M, RP],
                                                                             q.dtype))
-    kh_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, CH], _smem([BLOCK_N, CH],
-                                                                              q.dtype))
+    nch = CH // min(64, CH) if chunks else 1  # K half chunks (a box is one)
+    kh_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, CH // nch],
+                               _smem([BLOCK_N, CH // nch], q.dtype))
     kr_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, RP], _smem([BLOCK_N, RP],
                                                                               q.dtype))
     use_pdl = G > 1
@@ -500,7 +561,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     _attn_kernel[(G, triton.cdiv(M, BLOCK_M), B)](
         qh_desc, qr_desc, kh_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
         prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
-        float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=use_pdl,
+        float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=use_pdl, NCH=nch,
         num_warps=4)
     if G > 1:  # v4's combine (Triton), a programmatic dependent launch
         _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts,
