@@ -118,59 +118,56 @@ def _row(i, n_pf, start, end, P, j_lo, kv_row, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _lbar(bars, slot: gl.constexpr, c: gl.constexpr, NCH: gl.constexpr):
-    return bars.index(1 + slot * NCH + c)
+def _kbar(bars, RIGHT: gl.constexpr, slot: gl.constexpr, c: gl.constexpr, NCH: gl.constexpr):
+    """The mbarrier of chunk c of slot `slot`'s left (RIGHT False) or right half."""
+    return bars.index(1 + (2 * RIGHT + slot) * NCH + c)
 
 
 @gluon.jit
-def _hbar(bars, slot: gl.constexpr, c: gl.constexpr, NCH: gl.constexpr):
-    return bars.index(1 + 2 * NCH + slot * NCH + c)
+def _load_half(desc, bars, RIGHT: gl.constexpr, slot: gl.constexpr, dst, row, col0, pred,
+               NCH: gl.constexpr, TAIL_BYTES: gl.constexpr = 0):
+    """Columns col0 .. col0 + dst.shape[1] of K rows row..row + 63 into dst (one half of slot
+    `slot`), NCH chunks each under its own mbarrier (desc's box is a chunk); the last chunk's
+    barrier also expects TAIL_BYTES (the rope, copied after it by _load_right)."""
+    CW: gl.constexpr = dst.shape[1] // NCH
+    for c in gl.static_range(NCH):
+        bar = _kbar(bars, RIGHT, slot, c, NCH)
+        if c == NCH - 1:
+            mbarrier.expect(bar, desc.block_type.nbytes + TAIL_BYTES, pred=pred)
+        else:
+            mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        if NCH == 1:
+            tma.async_copy_global_to_shared(desc, [row, col0], bar, dst, pred=pred)
+        else:
+            tma.async_copy_global_to_shared(desc, [row, col0 + c * CW], bar,
+                                            dst.slice(c * CW, CW, dim=1), pred=pred)
 
 
 @gluon.jit
 def _load_left(desc, bars, slot: gl.constexpr, dst, row, pred, NCH: gl.constexpr):
-    """Slot `slot`'s left half (columns [0, C/2) of K rows row..row + 63) into dst, NCH
-    chunks each under its own mbarrier (desc's box is a chunk)."""
-    CW: gl.constexpr = dst.shape[1] // NCH
-    for c in gl.static_range(NCH):
-        bar = _lbar(bars, slot, c, NCH)
-        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-        if NCH == 1:
-            tma.async_copy_global_to_shared(desc, [row, 0], bar, dst, pred=pred)
-        else:
-            tma.async_copy_global_to_shared(desc, [row, c * CW], bar,
-                                            dst.slice(c * CW, CW, dim=1), pred=pred)
+    """Slot `slot`'s left half (columns [0, C/2))."""
+    _load_half(desc, bars, False, slot, dst, row, 0, pred, NCH)
 
 
 @gluon.jit
 def _load_right(kh_desc, kr_desc, bars, slot: gl.constexpr, dst_h, dst_r, row, pred,
                 C: gl.constexpr, NCH: gl.constexpr):
-    """Slot `slot`'s right half (columns [C/2, C)) in NCH chunks, the rope (columns C..) with
-    the last one."""
-    CW: gl.constexpr = dst_h.shape[1] // NCH
-    for c in gl.static_range(NCH):
-        bar = _hbar(bars, slot, c, NCH)
-        if c == NCH - 1:
-            mbarrier.expect(bar, kh_desc.block_type.nbytes + kr_desc.block_type.nbytes,
-                            pred=pred)
-        else:
-            mbarrier.expect(bar, kh_desc.block_type.nbytes, pred=pred)
-        if NCH == 1:
-            tma.async_copy_global_to_shared(kh_desc, [row, C // 2], bar, dst_h, pred=pred)
-        else:
-            tma.async_copy_global_to_shared(kh_desc, [row, C // 2 + c * CW], bar,
-                                            dst_h.slice(c * CW, CW, dim=1), pred=pred)
-        if c == NCH - 1:
-            tma.async_copy_global_to_shared(kr_desc, [row, C], bar, dst_r, pred=pred)
+    """Slot `slot`'s right half (columns [C/2, C)), the rope (columns C..) with its last
+    chunk."""
+    _load_half(kh_desc, bars, True, slot, dst_h, row, C // 2, pred, NCH,
+               kr_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(kr_desc, [row, C], _kbar(bars, True, slot, NCH - 1, NCH),
+                                    dst_r, pred=pred)
 
 
 @gluon.jit
-def _qk_left(q, k, bars, slot: gl.constexpr, ph, s, FIRST: gl.constexpr, NCH: gl.constexpr,
-             pred=True):
-    """Issue S (+)= Q_L K_L^T of slot `slot`'s tile, chunk by chunk as each lands (async)."""
+def _qk_half(q, k, bars, RIGHT: gl.constexpr, slot: gl.constexpr, ph, s, FIRST: gl.constexpr,
+             NCH: gl.constexpr, pred=True):
+    """Issue S (+)= Q_half K_half^T of slot `slot`'s tile (RIGHT: the right half), chunk by
+    chunk as each lands (async)."""
     CW: gl.constexpr = k.shape[1] // NCH
     for c in gl.static_range(NCH):
-        mbarrier.wait(_lbar(bars, slot, c, NCH), ph, pred=pred)
+        mbarrier.wait(_kbar(bars, RIGHT, slot, c, NCH), ph, pred=pred)
         if NCH == 1:
             s = warpgroup_mma(q, k.permute((1, 0)), s, use_acc=not FIRST, is_async=True)
         else:
@@ -183,26 +180,16 @@ def _qk_left(q, k, bars, slot: gl.constexpr, ph, s, FIRST: gl.constexpr, NCH: gl
 def _qk_right(q, k, qr, kr, bars, slot: gl.constexpr, ph, s, FIRST: gl.constexpr,
               NCH: gl.constexpr, pred=True):
     """Issue S (+)= Q_R K_R^T + Qr Kr^T (Q's rope from registers) of slot `slot`'s tile."""
-    CW: gl.constexpr = k.shape[1] // NCH
-    for c in gl.static_range(NCH):
-        mbarrier.wait(_hbar(bars, slot, c, NCH), ph, pred=pred)
-        if NCH == 1:
-            s = warpgroup_mma(q, k.permute((1, 0)), s, use_acc=not FIRST, is_async=True)
-        else:
-            s = warpgroup_mma(q.slice(c * CW, CW, dim=1), k.slice(c * CW, CW, dim=1).permute(
-                (1, 0)), s, use_acc=not (FIRST and c == 0), is_async=True)
+    s = _qk_half(q, k, bars, True, slot, ph, s, FIRST, NCH, pred)
     return warpgroup_mma(qr, kr.permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
-def _seen(bars, left: gl.constexpr, slot: gl.constexpr, ph, NCH: gl.constexpr):
+def _seen(bars, RIGHT: gl.constexpr, slot: gl.constexpr, ph, NCH: gl.constexpr):
     """Wait for every chunk of a half this warpgroup did not score itself (the TMA's bytes
     become visible to the waiting threads; complete already, the other warpgroup waited)."""
     for c in gl.static_range(NCH):
-        if left:
-            mbarrier.wait(_lbar(bars, slot, c, NCH), ph)
-        else:
-            mbarrier.wait(_hbar(bars, slot, c, NCH), ph)
+        mbarrier.wait(_kbar(bars, RIGHT, slot, c, NCH), ph)
 
 
 @gluon.jit
@@ -311,7 +298,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
                                                  S_L, O_L, CH)
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 0:  # S_0: tile 0's halves were issued before the fork
-        s = _qk_left(q_s.index(0), kl_s.index(0), bars, 0, 0, s, True, NCH)
+        s = _qk_half(q_s.index(0), kl_s.index(0), bars, False, 0, 0, s, True, NCH)
         s = _qk_right(q_s.index(1), kh_s.index(0), qr, kr_s.index(0), bars, 0, 0, s, False, NCH)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     for k in range(gl.cdiv(n, 2)):
@@ -354,13 +341,13 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         # 12.8 crashes on a named barrier under a branch here)
         _handoff(NB_P1)
         if i + 1 < n:  # (without a tile i + 1 there is no tile i + 2 either: the last pair)
-            _seen(bars, True, 1, ph, NCH)  # the TMA's bytes, seen by this warpgroup
+            _seen(bars, False, 1, ph, NCH)  # the TMA's bytes, seen by this warpgroup
             _zero_rows(kl1, i + 1, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
             acc = warpgroup_mma(qr_s, kl1, acc, is_async=True)
             # S_{i+2}, left half first (it was issued first); on the last pair nothing was
             # loaded: the barriers are skipped and the MMAs read slot 0's old tile, unused
             more = i + 2 < n
-            s = _qk_left(ql, kl0, bars, 0, (k + 1) & 1, s, True, NCH, pred=more)
+            s = _qk_half(ql, kl0, bars, False, 0, (k + 1) & 1, s, True, NCH, pred=more)
             # retire sP1 V_L (the oldest group): slot 1's left half is free for tile i + 3
             acc = warpgroup_mma_wait(num_outstanding=NCH, deps=(acc,))
             _load_left(kh_desc, bars, 1, kl1,
@@ -393,7 +380,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
     s = gl.zeros([64, 64], gl.float32, S_L)
     if n > 1:  # S_1, right half and rope first (the order slot 1 is refilled in the loop)
         s = _qk_right(q_s.index(1), kh_s.index(1), qr, kr_s.index(1), bars, 1, 0, s, True, NCH)
-        s = _qk_left(q_s.index(0), kl_s.index(1), bars, 1, 0, s, False, NCH)
+        s = _qk_half(q_s.index(0), kl_s.index(1), bars, False, 1, 0, s, False, NCH)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     for k in range(gl.cdiv(n, 2)):
         i = 2 * k
@@ -411,7 +398,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         # O_R to m_i and P_i V_R (WG0's tile i) first: that PV runs under this warpgroup's
         # softmax of tile i + 1, and its retirement frees slot 0's right half early
         acc = acc * gl.convert_layout(gl.exp2(m_i - m_b), ROW_O)[:, None]
-        _seen(bars, False, 0, ph, NCH)  # tile i's right half, seen by this warpgroup
+        _seen(bars, True, 0, ph, NCH)  # tile i's right half, seen by this warpgroup
         _zero_rows(kh0, i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
         acc = warpgroup_mma(p0_s, kh0, acc, is_async=True)
         m_new = m_b
@@ -449,7 +436,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
                         _row(i + 3, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), more, C, NCH)
             if more:
                 s = _qk_right(qh, kh1, qr, kr1, bars, 1, (k + 1) & 1, s, True, NCH)
-                s = _qk_left(ql, kl1, bars, 1, (k + 1) & 1, s, False, NCH)
+                s = _qk_half(ql, kl1, bars, False, 1, (k + 1) & 1, s, False, NCH)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     sl_s.store(l_i)
     _handoff(NB_LW1)
