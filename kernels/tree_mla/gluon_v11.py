@@ -59,10 +59,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gluon_v9 import BLOCK_M, BLOCK_N, _check, _parts, _smem
-from .triton_v4 import LOG2E, V4, Policy, _launch_combine, parts_grid
+from .gluon_v9 import BLOCK_M, BLOCK_N, _check, _combine, _parts, _plan
+from .triton_v4 import LOG2E, V4, Policy
 
 RP = 64  # the rope box: zero-filled past D, and wide enough to hold P1 [64, 64]
 M_INIT: gl.constexpr = gl.constexpr(-1.0e30)  # running max before any key: finite
@@ -525,35 +524,15 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     if B == 0:
         return o_lat, lse
     CH = C // 2
-    G = parts_grid(T, policy=policy)
-    o_part = torch.empty(B, G, M, C, dtype=torch.float32, device=q.device) if G > 1 else lse
-    l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
-    # descriptors from pointer, shape and strides only: no sync, graph-capturable; boxes past
-    # column D (the rope box when R < 64) are TMA's zero fill, rows before 0 or past B * T too
-    q2 = q.view(B * M, D)
-    sk = kv_cache.stride(1)
-    kv2 = kv_cache.as_strided((B * T, D), (sk, 1))
-    qh_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, CH], _smem([BLOCK_M, CH],
-                                                                            q.dtype))
-    qr_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, RP], _smem([BLOCK_M, RP],
-                                                                            q.dtype))
     nch = CH // min(64, CH) if chunks else 1  # K half chunks (a box is one)
-    kh_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, CH // nch],
-                               _smem([BLOCK_N, CH // nch], q.dtype))
-    kr_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, RP], _smem([BLOCK_N, RP],
-                                                                              q.dtype))
-    use_pdl = G > 1
-    consts = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
-                  LONG_MIN=policy.long_min, MAX_SPLITS=policy.max_splits, BLOCK_N=BLOCK_N)
+    G, o_part, l_part, consts, q_desc, kv_desc = _plan(q, kv_cache, lse, B, M, T, C, policy)
     _attn_kernel[(G, triton.cdiv(M, BLOCK_M), B)](
-        qh_desc, qr_desc, kh_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
+        q_desc([BLOCK_M, CH]), q_desc([BLOCK_M, RP]), kv_desc([BLOCK_N, CH // nch]),
+        kv_desc([BLOCK_N, RP]), prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
         prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
-        float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=use_pdl, NCH=nch,
+        float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=G > 1, NCH=nch,
         num_warps=4)
-    if G > 1:  # v4's combine (Triton), a programmatic dependent launch
-        _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts,
-                        use_pdl, {"launch_pdl": use_pdl})
-    return o_lat, lse
+    return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts)
 
 
 # past P = 2048 at 32 heads or more: >= 1024-key splits (<= 8) instead of v4's <= 16 of 512.

@@ -296,6 +296,40 @@ def _check(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, vali
     return B, N, H, D, T, C, M, q, o_lat, lse
 
 
+def _plan(q, kv_cache, lse, B, M, T, C, policy: Policy):
+    """The Gluon launchers' common setup -> (G parts, o_part, l_part, the policy constexprs,
+    q_desc(block), kv_desc(block)). Partials only when G > 1 (else `lse` stands in, never
+    written). Descriptors are built from pointer, shape and strides only (no sync,
+    graph-capturable) over q viewed [B * M, D] and the cache viewed [B * T, D] rows; boxes
+    past column D or rows outside the view are TMA's zero fill."""
+    D = q.shape[-1]
+    G = parts_grid(T, policy=policy)
+    o_part = torch.empty(B, G, M, C, dtype=torch.float32, device=q.device) if G > 1 else lse
+    l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
+    q2 = q.view(B * M, D)
+    sk = kv_cache.stride(1)
+    kv2 = kv_cache.as_strided((B * T, D), (sk, 1))
+    consts = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
+                  LONG_MIN=policy.long_min, MAX_SPLITS=policy.max_splits, BLOCK_N=BLOCK_N)
+
+    def q_desc(block):
+        return TensorDescriptor(q2, [B * M, D], [D, 1], block, _smem(block, q.dtype))
+
+    def kv_desc(block):
+        return TensorDescriptor(kv2, [B * T, D], [sk, 1], block, _smem(block, q.dtype))
+
+    return G, o_part, l_part, consts, q_desc, kv_desc
+
+
+def _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts):
+    """v4's combine (Triton) as a programmatic dependent launch when there are parts to
+    merge; -> (o_lat, lse)."""
+    if G > 1:
+        _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts, True,
+                        {"launch_pdl": True})
+    return o_lat, lse
+
+
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
             policy: Policy, p_smem: bool = False):
     B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
@@ -304,33 +338,14 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         return o_lat, lse
     R = D - C
     RP = max(16, _common.next_pow2(R))
-    G = parts_grid(T, policy=policy)
-    o_part = torch.empty(B, G, M, C, dtype=torch.float32, device=q.device) if G > 1 else lse
-    l_part = torch.empty(B, G, M, dtype=torch.float32, device=q.device) if G > 1 else lse
-    # descriptors from pointer, shape and strides only: no sync, graph-capturable; boxes past
-    # column D (RP > R) are TMA's zero fill
-    q2 = q.view(B * M, D)
-    kv2 = kv_cache.as_strided((B * T, D), (kv_cache.stride(1), 1))
-    qc_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, C], _smem([BLOCK_M, C], q.dtype))
-    qr_desc = TensorDescriptor(q2, [B * M, D], [D, 1], [BLOCK_M, RP], _smem([BLOCK_M, RP],
-                                                                            q.dtype))
-    sk = kv_cache.stride(1)
-    kc_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, C], _smem([BLOCK_N, C],
-                                                                             q.dtype))
-    kr_desc = TensorDescriptor(kv2, [B * T, D], [sk, 1], [BLOCK_N, RP], _smem([BLOCK_N, RP],
-                                                                              q.dtype))
-    use_pdl = G > 1
-    consts = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
-                  LONG_MIN=policy.long_min, MAX_SPLITS=policy.max_splits, BLOCK_N=BLOCK_N)
+    G, o_part, l_part, consts, q_desc, kv_desc = _plan(q, kv_cache, lse, B, M, T, C, policy)
     _attn_kernel[(G, triton.cdiv(M, BLOCK_M), B)](
-        qc_desc, qr_desc, kc_desc, kr_desc, kv_cache, prefix_lens, anc_bits, o_lat, lse,
-        o_part, l_part, kv_cache.stride(0), sk, prefix_lens.stride(0), *anc_bits.stride(),
-        T, N, H, M, G, float(softmax_scale) * LOG2E, C=C, R=R, RP=RP, **consts,
-        USE_PDL=use_pdl, P_SMEM=p_smem, num_warps=8)
-    if G > 1:  # v4's combine (Triton), a programmatic dependent launch
-        _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts,
-                        use_pdl, {"launch_pdl": use_pdl})
-    return o_lat, lse
+        q_desc([BLOCK_M, C]), q_desc([BLOCK_M, RP]), kv_desc([BLOCK_N, C]),
+        kv_desc([BLOCK_N, RP]), kv_cache, prefix_lens, anc_bits, o_lat, lse,
+        o_part, l_part, kv_cache.stride(0), kv_cache.stride(1), prefix_lens.stride(0),
+        *anc_bits.stride(), T, N, H, M, G, float(softmax_scale) * LOG2E, C=C, R=R, RP=RP,
+        **consts, USE_PDL=G > 1, P_SMEM=p_smem, num_warps=8)
+    return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts)
 
 
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
