@@ -1,6 +1,7 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
 triton_v4, triton_v4_split512, triton_v7, triton_v8; gluon_v9, gluon_v10,
-gluon_v10_by_heads, gluon_v11, gluon_v11_long and gluon_v12 on the GPU): equal to the dense-mask reference.
+gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13 and gluon_v13_long on the
+GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -24,6 +25,7 @@ from workbench.kernels.tree_mla import (
     gluon_v10,
     gluon_v11,
     gluon_v12,
+    gluon_v13,
     register,
     triton_v1,
     triton_v2,
@@ -43,7 +45,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
 # compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads, "g11": gluon_v11.tree_mla_gluon,
-         "g11_long": gluon_v11.tree_mla_gluon_long, "g12": gluon_v12.tree_mla_gluon}
+         "g11_long": gluon_v11.tree_mla_gluon_long, "g12": gluon_v12.tree_mla_gluon,
+         "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
@@ -625,7 +628,7 @@ def test_gluon_v9_compiles_to_split_score_tiles_sm90():
         assert r["tma"] >= 4 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
 
 
-@pytest.mark.parametrize("version", [11, 12])
+@pytest.mark.parametrize("version", [11, 12, 13])
 def test_gluon_v11_compiles_to_whole_score_tiles_sm90(version):
     # why: gluon_v11's seesaw (README "Design (v11)"): each warpgroup scores whole tiles (wgmma
     # m64n64k16, the rope part with Q from registers) and owns C/2 value columns (m64n256k16,
@@ -638,10 +641,18 @@ def test_gluon_v11_compiles_to_whole_score_tiles_sm90(version):
         f"r = s.compile_attn(64, 9, 4096, version={version}); "
         "out = dict({k: v for k, v in r.items() if k not in ('ptx', 'cubin')}, "
         "setmaxnreg=r['ptx'].count('setmaxnreg'), arrive=r['ptx'].count('bar.arrive 1'), "
-        "sync=r['ptx'].count('bar.sync 1'))")
+        "sync=r['ptx'].count('bar.sync 1')); "
+        "import re; L = [x.strip() for x in r['ptx'].splitlines() "
+        "if x.strip() and not x.strip().startswith(('//', '.loc', '$L'))]; "
+        "out['pub'] = sum(bool(re.match(r'bar\\.sync\\s+\\d, 128;', a)) and "
+        "b.startswith('bar.sync 1') for a, b in zip(L, L[1:]))")
     assert set(r["wgmma"]) == {"m64n64k16", "m64n256k16"}, r
     assert r["smem"] <= 227 * 1024 and int(r["regs"]) <= 255, r
     assert r["setmaxnreg"] >= 2 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
     # the warpgroups hand m, the factor, P and l over on named barriers 10-14, a bar.sync on
     # each side (what racecheck follows): five handoffs, ten sites
     assert r["arrive"] == 0 and r["sync"] == 10, r
+    # gluon_v13: each of the five publishing sites (M0 and LSUM in warpgroup 0; M1, P1 and LW1
+    # in warpgroup 1) right after a partition barrier over the publisher's 128 threads (what
+    # racecheck needs to see the handoff); v11 and v12 have none there
+    assert r["pub"] == (5 if version == 13 else 0), r

@@ -36,6 +36,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v11_long  gluon_v11 with >= 1024-key splits past P = 2048 at >= 32 heads
     gluon_v12  gluon_v11 with each K half in 64-column chunks under their own mbarriers (a
                QK^T starts on a half's first chunk); compile-checked, not yet run on the GPU
+    gluon_v13  gluon_v11 with a partition barrier before each rendezvous that publishes
+               shared memory to the other warpgroup (what racecheck needs to see the handoff)
+    gluon_v13_long  gluon_v13 under gluon_v11_long's policy
 
 BEST (gluon_v10) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -75,6 +78,8 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v11": f"{_MOD}.gluon_v11:tree_mla_gluon",
         "gluon_v11_long": f"{_MOD}.gluon_v11:tree_mla_gluon_long",
         "gluon_v12": f"{_MOD}.gluon_v12:tree_mla_gluon",
+        "gluon_v13": f"{_MOD}.gluon_v13:tree_mla_gluon",
+        "gluon_v13_long": f"{_MOD}.gluon_v13:tree_mla_gluon_long",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -127,6 +132,13 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "its own mbarrier, so a QK^T starts on the first chunk "
                                 "(compile-checked, not yet run on the GPU)",
                                 ("sm90", "triton")),
+    ("tree_mla", "gluon_v13"): ("gluon_v11 with a partition barrier before each rendezvous "
+                                "that publishes shared memory to the other warpgroup (without "
+                                "it racecheck reports the handoff of the wgmma row vectors)",
+                                ("sm90", "triton")),
+    ("tree_mla", "gluon_v13_long"): ("gluon_v13 under gluon_v11_long's policy (>= 1024-key "
+                                     "splits past P = 2048 at 32 heads or more)",
+                                     ("sm90", "triton")),
 }
 
 

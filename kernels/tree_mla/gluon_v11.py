@@ -108,6 +108,19 @@ def _handoff(bar_id: gl.constexpr):
 
 
 @gluon.jit
+def _publish(bar_id: gl.constexpr, PUB: gl.constexpr):
+    """The publishing side of `_handoff`. PUB (gluon_v13): a partition barrier first, so every
+    lane's shared-memory stores are ordered inside its own warpgroup before the rendezvous.
+    Not needed by the hardware (bar.sync orders them for all 256 threads); needed by
+    compute-sanitizer's racecheck, which reports the rendezvous as a RAW hazard on vectors
+    stored from the wgmma row layout without it, and not with it
+    (scripts/racecheck_named_barrier_probe.py --mma [--sync], session 14 call 1)."""
+    if PUB:
+        gl.thread_barrier()
+    _handoff(bar_id)
+
+
+@gluon.jit
 def _row(i, n_pf, start, end, P, j_lo, kv_row, BLOCK_N: gl.constexpr):
     """Cache row (of kv viewed [B * T, D]) where tile i starts: prefix tiles as v9 (the last
     shifted back to end at the split's end), masked tiles at slot P + j0 (may be < 0: TMA
@@ -286,7 +299,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
-         O_L: gl.constexpr, NCH: gl.constexpr):
+         O_L: gl.constexpr, NCH: gl.constexpr, PUB: gl.constexpr):
     """Warpgroup 0 (the default partition): even tiles' scores, value columns [0, C/2)."""
     CH: gl.constexpr = C // 2
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -321,7 +334,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         p0_s.store(pb)
         sm_s.store(m_new)
         fence_async_shared()  # generic-proxy stores, then WG1's wgmma reads
-        _handoff(NB_M0)
+        _publish(NB_M0, PUB)
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         _zero_rows(kl0, i, n_pf, P, j_lo, N, T, CH, PW, BLOCK_N)
@@ -357,7 +370,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
     _handoff(NB_LW1)
     l_i = l_i + sl_s.load(ROW)
     sc_s.store(l_i)
-    _handoff(NB_LSUM)
+    _publish(NB_LSUM, PUB)
     _epilogue(acc, m_i, l_i, 0, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
               lpart_ptr, S_L, O_L)
 
@@ -367,7 +380,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
-         O_L: gl.constexpr, NCH: gl.constexpr):
+         O_L: gl.constexpr, NCH: gl.constexpr, PUB: gl.constexpr):
     """Warpgroup 1 (the worker partition): odd tiles' scores, value columns [C/2, C)."""
     CH: gl.constexpr = C // 2
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -412,14 +425,14 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
             l_i = l_i + gl.sum(p, axis=1)
             sm_s.store(m_new)
         sc_s.store(sc)
-        _handoff(NB_M1)
+        _publish(NB_M1, PUB)
         pb = p.to(dtype)
         if has1:
             qr_s.store(pb)  # P_{i+1} for WG0 (both hold Q's rope in registers)
             fence_async_shared()
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         # p0_s read and P_{i+1} stored: WG0 may use qr_s and rewrite p0_s
-        _handoff(NB_P1)
+        _publish(NB_P1, PUB)
         # slot 0's right half and rope (the rope was WG0's QK^T's) for tile i + 2
         _load_right(kh_desc, kr_desc, bars, 0, kh0, kr0,
                     _row(i + 2, n_pf, start, end, P, j_lo, kv_row, BLOCK_N), i + 2 < n, C, NCH)
@@ -438,7 +451,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
                 s = _qk_half(ql, kl1, bars, False, 1, (k + 1) & 1, s, False, NCH)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     sl_s.store(l_i)
-    _handoff(NB_LW1)
+    _publish(NB_LW1, PUB)
     _handoff(NB_LSUM)
     l_i = sc_s.load(ROW)
     _epilogue(acc, m_i, l_i, 1, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
@@ -450,7 +463,8 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
                  opart_ptr, lpart_ptr, s_plen, sab, san, saw, T, N, H, M, S_GRID, qk_scale,
                  C: gl.constexpr, PW: gl.constexpr, SHORT_UPTO: gl.constexpr,
                  SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr,
-                 BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr, NCH: gl.constexpr):
+                 BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr, NCH: gl.constexpr,
+                 PUB: gl.constexpr):
     if USE_PDL:  # the combine may launch now and wait in griddepcontrol.wait (v4)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -508,17 +522,18 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
         (_wg0, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH)),
+                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
         (_wg1, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                 kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
                 H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH)),
+                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
     ], [4], [240])
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy, chunks: bool = False):
-    """chunks: gluon_v12's K halves in 64-column chunks under their own mbarriers."""
+            policy: Policy, chunks: bool = False, publish: bool = False):
+    """chunks: gluon_v12's K halves in 64-column chunks under their own mbarriers; publish:
+    gluon_v13's partition barrier before each publishing rendezvous (`_publish`)."""
     B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
                                                 softmax_scale, kv_lora_rank, validate, "gluon_v11")
     if B == 0:
@@ -531,7 +546,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         kv_desc([BLOCK_N, RP]), prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
         prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
         float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=G > 1, NCH=nch,
-        num_warps=4)
+        PUB=publish, num_warps=4)
     return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts)
 
 
