@@ -403,7 +403,7 @@ def test_presets_select_best_where_it_runs_else_portable():
     # portable version, while an explicit request for the Gluon kernel fails by name
     from workbench import ops
 
-    assert ops.PRESETS["optimized"]["tree_mla"] == BEST == "gluon_v10"
+    assert ops.PRESETS["optimized"]["tree_mla"] == BEST == "gluon_v13"
     assert ops.PORTABLE["tree_mla"] == PORTABLE
     runs = ops.op_spec("tree_mla").variant(BEST).unavailable_reason() is None
     want = BEST if runs else PORTABLE
@@ -412,7 +412,7 @@ def test_presets_select_best_where_it_runs_else_portable():
         with ops.use(preset):
             assert ops.selected("tree_mla") == want
     if not runs:
-        with pytest.raises(ops.VariantUnavailable, match="tree_mla=gluon_v10 cannot run here"):
+        with pytest.raises(ops.VariantUnavailable, match=f"tree_mla={BEST} cannot run here"):
             with ops.use(tree_mla=BEST):
                 pass
 

@@ -40,7 +40,7 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                shared memory to the other warpgroup (what racecheck needs to see the handoff)
     gluon_v13_long  gluon_v13 under gluon_v11_long's policy
 
-BEST (gluon_v10) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
+BEST (gluon_v13) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
 the variants to the op registry.
 """
@@ -48,12 +48,12 @@ the variants to the op registry.
 from __future__ import annotations
 
 _MOD = "workbench.kernels.tree_mla"
-# the version the presets ("optimized", "engine") select on an sm_90 GPU (session 12, H200:
-# 1.04-1.35x triton_v4 at every REAL shape, the trained token-exact suite passes with v9's
-# kernel, compute-sanitizer clean). gluon_v11 is faster at 26 of 28 REAL shapes (session 13)
-# but racecheck reports hazards on its warpgroup handoffs that are not explained yet (README
-# "Design (v11)"): not BEST until they are
-BEST = "gluon_v10"
+# the version the presets ("optimized", "engine") select on an sm_90 GPU: gluon_v13 (session 14,
+# H200: gluon_v11's seesaw, faster than gluon_v10 at 26 of 28 REAL shapes in session 13, with
+# the partition barrier that lets racecheck follow its handoffs: 90 GPU tests, memcheck clean,
+# racecheck's remaining reports all on Triton's warp-specialization fork and join (README
+# "Design (v13)"). gluon_v10 before it (racecheck clean, 0.75-1.03x slower)
+BEST = "gluon_v13"
 # what the presets select where BEST cannot run (Gluon has no interpreter: the CPU tests, the
 # CPU demo and notebooks): the fastest version that runs everywhere
 PORTABLE = "triton_v4"
