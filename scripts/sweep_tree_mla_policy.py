@@ -3,7 +3,7 @@ shapes of an EP8 / TP8 rank: GPU busy time of one call (attention + combine, the
 kernel intervals under PDL) per (N, P, policy), from CUDA-graph replays.
 
     PYTHONPATH=. python3 scripts/sweep_tree_mla_policy.py [--heads 8] [--rows 1,9,17,33]
-        [--prefix 1024,4096] [--version triton_v4|gluon_v10|gluon_v11]
+        [--prefix 1024,4096] [--version triton_v4|gluon_v10|gluon_v11|gluon_v13]
         [--policies v4,s512,...] [--csv out.csv]
 
 Why: in the emulated EP8 rank tree_mla v7 takes ~31 µs a layer at N 17, H 8, P 1024 against a
@@ -37,11 +37,16 @@ POLICIES = {  # name: Policy (short_upto, short_len, long_min, max_splits)
     "long512": Policy(long_min=512, max_splits=16),
     "long1024": Policy(long_min=1024, max_splits=8),
     "long2048": Policy(long_min=2048, max_splits=4),
+    # gluon_v11_long's past 2048 with fewer, longer short splits (a 64-head verify at P <= 2048:
+    # v4's 256-key parts leave N 129 x P 1024 at ~27 % of the ceiling, session 13)
+    "s512long1024": Policy(short_upto=2048, short_len=512, long_min=1024, max_splits=8),
+    "s1024long1024": Policy(short_upto=2048, short_len=1024, long_min=1024, max_splits=8),
 }
 # the launchers taking a Policy: (q, kv, P, anc, scale, C, validate, policy)
 LAUNCH = {"triton_v4": triton_v4._launch,
           "gluon_v10": functools.partial(gluon_v9._launch, p_smem=True),
-          "gluon_v11": gluon_v11._launch}
+          "gluon_v11": gluon_v11._launch,
+          "gluon_v13": functools.partial(gluon_v11._launch, publish=True)}
 
 
 def time_call(fn, reps: int = 20) -> float:
