@@ -1,7 +1,7 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
 triton_v4, triton_v4_split512, triton_v7, triton_v8; gluon_v9, gluon_v10,
-gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13 and gluon_v13_long on the
-GPU): equal to the dense-mask reference.
+gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13, gluon_v13_long, gluon_v14
+and gluon_v14_long on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -26,6 +26,7 @@ from workbench.kernels.tree_mla import (
     gluon_v11,
     gluon_v12,
     gluon_v13,
+    gluon_v14,
     register,
     triton_v1,
     triton_v2,
@@ -46,7 +47,8 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads, "g11": gluon_v11.tree_mla_gluon,
          "g11_long": gluon_v11.tree_mla_gluon_long, "g12": gluon_v12.tree_mla_gluon,
-         "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long}
+         "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long,
+         "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
@@ -547,6 +549,17 @@ def test_gpu_gluon_v10_bitwise_v9(B, N, H, ctx):
     assert torch.equal(o9, o10) and torch.equal(l9, l10)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, ctx", [(1, 9, 64, 1024), (2, 129, 8, 8192), (4, 17, 64, 40)])
+def test_gpu_gluon_v14_bitwise_v13(B, N, H, ctx):
+    # why: v14 changes only where each partition's geometry comes from (computed again from the
+    # kernel's arguments instead of handed over at the fork): the same arithmetic, the same bits
+    case = _gpu_case(B, N, H, ctx, seed=N)
+    o13, l13 = gluon_v13.tree_mla_gluon(*case.args)
+    o14, l14 = gluon_v14.tree_mla_gluon(*case.args)
+    assert torch.equal(o13, o14) and torch.equal(l13, l14)
+
+
 # ---------------------------------------------------------------- peers
 
 
@@ -628,7 +641,7 @@ def test_gluon_v9_compiles_to_split_score_tiles_sm90():
         assert r["tma"] >= 4 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
 
 
-@pytest.mark.parametrize("version", [11, 12, 13])
+@pytest.mark.parametrize("version", [11, 12, 13, 14])
 def test_gluon_v11_compiles_to_whole_score_tiles_sm90(version):
     # why: gluon_v11's seesaw (README "Design (v11)"): each warpgroup scores whole tiles (wgmma
     # m64n64k16, the rope part with Q from registers) and owns C/2 value columns (m64n256k16,
@@ -652,7 +665,7 @@ def test_gluon_v11_compiles_to_whole_score_tiles_sm90(version):
     # the warpgroups hand m, the factor, P and l over on named barriers 10-14, a bar.sync on
     # each side (what racecheck follows): five handoffs, ten sites
     assert r["arrive"] == 0 and r["sync"] == 10, r
-    # gluon_v13: each of the five publishing sites (M0 and LSUM in warpgroup 0; M1, P1 and LW1
-    # in warpgroup 1) right after a partition barrier over the publisher's 128 threads (what
-    # racecheck needs to see the handoff); v11 and v12 have none there
-    assert r["pub"] == (5 if version == 13 else 0), r
+    # gluon_v13 (and v14): each of the five publishing sites (M0 and LSUM in warpgroup 0; M1,
+    # P1 and LW1 in warpgroup 1) right after a partition barrier over the publisher's 128
+    # threads (what racecheck needs to see the handoff); v11 and v12 have none there
+    assert r["pub"] == (5 if version >= 13 else 0), r

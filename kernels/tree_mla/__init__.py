@@ -39,6 +39,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v13  gluon_v11 with a partition barrier before each rendezvous that publishes
                shared memory to the other warpgroup (what racecheck needs to see the handoff)
     gluon_v13_long  gluon_v13 under gluon_v11_long's policy
+    gluon_v14  gluon_v13 with each partition computing its own geometry (nothing computed is
+               stored to shared memory at the warp-specialization fork)
+    gluon_v14_long  gluon_v14 under gluon_v11_long's policy
 
 BEST (gluon_v13) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -80,6 +83,8 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v12": f"{_MOD}.gluon_v12:tree_mla_gluon",
         "gluon_v13": f"{_MOD}.gluon_v13:tree_mla_gluon",
         "gluon_v13_long": f"{_MOD}.gluon_v13:tree_mla_gluon_long",
+        "gluon_v14": f"{_MOD}.gluon_v14:tree_mla_gluon",
+        "gluon_v14_long": f"{_MOD}.gluon_v14:tree_mla_gluon_long",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -138,6 +143,12 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 ("sm90", "triton")),
     ("tree_mla", "gluon_v13_long"): ("gluon_v13 under gluon_v11_long's policy (>= 1024-key "
                                      "splits past P = 2048 at 32 heads or more)",
+                                     ("sm90", "triton")),
+    ("tree_mla", "gluon_v14"): ("gluon_v13 with each partition computing its own geometry "
+                                "from the kernel's arguments: nothing computed crosses the "
+                                "warp-specialization fork through shared memory; v13's bits",
+                                ("sm90", "triton")),
+    ("tree_mla", "gluon_v14_long"): ("gluon_v14 under gluon_v11_long's policy",
                                      ("sm90", "triton")),
 }
 

@@ -130,6 +130,28 @@ def _row(i, n_pf, start, end, P, j_lo, kv_row, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _geometry(plen_ptr, s_plen, T, N, SHORT_UPTO: gl.constexpr, SHORT_LEN: gl.constexpr,
+              LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """This program's part t of row block mb of request b: (t, mb, b, P, parts, live, its
+    prefix keys [start, end), prefix tiles n_pf, first masked slot j_lo, tiles n, cache row of
+    the request kv_row), from the kernel's arguments only."""
+    t = gl.program_id(0)
+    mb = gl.program_id(1)
+    b = gl.program_id(2).to(gl.int64)
+    P = gl.minimum(gl.maximum(gl.load(plen_ptr + b * s_plen).to(gl.int32), 0), T)
+    length, n_pre, n_parts = _parts(P, SHORT_UPTO, SHORT_LEN, LONG_MIN, MAX_SPLITS, BLOCK_N)
+    live = t < n_parts  # the grid covers parts_grid(T); the rest load and store nothing
+    start = t * length
+    end = gl.where(t < n_pre, gl.minimum(start + length, P), start)
+    n_pf = gl.cdiv(end - start, BLOCK_N)  # prefix tiles of part t
+    j_lo = gl.where(P >= BLOCK_N, 0, -gl.cdiv(P, BLOCK_N) * BLOCK_N)
+    n_msk = gl.where(t == n_parts - 1, gl.cdiv(N - j_lo, BLOCK_N), 0)  # tree (+ P < 64) tiles
+    n = gl.where(live, n_pf + n_msk, 0)
+    kv_row = (b * T).to(gl.int32)
+    return t, mb, b, P, n_parts, live, start, end, n_pf, j_lo, n, kv_row
+
+
+@gluon.jit
 def _kbar(bars, RIGHT: gl.constexpr, slot: gl.constexpr, c: gl.constexpr, NCH: gl.constexpr):
     """The mbarrier of chunk c of slot `slot`'s left (RIGHT False) or right half."""
     return bars.index(1 + (2 * RIGHT + slot) * NCH + c)
@@ -459,12 +481,35 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
 
 
 @gluon.jit
+def _own(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc, anc_ptr,
+         o_ptr, lse_ptr, opart_ptr, lpart_ptr, plen_ptr, s_plen, sab, san, saw, T, N, H, M,
+         S_GRID, qk_scale, C: gl.constexpr, PW: gl.constexpr, SHORT_UPTO: gl.constexpr,
+         SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr,
+         BLOCK_N: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr, NCH: gl.constexpr,
+         PUB: gl.constexpr, WG: gl.constexpr):
+    """gluon_v14's partitions: warpgroup WG's `_wg0` / `_wg1` on the geometry it computes from
+    the kernel's arguments itself, so that no computed scalar is stored for it at the fork."""
+    t, mb, b, P, n_parts, live, start, end, n_pf, j_lo, n, kv_row = _geometry(
+        plen_ptr, s_plen, T, N, SHORT_UPTO, SHORT_LEN, LONG_MIN, MAX_SPLITS, BLOCK_N)
+    if WG == 0:
+        _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
+             anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb,
+             t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale, C, PW,
+             BLOCK_N, S_L, O_L, NCH, PUB)
+    else:
+        _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
+             anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb,
+             t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale, C, PW,
+             BLOCK_N, S_L, O_L, NCH, PUB)
+
+
+@gluon.jit
 def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_ptr,
                  opart_ptr, lpart_ptr, s_plen, sab, san, saw, T, N, H, M, S_GRID, qk_scale,
                  C: gl.constexpr, PW: gl.constexpr, SHORT_UPTO: gl.constexpr,
                  SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr,
                  BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr, NCH: gl.constexpr,
-                 PUB: gl.constexpr):
+                 PUB: gl.constexpr, OWN: gl.constexpr):
     if USE_PDL:  # the combine may launch now and wait in griddepcontrol.wait (v4)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -474,19 +519,8 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
                                                   instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, CH, 16])
-    t = gl.program_id(0)
-    mb = gl.program_id(1)
-    b = gl.program_id(2).to(gl.int64)
-    P = gl.minimum(gl.maximum(gl.load(plen_ptr + b * s_plen).to(gl.int32), 0), T)
-    length, n_pre, n_parts = _parts(P, SHORT_UPTO, SHORT_LEN, LONG_MIN, MAX_SPLITS, BLOCK_N)
-    live = t < n_parts  # the grid covers parts_grid(T); the rest load and store nothing
-    start = t * length
-    end = gl.where(t < n_pre, gl.minimum(start + length, P), start)
-    n_pf = gl.cdiv(end - start, BLOCK_N)  # prefix tiles of part t
-    j_lo = gl.where(P >= BLOCK_N, 0, -gl.cdiv(P, BLOCK_N) * BLOCK_N)
-    n_msk = gl.where(t == n_parts - 1, gl.cdiv(N - j_lo, BLOCK_N), 0)  # tree (+ P < 64) tiles
-    n = gl.where(live, n_pf + n_msk, 0)
-    kv_row = (b * T).to(gl.int32)
+    t, mb, b, P, n_parts, live, start, end, n_pf, j_lo, n, kv_row = _geometry(
+        plen_ptr, s_plen, T, N, SHORT_UPTO, SHORT_LEN, LONG_MIN, MAX_SPLITS, BLOCK_N)
 
     dtype: gl.constexpr = kh_desc.dtype
     q_s = gl.allocate_shared_memory(dtype, [2, 64, CH], qh_desc.layout)  # Q's two halves
@@ -518,22 +552,36 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
         row = _row(s, n_pf, start, end, P, j_lo, kv_row, BLOCK_N)
         _load_left(kh_desc, bars, s, kl_s.index(s), row, s < n, NCH)
         _load_right(kh_desc, kr_desc, bars, s, kh_s.index(s), kr_s.index(s), row, s < n, C, NCH)
-    gl.warp_specialize([
-        (_wg0, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
-                kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
-                H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
-        (_wg1, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
-                kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N,
-                H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
-    ], [4], [240])
+    if OWN:  # gluon_v14: nothing computed crosses the fork (each partition its _geometry)
+        gl.thread_barrier()  # the barrier inits and TMA issues above, before the fork
+        gl.warp_specialize([
+            (_own, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+                    kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, plen_ptr, s_plen,
+                    sab, san, saw, T, N, H, M, S_GRID, qk_scale, C, PW, SHORT_UPTO, SHORT_LEN,
+                    LONG_MIN, MAX_SPLITS, BLOCK_N, S_L, O_L, NCH, PUB, 0)),
+            (_own, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+                    kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, plen_ptr, s_plen,
+                    sab, san, saw, T, N, H, M, S_GRID, qk_scale, C, PW, SHORT_UPTO, SHORT_LEN,
+                    LONG_MIN, MAX_SPLITS, BLOCK_N, S_L, O_L, NCH, PUB, 1)),
+        ], [4], [240])
+    else:
+        gl.warp_specialize([
+            (_wg0, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+                    kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T,
+                    N, H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
+                    qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
+            (_wg1, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
+                    kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T,
+                    N, H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
+                    qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
+        ], [4], [240])
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy, chunks: bool = False, publish: bool = False):
+            policy: Policy, chunks: bool = False, publish: bool = False, own: bool = False):
     """chunks: gluon_v12's K halves in 64-column chunks under their own mbarriers; publish:
-    gluon_v13's partition barrier before each publishing rendezvous (`_publish`)."""
+    gluon_v13's partition barrier before each publishing rendezvous (`_publish`); own:
+    gluon_v14's partitions computing their own geometry (`_own`)."""
     B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
                                                 softmax_scale, kv_lora_rank, validate, "gluon_v11")
     if B == 0:
@@ -546,7 +594,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         kv_desc([BLOCK_N, RP]), prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
         prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
         float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=G > 1, NCH=nch,
-        PUB=publish, num_warps=4)
+        PUB=publish, OWN=own, num_warps=4)
     return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts)
 
 

@@ -2,7 +2,7 @@
 report what sm90.py reports for the Triton versions: registers, spills, wgmma shapes, shared
 memory, TMA copies, and the TMA boxes the driver will encode.
 
-    python -m workbench.kernels.tree_mla.sm90_gluon [--version 9|10|11|12|13] [--heads 64] [--rows 9]
+    python -m workbench.kernels.tree_mla.sm90_gluon [--version 9|10|11|12|13|14] [--heads 64] [--rows 9]
 
 sm90.py runs a launcher under the interpreter with its kernels swapped for recorders; Gluon
 kernels have no interpreter and gluon_v9's launcher wants a GPU, so the signature is built
@@ -22,7 +22,7 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
                  dtype=torch.bfloat16, p_smem: bool = False, version: int | None = None) -> dict:
     """sm_90 build of gluon_v9._attn_kernel (p_smem=True or version 10: gluon_v10's; version
     11: gluon_v11's seesaw kernel; 12: the same with 64-column K chunks; 13: with a partition
-    barrier before each publishing rendezvous) with the constexprs its launcher passes for
+    barrier before each publishing rendezvous; 14: and each partition's own geometry) with the constexprs its launcher passes for
     q [1, rows, heads, C + R] and a [1, ctx, C + R] cache; ints not specialised (a launch
     with ints equal to 1 would fold them: close enough for registers)."""
     import triton
@@ -44,12 +44,13 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
                   USE_PDL=parts_grid(ctx, policy=V4) > 1)
     ptrs = dict(plen_ptr="*i64", anc_ptr="*i64", o_ptr=f"*{el}", lse_ptr="*fp32",
                 opart_ptr="*fp32", lpart_ptr="*fp32", qk_scale="fp32")
-    if version in (11, 12, 13):  # gluon_v11's kernel; 12: K halves in 64-column chunks
+    if version in (11, 12, 13, 14):  # gluon_v11's kernel; 12: K halves in 64-column chunks
         fn, warps, rp = gluon_v11._attn_kernel, 4, gluon_v11.RP
         nch = (C // 2) // min(64, C // 2) if version == 12 else 1
         descs = dict(qh_desc=desc([64, C // 2]), qr_desc=desc([64, rp]),
                      kh_desc=desc([64, C // 2 // nch]), kr_desc=desc([64, rp]))
-        const = dict(C=C, PW=min(64, C // 2), NCH=nch, PUB=version == 13, **policy)
+        const = dict(C=C, PW=min(64, C // 2), NCH=nch, PUB=version >= 13, OWN=version == 14,
+                     **policy)
     else:
         fn, warps = gluon_v9._attn_kernel, 8
         rp = max(16, _common.next_pow2(R))  # gluon_v9._launch's rope box
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--rows", type=int, default=9)
     p.add_argument("--ctx", type=int, default=4096)
-    p.add_argument("--version", type=int, choices=(9, 10, 11, 12, 13), default=9)
+    p.add_argument("--version", type=int, choices=(9, 10, 11, 12, 13, 14), default=9)
     a = p.parse_args(argv)
     r = compile_attn(a.heads, a.rows, a.ctx, version=a.version)
     print(f"gluon_v{a.version} _attn_kernel: {r['regs']} regs, {r['spill']} B spill, smem {r['smem']} B, "
