@@ -540,24 +540,17 @@ def test_gpu_edge_gluon(name, version, poisoned):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B, N, H, ctx", [(1, 9, 64, 1024), (2, 129, 8, 8192), (4, 17, 64, 40)])
-def test_gpu_gluon_v10_bitwise_v9(B, N, H, ctx):
+@pytest.mark.parametrize("old, new", [(gluon_v9, gluon_v10), (gluon_v13, gluon_v14)],
+                         ids=["v10_bitwise_v9", "v14_bitwise_v13"])
+def test_gpu_gluon_bitwise_predecessor(old, new, B, N, H, ctx):
     # why: v10 changes only where the PV wgmma reads P from (its own shared-memory buffer, not
-    # a register operand): the same bf16 P and V through the same wgmma shapes and order
+    # a register operand): the same bf16 P and V through the same wgmma shapes and order; v14
+    # only where each partition's geometry comes from (computed again from the kernel's
+    # arguments instead of handed over at the fork): the same arithmetic, the same bits
     case = _gpu_case(B, N, H, ctx, seed=N)
-    o9, l9 = gluon_v9.tree_mla_gluon(*case.args)
-    o10, l10 = gluon_v10.tree_mla_gluon(*case.args)
-    assert torch.equal(o9, o10) and torch.equal(l9, l10)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B, N, H, ctx", [(1, 9, 64, 1024), (2, 129, 8, 8192), (4, 17, 64, 40)])
-def test_gpu_gluon_v14_bitwise_v13(B, N, H, ctx):
-    # why: v14 changes only where each partition's geometry comes from (computed again from the
-    # kernel's arguments instead of handed over at the fork): the same arithmetic, the same bits
-    case = _gpu_case(B, N, H, ctx, seed=N)
-    o13, l13 = gluon_v13.tree_mla_gluon(*case.args)
-    o14, l14 = gluon_v14.tree_mla_gluon(*case.args)
-    assert torch.equal(o13, o14) and torch.equal(l13, l14)
+    o_old, l_old = old.tree_mla_gluon(*case.args)
+    o_new, l_new = new.tree_mla_gluon(*case.args)
+    assert torch.equal(o_old, o_new) and torch.equal(l_old, l_new)
 
 
 # ---------------------------------------------------------------- peers
