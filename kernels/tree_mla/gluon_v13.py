@@ -11,7 +11,8 @@ passes a partition barrier between its store and the rendezvous (`--mma --sync`,
 `--mma --reverse --sync`: none on the vector). bar.sync over both warpgroups already orders the
 stores for the hardware (PTX: memory accesses before the barrier are performed relative to all
 participating threads); the extra `bar.sync` over the writer's 128 threads is the price of a
-checker that can say clean. Five a pair at most (M0, M1, P1; LW1 and LSUM once).
+checker that can follow the handoff. Three a pair (M0, M1, P1) and two at the end (LW1,
+LSUM).
 
 Everything else is gluon_v11 (PUB = False leaves its SASS unchanged, checked with nvdisasm).
 """

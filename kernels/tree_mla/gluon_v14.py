@@ -14,7 +14,13 @@ constant bank, so recomputing the geometry leaves only the state word at the for
 the worker loads P and repeats ~30 integer instructions once per program.
 
 Everything else is gluon_v13 (OWN = False leaves v11's / v12's / v13's SASS unchanged, checked
-with nvdisasm); the outputs are v13's bit for bit (the same arithmetic).
+with nvdisasm); the arithmetic is v13's, so the outputs should be its bits
+(`test_gpu_gluon_bitwise_predecessor`, not yet reached on the GPU).
+
+H200 (session 14 call 5): the captures' and the mbarriers' racecheck reports are gone; what is
+left is Triton's state word alone, stored by the default warps at the fork and at the join and
+loaded by the worker after `BAR.SYNC 0x1` (`sanitize_kernels.py --no-real`: 8 errors, v13 27).
+32 GPU tests passed, none failed, before the step's time limit. Not timed; not BEST.
 """
 
 from __future__ import annotations
