@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sm90_compile import compile_sm90
 
 from workbench.kernels.int4_moe import BEST, register
 from workbench.kernels.int4_moe._common import dequant_triton
@@ -19,7 +20,7 @@ from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-            "triton_v13")
+            "triton_v13", "triton_v14")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -79,7 +80,7 @@ def test_edge_cases_match_reference(version):
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
-             "triton_v12": (12,), "triton_v13": (13,)}
+             "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -87,7 +88,7 @@ def test_edge_cases_match_reference(version):
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-                                     "triton_v13"])
+                                     "triton_v13", "triton_v14"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -640,6 +641,57 @@ def test_v13_ep_local_rank_gpu(real_experts):
         ref = int4_moe(x, here, w, ex_here)
         assert not out.isnan().any()
         assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), T
+
+
+# ---------------------------------------------------------------- v14: the launches as PDL
+@pytest.mark.slow
+def test_v14_launches_are_programmatic_dependents_sm90():
+    # why: v14 is v13 with each launch after the router's a programmatic dependent of the one
+    # before: the permute, both GEMMs, the SiLU and the combine carry the launch_pdl option and
+    # open with griddepcontrol.wait then launch_dependents (the wait first: nothing is read
+    # before the previous launch has finished); the router stays an ordinary launch, and
+    # v13's launches carry neither (its kernels' SASS is unchanged, checked with nvdisasm)
+    out = compile_sm90(
+        "import re, triton; from triton.backends.compiler import GPUTarget; "
+        "from triton.compiler import ASTSource; "
+        "from workbench.kernels.int4_moe import sm90, triton_v13, triton_v14; out = {}\n"
+        "for name, m in (('v13', triton_v13), ('v14', triton_v14)):\n"
+        "    rows = out[name] = []\n"
+        "    for k, sig, const, attrs, opts in sm90.capture(m, *sm90.kimi_like(1)):\n"
+        "        gdc = []\n"
+        "        if name == 'v14' and k.__name__ in ('_permute_kernel', '_combine_kernel'):\n"
+        "            ptx = triton.compile(ASTSource(fn=k, signature=sig, constexprs=const, "
+        "attrs=attrs), target=GPUTarget('cuda', 90, 32), options=opts).asm['ptx']\n"
+        "            gdc = re.findall(r'griddepcontrol\\.(\\w+)', ptx)\n"
+        "        rows.append([k.__name__, bool(const.get('PDL')), bool(opts.get('launch_pdl')), "
+        "gdc])")
+    names = ["_route_kernel", "_permute_kernel", "_gemm_kernel", "_silu_routed_kernel",
+             "_gemm_kernel", "_combine_kernel"]
+    assert [r[0] for r in out["v13"]] == [r[0] for r in out["v14"]] == names, out
+    assert all(not pdl and not opt for _, pdl, opt, _ in out["v13"]), out["v13"]
+    assert [(pdl, opt) for _, pdl, opt, _ in out["v14"]] == [(False, False)] + [(True, True)] * 5
+    for name, _, _, gdc in out["v14"]:
+        if name in ("_permute_kernel", "_combine_kernel"):
+            assert gdc == ["wait", "launch_dependents"], (name, gdc)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v14_bitwise_v13_gpu(real_experts, skew):
+    # why: v14 moves only when its launches start (PDL), not what they compute: v13's bits at
+    # decode and verify sizes, and on a hinted EP rank (most slots -1)
+    from workbench.kernels.int4_moe import triton_v13, triton_v14
+
+    ex, cfg = real_experts
+    for T in (1, 9, 33, 128, 512):
+        x, ids, w = _real_inputs(cfg, T, 400 + T, skew)
+        out = triton_v14.int4_moe_triton(x, ids, w, ex)
+        assert _bits_equal(out, triton_v13.int4_moe_triton(x, ids, w, ex)), T
+    x, ids, w = _real_inputs(cfg, 17, 417, skew)
+    here = torch.where(ids < cfg.n_routed_experts // 8, ids, -1)
+    n = int((here >= 0).sum())
+    out = triton_v14.int4_moe_triton(x, here, w, ex, expected_slots=n)
+    assert _bits_equal(out, triton_v13.int4_moe_triton(x, here, w, ex, expected_slots=n))
 
 
 # ---------------------------------------------------------------- the Triton fused_moe peer

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sm90_compile import compile_sm90
 
 from workbench.check import compare_outputs
 from workbench.kernels.tree_mla import (
@@ -569,29 +570,12 @@ def test_sglang_extend_peer_matches_reference():
     assert err < 1e-2
 
 
-def _gluon_compile(code: str):
-    """Run `code` (which sets `out`) in a subprocess without TRITON_INTERPRET (Gluon has no
-    interpreter: its kernels only compile on this box) from the repo root; returns `out`
-    through JSON."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", f"import json; {code}; print(json.dumps(out))"],
-                         capture_output=True, text=True, env=env, timeout=300,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
 def test_gluon_splits_the_score_tile_across_warpgroups_sm90():
     # why: the next tree_mla kernel's premise (scripts/gluon_mla_tile_probe.py, README "Next:
     # Gluon"): on this toolchain Gluon compiles a 64 x 64 absorbed-MLA tile for sm_90 with S
     # split by keys over the two warpgroups (36 wgmma m64n32 a warpgroup where Triton's layout
     # issues m64n64: the duplicate QK^T) and each warpgroup's 256 value columns, no spill
-    split, dup, loop = _gluon_compile(
+    split, dup, loop = compile_sm90(
         "import sys; sys.path.insert(0, 'scripts'); import gluon_mla_tile_probe as p; "
         "out = [p.compile_tile([4, 2]), p.compile_tile([8, 1]), p.compile_loop()]")
     assert split["wgmma"] == {"m64n256k16": 4, "m64n32k16": 36}, split
@@ -625,7 +609,7 @@ def test_gluon_v9_compiles_to_split_score_tiles_sm90():
     # duplicate QK^T) and 4 m64n256k16 (each warpgroup's 256 value columns), K and Q arrive by
     # TMA in 128-byte-swizzled [64, 64] boxes, the combine is a programmatic dependent, and it
     # fits 227 KB of shared memory
-    for r in _gluon_compile(
+    for r in compile_sm90(
             "from workbench.kernels.tree_mla import sm90_gluon as s; "
             "out = [{k: v for k, v in r.items() if k not in ('ptx', 'cubin')} for r in "
             "[s.compile_attn(64, 9, 4096), s.compile_attn(8, 129, 32768, p_smem=True)]]"):
@@ -642,7 +626,7 @@ def test_gluon_v11_compiles_to_whole_score_tiles_sm90(version):
     # second with setmaxnreg), every load by TMA in 128-byte-swizzled [64, 64] boxes, within
     # 227 KB of shared memory with Q, two K slots and P0; gluon_v12 the same kernel with the
     # K halves in 64-column chunks (one [64, 64] box a chunk)
-    r = _gluon_compile(
+    r = compile_sm90(
         "from workbench.kernels.tree_mla import sm90_gluon as s; "
         f"r = s.compile_attn(64, 9, 4096, version={version}); "
         "out = dict({k: v for k, v in r.items() if k not in ('ptx', 'cubin')}, "

@@ -28,6 +28,9 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v13 v11 with its K splits from the active experts it expects (the hint's slots,
                else T K): at most two programs an SM, as many splits as fit (a hinted EP
                rank's decode: 7 / 4 splits where v11's table gave 4 / 3 for 8 experts)
+    triton_v14 v13 with every launch after the router's a programmatic dependent launch (PDL)
+               of the one before it: the six launches' starts overlap their predecessors'
+               tails; v13's bits (compile-checked, not yet run on the GPU)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -42,7 +45,7 @@ BEST = "triton_v13"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 14)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 15)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -88,6 +91,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v13"): "v11 with K splits from the expected active experts (the "
     "hint's slots, else T K): the most splits that keep each GEMM within 264 programs (two "
     "an SM), so a hinted EP rank's one-expert decode fills the GPU; v11's splits from T 9 up",
+    ("int4_moe", "triton_v14"): "v13 with every launch after the router's a programmatic "
+    "dependent launch of the one before (griddepcontrol.wait, then launch_dependents): the "
+    "launches' starts overlap their predecessors' tails; v13's bits (compile-checked)",
 }
 
 

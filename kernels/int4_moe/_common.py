@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from workbench.moe_slots import check_expected_slots
 
@@ -126,6 +127,24 @@ def _round_bf16(v):
     bits = v.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """A launch of the op after its first, as a programmatic dependent (triton_v14): wait until
+    the launch before it has completed and its writes are visible (griddepcontrol.wait: that
+    launch itself waited for its own predecessor, so every earlier launch of the op is done),
+    then let the next launch start its CTAs as this one's retire. Nothing here without PDL
+    (and never under the interpreter, which has no griddepcontrol)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """The constexpr and launch option of a PDL launch (`pdl_start`): {} unless pdl and on the
+    GPU (the interpreter drops neither, and knows neither)."""
+    return {"PDL": True, "launch_pdl": True} if pdl and not INTERPRET else {}
 
 
 @triton.jit

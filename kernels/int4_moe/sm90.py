@@ -87,7 +87,8 @@ def capture(module, *args, spec: bool = True) -> list:
             module.repack = repack
     out = []
     for kernel, pos, kw in calls:
-        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
+        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "maxnreg", "launch_pdl")
+                if k in kw}
         sig, attrs = {}, {}
         for i, (name, value) in enumerate(zip(kernel.arg_names, pos)):
             if isinstance(value, TensorDescriptor):  # v7's TMA descriptors
@@ -105,6 +106,9 @@ def capture(module, *args, spec: bool = True) -> list:
                     kw[name] = key
                 elif key == "D":
                     attrs[(i,)] = [["tt.divisibility", 16]]
+        for param in kernel.params[len(pos):]:  # constexprs left at their defaults (PDL)
+            if param.name not in kw and param.has_default:
+                kw[param.name] = param.default
         sig.update({name: "constexpr" for name in kw})
         out.append((kernel, {n: sig[n] for n in kernel.arg_names}, kw, attrs, opts))
     return out

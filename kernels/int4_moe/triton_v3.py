@@ -39,7 +39,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, _split_bf16, _to_bf16, check_inputs, next_pow2, route
+from ._common import (
+    INTERPRET,
+    _split_bf16,
+    _to_bf16,
+    check_inputs,
+    next_pow2,
+    pdl_start,
+    route,
+)
 
 KT = 256  # inputs per K tile: 32 words x 8 nibbles
 _KT = tl.constexpr(KT)
@@ -167,10 +175,11 @@ def _silu_kernel(g_ptr, s_gk, I, Ip, hp_ptr, lp_ptr, KS: tl.constexpr,
 @triton.jit
 def _combine_kernel(y_ptr, s_yk, w_ptr, s_wt, s_wk, ids_ptr, s_it, s_ik, bad_ptr, out_ptr, D,
                     K: tl.constexpr, KS: tl.constexpr, BD: tl.constexpr,
-                    INTERPRET: tl.constexpr):
+                    INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, d] = sum_{j = 0..K-1} w[t, j] * (sum_{ks} y[ks, t*K + j, d]), fixed order, fp32,
     one bf16 rounding; slots with id -1 (not routed here) add nothing (their y rows were never
-    written); NaN for a token the routing kernel flagged."""
+    written); NaN for a token the routing kernel flagged. PDL: `_common.pdl_start` (v14)."""
+    pdl_start(PDL)
     t = tl.program_id(0)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     dm = d < D

@@ -57,6 +57,7 @@ from ._common import (
     _split_bf16,
     check_inputs,
     next_pow2,
+    pdl_start,
     route,
 )
 from .triton_v3 import KT, _combine_kernel, _splits
@@ -91,8 +92,10 @@ def _src(o):
 
 
 @triton.jit
-def _permute_kernel(x_ptr, s_xt, s_xd, xp_ptr, D, Dp):
-    """xp[t, o] = x[t, _src(o)] (0 past D): slab j's activations are 64 contiguous values."""
+def _permute_kernel(x_ptr, s_xt, s_xd, xp_ptr, D, Dp, PDL: tl.constexpr = False):
+    """xp[t, o] = x[t, _src(o)] (0 past D): slab j's activations are 64 contiguous values.
+    PDL: launched as a programmatic dependent (triton_v14, `_common.pdl_start`)."""
+    pdl_start(PDL)
     t = tl.program_id(0)
     o = tl.program_id(1) * _KT + tl.arange(0, _KT)
     src = _src(o)

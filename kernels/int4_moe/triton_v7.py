@@ -39,7 +39,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import INTERPRET, check_inputs, next_pow2, route
+from ._common import INTERPRET, check_inputs, next_pow2, pdl_launch, pdl_start, route
 from .triton_v3 import KT, _combine_kernel
 from .triton_v5 import _ablate, _pairs, _permute_kernel, _silu_kernel, _slab
 from .triton_v5 import tiles as _tiles_v5
@@ -95,8 +95,11 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
                  out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS,
                  K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
                  TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
-                 OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr):
-    """v5's program (N tile, active expert, K split): `expert_tile` over the split's K tiles."""
+                 OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    """v5's program (N tile, active expert, K split): `expert_tile` over the split's K tiles.
+    PDL: launched as a programmatic dependent (v14, `_common.pdl_start`)."""
+    pdl_start(PDL)
     a = tl.program_id(1)
     if a >= tl.load(n_act_ptr):  # idle program of the worst-case grid
         return
@@ -229,7 +232,7 @@ def grid_gemm(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
 
 def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
            tiles_of, down_select: bool, router=route_one_program, expected_slots=None,
-           silu=None, gemm=grid_gemm) -> Tensor:
+           silu=None, gemm=grid_gemm, pdl: bool = False) -> Tensor:
     """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around
     `_gemm_kernel` with the knobs tiles_of(T, K, E, D, I) (| cfg); down_select: compile the
     gate/up select into the down launch too (v8; never taken there, see `_gemm_kernel`);
@@ -237,7 +240,9 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     checked here (v11 folds it into its tiles_of; v7-v10 size for all T K slots);
     silu(g, h, r, c): the SiLU launch (v11's skips unrouted positions; default v5's kernel
     over all S positions); gemm(n, c, r, NT, args, kw): the launch of GEMM n over NT N tiles,
-    its partials summed as c["KSn"] slices of g / y (v12's is persistent)."""
+    its partials summed as c["KSn"] slices of g / y (v12's is persistent); pdl: every launch
+    after the router's as a programmatic dependent of the one before (v14; the silu hook gets
+    `pdl=`, the gemm hook the option in its kw)."""
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
@@ -260,17 +265,21 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     common = dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run)
     r = router(topk_ids, E, c)
     meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
+    dep = pdl_launch(pdl)  # {} without PDL: the launches (and kernels) of v7-v13
     xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
-    _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4)
+    _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4, **dep)
     g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
     nt1 = triton.cdiv(I, c["BN"])
     gemm(1, c, r, 2 * nt1, (xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
                             g, g.stride(0), g.stride(1), I, nt1, D),
-         dict(BM=c["BM1"], NH=1, TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common))
+         dict(BM=c["BM1"], NH=1, TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common,
+              **dep))
     h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
     if silu is None:
         _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"],
                                     INTERPRET=INTERPRET, num_warps=2)
+    elif dep:
+        silu(g, h, r, c, pdl=True)
     else:
         silu(g, h, r, c)
     y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
@@ -278,13 +287,13 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
                         y, y.stride(0), y.stride(1), D, nt2, I),
          dict(BM=c["BM2"], NH=2, TWO=down_select, S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True,
-              **common))
+              **common, **dep))
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
     BD = min(1024, next_pow2(D))
     _combine_kernel[(T, triton.cdiv(D, BD))](
         y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1),
         topk_ids, topk_ids.stride(0), topk_ids.stride(1), r.bad, out,
-        D, K=K, KS=c["KS2"], BD=BD, INTERPRET=INTERPRET, num_warps=4)
+        D, K=K, KS=c["KS2"], BD=BD, INTERPRET=INTERPRET, num_warps=4, **dep)
     return out
 
 
