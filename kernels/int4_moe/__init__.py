@@ -30,7 +30,7 @@ Versions (README.md has the design and the version log), each with the contract 
                rank's decode: 7 / 4 splits where v11's table gave 4 / 3 for 8 experts)
     triton_v14 v13 with every launch after the router's a programmatic dependent launch (PDL)
                of the one before it: the six launches' starts overlap their predecessors'
-               tails; v13's bits (compile-checked, not yet run on the GPU)
+               tails; v13's arithmetic (compile-checked, not yet run on the GPU)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -93,7 +93,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "an SM), so a hinted EP rank's one-expert decode fills the GPU; v11's splits from T 9 up",
     ("int4_moe", "triton_v14"): "v13 with every launch after the router's a programmatic "
     "dependent launch of the one before (griddepcontrol.wait, then launch_dependents): the "
-    "launches' starts overlap their predecessors' tails; v13's bits (compile-checked)",
+    "launches' starts overlap their predecessors' tails; v13's arithmetic (compile-checked, not "
+    "yet run on the GPU)",
 }
 
 

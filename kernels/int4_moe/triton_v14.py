@@ -18,7 +18,9 @@ predecessor: the chain orders every launch of the op as the stream did. The rout
 ordinary launch (it orders the op after the previous op's kernels). Under the interpreter
 nothing changes (no griddepcontrol there): v14 on CPU is v13.
 
-Outputs: v13's arithmetic and launches, only their start times move: v13's bits.
+Outputs: v13's arithmetic and launches, only their start times move, so v13's bits
+(`test_v14_bitwise_v13_gpu`; compile-checked in session 14, not yet run on the GPU:
+`scripts/gpu_plans/session15_c.tsv`).
 
 Dimension legend: v5's (T tokens, K slots, S = T K, E experts, D hidden, I expert FFN width).
 """
