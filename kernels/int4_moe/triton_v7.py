@@ -238,7 +238,7 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     gate/up select into the down launch too (v8; never taken there, see `_gemm_kernel`);
     router(topk_ids, E, knobs) -> Routing (v9 picks one by T); expected_slots: the op's hint,
     checked here (v11 folds it into its tiles_of; v7-v10 size for all T K slots);
-    silu(g, h, r, c): the SiLU launch (v11's skips unrouted positions; default v5's kernel
+    silu(g, h, r, c, pdl=): the SiLU launch (v11's skips unrouted positions; default v5's kernel
     over all S positions); gemm(n, c, r, NT, args, kw): the launch of GEMM n over NT N tiles,
     its partials summed as c["KSn"] slices of g / y (v12's is persistent); pdl: every launch
     after the router's as a programmatic dependent of the one before (v14; the silu hook gets
@@ -278,10 +278,8 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     if silu is None:
         _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"],
                                     INTERPRET=INTERPRET, num_warps=2)
-    elif dep:
-        silu(g, h, r, c, pdl=True)
     else:
-        silu(g, h, r, c)
+        silu(g, h, r, c, pdl=pdl)
     y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
     nt2 = triton.cdiv(D, c["BN"])
     gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
