@@ -31,6 +31,9 @@ POLICIES = {  # name: Policy (short_upto, short_len, long_min, max_splits)
     "v4": Policy(),
     "v7": Policy(short_upto=2048, short_len=128, long_min=128, max_splits=64),
     "s64": Policy(short_upto=2048, short_len=64, long_min=64, max_splits=128),
+    # v7's 128-key splits up to P 2048, v4's past it (session 15, call 1: at 8 heads v7 wins
+    # at P 1024 and loses 2x at P 8192 from N 9 up)
+    "s128": Policy(short_upto=2048, short_len=128),
     "s256": Policy(short_upto=2048, short_len=256, long_min=256, max_splits=32),
     "s512": Policy(short_upto=2048, short_len=512, long_min=512, max_splits=16),
     "s1024": Policy(short_upto=2048, short_len=1024, long_min=1024, max_splits=8),
@@ -49,8 +52,9 @@ LAUNCH = {"triton_v4": triton_v4._launch,
           "gluon_v13": functools.partial(gluon_v11._launch, publish=True)}
 
 
-def time_call(fn, reps: int = 20) -> float:
-    """Median busy µs of one call over `reps` profiled graph replays."""
+def time_call(fn, reps: int = 20) -> tuple[float, float]:
+    """(median busy µs of one call, median µs of its first kernel alone: the attention, the
+    rest being the combine's tail past it) over `reps` profiled graph replays."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -60,13 +64,17 @@ def time_call(fn, reps: int = 20) -> float:
         fn()
     g.replay()
     torch.cuda.synchronize()
-    out = []
+    out, first = [], []
+    cuda_type = torch.autograd.DeviceType.CUDA
     for _ in range(reps):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             g.replay()
             torch.cuda.synchronize()
         out.append(busy_us(prof))
-    return sorted(out)[len(out) // 2]
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == cuda_type and e.time_range.end > e.time_range.start)
+        first.append(spans[0][1] - spans[0][0] if spans else 0.0)
+    return sorted(out)[len(out) // 2], sorted(first)[len(first) // 2]
 
 
 def main() -> None:
@@ -93,12 +101,12 @@ def main() -> None:
             for name, pol in policies.items():
                 call = functools.partial(_launch, q, cache, pre, anc, 0.1447, C, False, pol)
                 err = float((call()[0].float() - want).abs().max())  # any policy: same math
-                us = time_call(call)
+                us, attn = time_call(call)
                 parts = num_parts(P, policy=pol)[1]
                 rows.append(dict(version=a.version, H=a.heads, N=N, P=P, policy=name,
-                                 parts=parts, busy_us=us, max_diff_vs_v7=err))
+                                 parts=parts, busy_us=us, attn_us=attn, max_diff_vs_v7=err))
                 print(f"{a.version} H {a.heads} N {N:3d} P {P:5d} {name:8s} parts {parts:3d} "
-                      f"{us:7.2f} us"
+                      f"{us:7.2f} us (attention kernel {attn:6.2f})"
                       f"  |diff| {err:.1e}", flush=True)
     if a.csv:
         with open(a.csv, "w", newline="") as f:

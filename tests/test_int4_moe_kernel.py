@@ -20,7 +20,7 @@ from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-            "triton_v13", "triton_v14")
+            "triton_v13", "triton_v14", "triton_v15")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -80,7 +80,8 @@ def test_edge_cases_match_reference(version):
     seeds = {"triton_v1": (0, 1), "triton_v2": (2,), "triton_v3": (3,), "triton_v4": (4,),
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
-             "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,)}
+             "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
+             "triton_v15": (15,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -88,7 +89,7 @@ def test_edge_cases_match_reference(version):
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-                                     "triton_v13", "triton_v14"])
+                                     "triton_v13", "triton_v14", "triton_v15"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -691,6 +692,54 @@ def test_v14_bitwise_v13_gpu(real_experts, skew):
     here = torch.where(ids < cfg.n_routed_experts // 8, ids, -1)
     n = int((here >= 0).sum())
     out = triton_v14.int4_moe_triton(x, here, w, ex, expected_slots=n)
+    assert _bits_equal(out, triton_v13.int4_moe_triton(x, here, w, ex, expected_slots=n))
+
+
+# ---------------------------------------------------------------- v15: weights before the wait
+@pytest.mark.slow
+def test_v15_gemms_prefetch_before_they_wait_sm90():
+    # why: v15's GEMMs let the next launch in, ask L2 for their first weight tiles (words and
+    # scales: two bulk prefetches) and only then wait for their predecessor; the SiLU triggers
+    # before its wait too; the permute and the combine keep v14's wait-then-trigger (the
+    # permute's order is what makes the router's outputs safe to read before a GEMM's wait)
+    out = compile_sm90(
+        "import re, triton; from triton.backends.compiler import GPUTarget; "
+        "from triton.compiler import ASTSource; "
+        "from workbench.kernels.int4_moe import sm90, triton_v15; out = []\n"
+        "for k, sig, const, attrs, opts in sm90.capture(triton_v15, *sm90.kimi_like(1)):\n"
+        "    ptx = triton.compile(ASTSource(fn=k, signature=sig, constexprs=const, "
+        "attrs=attrs), target=GPUTarget('cuda', 90, 32), options=opts).asm['ptx']\n"
+        "    ops = re.findall(r'griddepcontrol\\.(\\w+)|cp\\.async\\.bulk\\.(prefetch)', ptx)\n"
+        "    out.append([k.__name__, bool(opts.get('launch_pdl')), [a or b for a, b in ops]])")
+    want = [["_route_kernel", False, []],
+            ["_permute_kernel", True, ["wait", "launch_dependents"]],
+            ["_gemm_kernel", True, ["launch_dependents", "prefetch", "prefetch", "wait"]],
+            ["_silu_routed_kernel", True, ["launch_dependents", "wait"]],
+            ["_gemm_kernel", True, ["launch_dependents", "prefetch", "prefetch", "wait"]],
+            ["_combine_kernel", True, ["wait", "launch_dependents"]]]
+    assert out == want, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v15_bitwise_v13_gpu(real_experts, skew):
+    # why: v15 moves when the launches start and what L2 holds, not what they compute: v13's
+    # bits at decode and verify sizes, with and without the prefetch (PF 0, 8: the whole split
+    # at T 1's down GEMM), and on a hinted EP rank (most slots -1)
+    from workbench.kernels.int4_moe import triton_v13, triton_v15
+
+    ex, cfg = real_experts
+    for T in (1, 9, 33, 128, 512):
+        x, ids, w = _real_inputs(cfg, T, 500 + T, skew)
+        want = triton_v13.int4_moe_triton(x, ids, w, ex)
+        for pf in (None, 0, 8):
+            out = triton_v15.int4_moe_triton(x, ids, w, ex,
+                                             cfg=None if pf is None else {"PF": pf})
+            assert _bits_equal(out, want), (T, pf)
+    x, ids, w = _real_inputs(cfg, 17, 517, skew)
+    here = torch.where(ids < cfg.n_routed_experts // 8, ids, -1)
+    n = int((here >= 0).sum())
+    out = triton_v15.int4_moe_triton(x, here, w, ex, expected_slots=n)
     assert _bits_equal(out, triton_v13.int4_moe_triton(x, here, w, ex, expected_slots=n))
 
 

@@ -31,6 +31,9 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v14 v13 with every launch after the router's a programmatic dependent launch (PDL)
                of the one before it: the six launches' starts overlap their predecessors'
                tails; v13's arithmetic (compile-checked, not yet run on the GPU)
+    triton_v15 v14 with the GEMMs' weight streams begun before they wait: trigger, L2 bulk
+               prefetch of each program's first PF K tiles, wait; the SiLU triggers before
+               its wait too; v13's arithmetic (compile-checked, not yet run on the GPU)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -45,7 +48,7 @@ BEST = "triton_v13"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 15)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 16)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -95,6 +98,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "dependent launch of the one before (griddepcontrol.wait, then launch_dependents): the "
     "launches' starts overlap their predecessors' tails; v13's arithmetic (compile-checked, not "
     "yet run on the GPU)",
+    ("int4_moe", "triton_v15"): "v14 with both GEMMs' weight streams begun before they wait: "
+    "each program triggers the next launch, asks L2 for its first PF K tiles of words and "
+    "scales (cp.async.bulk.prefetch.L2; the router's outputs are in L2 before either GEMM "
+    "starts) and then waits; the SiLU triggers before its wait too; v13's arithmetic",
 }
 
 

@@ -130,21 +130,29 @@ def _round_bf16(v):
 
 
 @triton.jit
-def pdl_start(PDL: tl.constexpr):
+def pdl_start(PDL: tl.constexpr, EARLY: tl.constexpr = False):
     """A launch of the op after its first, as a programmatic dependent (triton_v14): wait until
     the launch before it has completed and its writes are visible (griddepcontrol.wait: that
     launch itself waited for its own predecessor, so every earlier launch of the op is done),
-    then let the next launch start its CTAs as this one's retire. Nothing here without PDL
-    (and never under the interpreter, which has no griddepcontrol)."""
+    then let the next launch start its CTAs as this one's retire. EARLY (triton_v15): let the
+    next launch start first, then wait; safe because every launch still waits for its own
+    predecessor before it reads what that one wrote. Nothing here without PDL (and never under
+    the interpreter, which has no griddepcontrol)."""
     if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+        if EARLY:
+            gdc_launch_dependents()
+            gdc_wait()
+        else:
+            gdc_wait()
+            gdc_launch_dependents()
 
 
-def pdl_launch(pdl: bool) -> dict:
-    """The constexpr and launch option of a PDL launch (`pdl_start`): {} unless pdl and on the
-    GPU (the interpreter drops neither, and knows neither)."""
-    return {"PDL": True, "launch_pdl": True} if pdl and not INTERPRET else {}
+def pdl_launch(pdl: bool, early: bool = False) -> dict:
+    """The constexprs and launch option of a PDL launch (`pdl_start`; early: its EARLY order):
+    {} unless pdl and on the GPU (the interpreter drops neither, and knows neither)."""
+    if not pdl or INTERPRET:
+        return {}
+    return {"PDL": True, "launch_pdl": True} | ({"EARLY": True} if early else {})
 
 
 @triton.jit

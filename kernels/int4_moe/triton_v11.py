@@ -31,7 +31,7 @@ from torch import Tensor
 from ._common import INTERPRET, _split_bf16, pdl_launch, pdl_start
 from .triton_v3 import KT
 from .triton_v5 import _src
-from .triton_v7 import launch
+from .triton_v7 import grid_gemm, launch
 from .triton_v9 import _router
 from .triton_v10 import tiles as _tiles_v10
 
@@ -48,12 +48,13 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 @triton.jit
 def _silu_routed_kernel(g_ptr, s_gk, I, Ip, h_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr,
-                        KS: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
+                        KS: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
+                        EARLY: tl.constexpr = False):
     """v5's `_silu_kernel` (h = SiLU(sum_ks gate) * sum_ks up, bf16 hi + lo) over the routed
     positions only, grid-strided: program p takes positions p, p + P, ... below the routed
     count (read on the device), so a grid sized by the hint covers any count, and positions
-    past it (g rows never written) are never read. PDL: `_common.pdl_start` (v14)."""
-    pdl_start(PDL)
+    past it (g rows never written) are never read. PDL, EARLY: `_common.pdl_start` (v14, v15)."""
+    pdl_start(PDL, EARLY)
     n = tl.load(n_act_ptr)
     last = tl.maximum(n - 1, 0)
     routed = tl.where(n > 0, tl.load(act_start_ptr + last) + tl.load(act_cnt_ptr + last), 0)
@@ -74,15 +75,16 @@ def _silu_routed_kernel(g_ptr, s_gk, I, Ip, h_ptr, act_start_ptr, act_cnt_ptr, n
         tl.store(h_ptr + p64 * (2 * Ip) + Ip + o, lo.to(tl.bfloat16))
 
 
-def _silu(g: Tensor, h: Tensor, r, c: dict, slots: int | None, pdl: bool = False) -> None:
+def _silu(g: Tensor, h: Tensor, r, c: dict, slots: int | None, pdl: bool = False,
+          early: bool = False) -> None:
     """g [KS1, S, 2I] fp32 -> h [S, 2, Ip] bf16 hi / lo at the routed positions; one program
     row a position expected (all S without a hint, as v10's grid); pdl: v14's dependent
-    launch."""
+    launch (early: v15's, the next launch let in before the wait)."""
     S, I, Ip = g.shape[1], g.shape[2] // 2, h.shape[2]
     P = S if slots is None else max(1, min(S, slots))
     _silu_routed_kernel[(P, Ip // KT)](g, g.stride(0), I, Ip, h, r.act_start, r.act_cnt,
                                        r.n_act, KS=c["KS1"], INTERPRET=INTERPRET, num_warps=2,
-                                       **pdl_launch(pdl))
+                                       **pdl_launch(pdl, early))
 
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
@@ -98,10 +100,13 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
 
 
 def launch_hinted(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
-                  expected_slots, tiles_of, pdl: bool = False) -> Tensor:
+                  expected_slots, tiles_of, pdl: bool = False, early: bool = False,
+                  gemm=grid_gemm) -> Tensor:
     """v11's launches (v7's program, v9's router, the hinted SiLU) with the tiles
-    tiles_of(T, K, E, D, I, slots=expected_slots) (v13: other K splits); pdl: v14's chain."""
+    tiles_of(T, K, E, D, I, slots=expected_slots) (v13: other K splits); pdl: v14's chain
+    (early: v15's SiLU lets the down GEMM in before its wait); gemm: v7's hook (v15's)."""
     return launch(x, topk_ids, topk_weights, experts, validate, cfg,
                   functools.partial(tiles_of, slots=expected_slots), down_select=True,
                   router=_router, expected_slots=expected_slots,
-                  silu=functools.partial(_silu, slots=expected_slots), pdl=pdl)
+                  silu=functools.partial(_silu, slots=expected_slots, early=early), pdl=pdl,
+                  gemm=gemm)
