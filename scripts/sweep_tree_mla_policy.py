@@ -3,7 +3,7 @@ shapes of an EP8 / TP8 rank: GPU busy time of one call (attention + combine, the
 kernel intervals under PDL) per (N, P, policy), from CUDA-graph replays.
 
     PYTHONPATH=. python3 scripts/sweep_tree_mla_policy.py [--heads 8] [--rows 1,9,17,33]
-        [--prefix 1024,4096] [--version triton_v4|gluon_v10|gluon_v11|gluon_v13]
+        [--prefix 1024,4096] [--version triton_v4|gluon_v10|gluon_v11|gluon_v13|triton_v15]
         [--policies v4,s512,...] [--csv out.csv]
 
 Why: in the emulated EP8 rank tree_mla v7 takes ~31 µs a layer at N 17, H 8, P 1024 against a
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from workbench.kernels.tree_mla import gluon_v9, gluon_v11, triton_v4
+from workbench.kernels.tree_mla import gluon_v9, gluon_v11, triton_v4, triton_v15
 from workbench.kernels.tree_mla.triton_v4 import Policy, num_parts
 from workbench.loopbench import busy_us
 from workbench.reference.tree_mla import causal_anc_bits
@@ -49,7 +49,8 @@ POLICIES = {  # name: Policy (short_upto, short_len, long_min, max_splits)
 LAUNCH = {"triton_v4": triton_v4._launch,
           "gluon_v10": functools.partial(gluon_v9._launch, p_smem=True),
           "gluon_v11": gluon_v11._launch,
-          "gluon_v13": functools.partial(gluon_v11._launch, publish=True)}
+          "gluon_v13": functools.partial(gluon_v11._launch, publish=True),
+          "triton_v15": triton_v15._launch}
 
 
 def time_call(fn, reps: int = 20) -> tuple[float, float]:

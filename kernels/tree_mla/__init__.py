@@ -42,6 +42,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v14  gluon_v13 with each partition computing its own geometry (nothing computed is
                stored to shared memory at the warp-specialization fork)
     gluon_v14_long  gluon_v14 under gluon_v11_long's policy
+    triton_v15 triton_v4's cascade with the attention MMAs transposed ("swap AB"): 64 keys on
+               the MMA's M dimension, 16 query rows on its N, for few-row (8-head) decode
 
 BEST (gluon_v13) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -85,6 +87,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v13_long": f"{_MOD}.gluon_v13:tree_mla_gluon_long",
         "gluon_v14": f"{_MOD}.gluon_v14:tree_mla_gluon",
         "gluon_v14_long": f"{_MOD}.gluon_v14:tree_mla_gluon_long",
+        "triton_v15": f"{_MOD}.triton_v15:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -150,6 +153,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 ("sm90", "triton")),
     ("tree_mla", "gluon_v14_long"): ("gluon_v14 under gluon_v11_long's policy",
                                      ("sm90", "triton")),
+    ("tree_mla", "triton_v15"): "triton_v4's cascade with the attention MMAs transposed for "
+    "few query rows: 64 keys on the MMA's M dimension, 16 query rows on its N (S^T = K Q^T, "
+    "O^T += V^T P^T): an 8-head decode's 8 rows no longer padded to 64",
 }
 
 
