@@ -28,6 +28,11 @@ PF (a tile knob, `tiles`; 0 = no prefetch: v14's chain with the early SiLU and G
 triggers): K tiles of KT = 256 inputs a row, i.e. 128 bytes of words and 16 of scales a tile,
 clamped to the program's split. Under the interpreter (no PDL) v15 is v13.
 
+Measured (session 15, README.md "v14 and v15"): slower than v13 at every T, and the more it
+prefetches the slower (T 9: 458 / 491 / 501 / 544 µs at PF 0 / 2 / 4 / 8 against v13's 462):
+the early CTAs' L2 requests compete with the running GEMM's stream, which is at 85-88 % of
+copy from T 9, and are partly evicted before use. Kept as a measured negative.
+
 Dimension legend: v5's (T tokens, K slots, S = T K, E experts, D hidden, I expert FFN width;
 KT inputs a K tile; BN weight rows a program; TPS K tiles a split).
 """
@@ -44,7 +49,7 @@ from .triton_v7 import expert_tile
 from .triton_v11 import launch_hinted
 from .triton_v13 import tiles as _tiles_v13
 
-PF = 4  # K tiles prefetched a row before the wait (a first guess: the GPU sweep picks it)
+PF = 4  # K tiles prefetched a row before the wait (the first guess; PF 0 / 2 / 8 no better)
 _KT = tl.constexpr(KT)  # a K tile a row: KT / 2 bytes of words, KT / 16 of bf16 g32 scales
 
 
