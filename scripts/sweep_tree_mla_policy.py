@@ -3,7 +3,7 @@ shapes of an EP8 / TP8 rank: GPU busy time of one call (attention + combine, the
 kernel intervals under PDL) per (N, P, policy), from CUDA-graph replays.
 
     PYTHONPATH=. python3 scripts/sweep_tree_mla_policy.py [--heads 8] [--rows 1,9,17,33]
-        [--prefix 1024,4096] [--version triton_v4|gluon_v10|gluon_v11|gluon_v13|triton_v15]
+        [--prefix 1024,4096] [--version triton_v4|gluon_v13|triton_v15|triton_v16|gluon_v13_c8|...]
         [--policies v4,s512,...] [--csv out.csv]
 
 Why: in the emulated EP8 rank tree_mla v7 takes ~31 µs a layer at N 17, H 8, P 1024 against a
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from workbench.kernels.tree_mla import gluon_v9, gluon_v11, triton_v4, triton_v15
+from workbench.kernels.tree_mla import gluon_v9, gluon_v11, triton_v4, triton_v8, triton_v15
 from workbench.kernels.tree_mla.triton_v4 import Policy, num_parts
 from workbench.loopbench import busy_us
 from workbench.reference.tree_mla import causal_anc_bits
@@ -50,7 +50,11 @@ LAUNCH = {"triton_v4": triton_v4._launch,
           "gluon_v10": functools.partial(gluon_v9._launch, p_smem=True),
           "gluon_v11": gluon_v11._launch,
           "gluon_v13": functools.partial(gluon_v11._launch, publish=True),
-          "triton_v15": triton_v15._launch}
+          "triton_v15": triton_v15._launch,
+          # triton_v16 (v15's attention, v8's combine) and gluon_v13 with v8's combine
+          "triton_v16": functools.partial(triton_v15._launch, combine=triton_v8._launch_combine),
+          "gluon_v13_c8": functools.partial(gluon_v11._launch, publish=True,
+                                            combine=triton_v8._launch_combine)}
 
 
 def time_call(fn, reps: int = 20) -> tuple[float, float]:

@@ -1,5 +1,5 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
-triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15; gluon_v9, gluon_v10,
+triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16; gluon_v9, gluon_v10,
 gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13, gluon_v13_long, gluon_v14
 and gluon_v14_long on the GPU): equal to the dense-mask reference.
 
@@ -36,6 +36,7 @@ from workbench.kernels.tree_mla import (
     triton_v7,
     triton_v8,
     triton_v15,
+    triton_v16,
 )
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
@@ -44,7 +45,7 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
             "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton,
-            "v15": triton_v15.tree_mla_triton}
+            "v15": triton_v15.tree_mla_triton, "v16": triton_v16.tree_mla_triton}
 # Gluon has no interpreter: the Gluon versions run in the `gpu` tests only (the CPU tests
 # compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
@@ -173,7 +174,7 @@ EDGE = {
 # CPU budget: v1, v3 and v4 keep both seeds; v2 runs seed 0, the policy twins (v2_split128,
 # v4_split512) seed 1 and skip split-len-grows (at P = 8300 their partition is v2's / v4's)
 EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1), "v4": (0, 1),
-              "v4_split512": (1,), "v7": (1,), "v8": (1,), "v15": (0, 1)}
+              "v4_split512": (1,), "v7": (1,), "v8": (1,), "v15": (0, 1), "v16": (1,)}
 
 
 @pytest.mark.parametrize("name", list(EDGE))

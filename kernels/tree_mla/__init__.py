@@ -44,6 +44,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v14_long  gluon_v14 under gluon_v11_long's policy
     triton_v15 triton_v4's cascade with the attention MMAs transposed ("swap AB"): 64 keys on
                the MMA's M dimension, 16 query rows on its N, for few-row (8-head) decode
+    triton_v16 triton_v15's attention under triton_v7's policy by head count (more, shorter
+               parts below 32 heads) with triton_v8's chunked combine
 
 BEST (gluon_v13) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -88,6 +90,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v14": f"{_MOD}.gluon_v14:tree_mla_gluon",
         "gluon_v14_long": f"{_MOD}.gluon_v14:tree_mla_gluon_long",
         "triton_v15": f"{_MOD}.triton_v15:tree_mla_triton",
+        "triton_v16": f"{_MOD}.triton_v16:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -156,6 +159,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v15"): "triton_v4's cascade with the attention MMAs transposed for "
     "few query rows: 64 keys on the MMA's M dimension, 16 query rows on its N (S^T = K Q^T, "
     "O^T += V^T P^T): an 8-head decode's 8 rows no longer padded to 64",
+    ("tree_mla", "triton_v16"): "triton_v15's transposed attention under triton_v7's policy "
+    "by head count (below 32 heads 128-key splits, up to 64) with triton_v8's chunked "
+    "combine (16 parts a load): short parts where a part's length sets the attention's time",
 }
 
 

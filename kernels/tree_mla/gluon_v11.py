@@ -578,10 +578,12 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy, chunks: bool = False, publish: bool = False, own: bool = False):
+            policy: Policy, chunks: bool = False, publish: bool = False, own: bool = False,
+            combine=None):
     """chunks: gluon_v12's K halves in 64-column chunks under their own mbarriers; publish:
     gluon_v13's partition barrier before each publishing rendezvous (`_publish`); own:
-    gluon_v14's partitions computing their own geometry (`_own`)."""
+    gluon_v14's partitions computing their own geometry (`_own`); combine: a Triton
+    version's LSE-merge launcher (triton_v8's, for sweeps) in place of v4's."""
     B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
                                                 softmax_scale, kv_lora_rank, validate, "gluon_v11")
     if B == 0:
@@ -595,6 +597,10 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
         float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=G > 1, NCH=nch,
         PUB=publish, OWN=own, num_warps=4)
+    if combine is not None and G > 1:
+        combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts, True,
+                {"launch_pdl": True})
+        return o_lat, lse
     return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts)
 
 

@@ -154,9 +154,10 @@ def _attn_kernel(q_ptr, kv_ptr, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, lse_
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy):
+            policy: Policy, combine=None):
     """v4's launcher with this module's attention kernel (ROWS-row blocks, K by TMA where
-    the cache allows it, Q by pointer loads) and v4's combine."""
+    the cache allows it, Q by pointer loads); combine: the LSE-merge launcher (v4's by
+    default; triton_v16: v8's)."""
     B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
                                             kv_lora_rank)
     if validate:
@@ -190,8 +191,8 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         UPCAST=interp, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         USE_TMA=use_tma, USE_PDL=use_pdl, **consts, num_warps=4, num_stages=2)
     if G > 1:
-        _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts,
-                        use_pdl, pdl)
+        (combine or _launch_combine)(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP,
+                                     consts, use_pdl, pdl)
     return o_lat, lse
 
 
