@@ -27,6 +27,10 @@ row block (from L2): the variant is for few rows (decode and small verifies at 8
 stays the choice where M fills 64-row tiles.
 Numerics: v4's math (base-2 softmax, fp32 accumulators, bf16 P), another tile shape: within
 the harness tolerances of the reference, not v4's bits.
+Measured (H200, session 15 call 3; README.md "Design (v15, v16)"): no faster per tile than
+gluon_v13 (~2 µs a 64-key tile: one CTA's chain of waited dots and reductions, not the MMA
+work), within 2 µs of it at 8 heads P 1024, slower from P 8192 and 2x at large batch (its
+16-row blocks re-read K once per block). Not BEST.
 Legend: _common.py (B requests, N rows, H heads, M = N H, T cache, P prefix, C 512, R 64).
 """
 

@@ -17,6 +17,10 @@ rose to 18.9 µs). triton_v8's combine loads 16 parts at a time (3 rounds for 33
 A row's partition is fixed by its request's P and the model's head count, never by N or B
 (v7's argument); the row blocks are v15's fixed 16 rows. Numerics: within the tolerances of the
 reference (v8's merge tree, v15's tiles), not v15's bits where the policy differs.
+Measured (H200, session 15 call 4; README.md "Design (v15, v16)"): faster than gluon_v13 at
+8-head decode (N 1 P 1024 18.4 vs 20.6 µs, P 8192 26.0 vs 30.2) and slower from N 9 at long
+contexts and at large batch (B 32 N 9 P 4096 414.8 vs 118.0); in the EP8 emulation at C 1 the
+AR step's kernels 6.91 vs 7.49 ms, DDTree-16's 16.74 vs 16.02. Not BEST.
 Legend: _common.py.
 """
 
