@@ -53,7 +53,7 @@ def _main(argv=None) -> int:
         python -m workbench.kernels.int4_moe.triton_v14 [--T 1,9,33] [--by-kernel]"""
     from .triton_v5 import _main as v5_main
 
-    return v5_main(argv, launcher=int4_moe_triton, default_cfgs="base")
+    return v5_main(argv, launcher=int4_moe_triton, default_cfgs="base", pdl=True)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def _main(argv=None) -> int:
             [--cfgs "base;PF=0;PF=2;PF=8"]"""
     from .triton_v5 import _main as v5_main
 
-    return v5_main(argv, launcher=int4_moe_triton, default_cfgs="base;PF=0;PF=2;PF=8")
+    return v5_main(argv, launcher=int4_moe_triton, default_cfgs="base;PF=0;PF=2;PF=8", pdl=True)
 
 
 if __name__ == "__main__":

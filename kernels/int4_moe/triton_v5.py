@@ -403,7 +403,8 @@ def _print_by_kernel(call, n: int = 20) -> None:
           + f"  | sum {sum(by.values()):.1f}, span {sum(spans) / len(spans):.1f}", flush=True)
 
 
-def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant") -> int:
+def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
+          pdl: bool = False) -> int:
     """Graph-replayed µs per T x config at Kimi shapes on CUDA, for sweeps and the ablation:
 
         python -m workbench.kernels.int4_moe.triton_v5 [--T 1,9,33,128,512]
@@ -412,7 +413,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant") -> int
     a config is `base`, `nodequant` (INT4_MOE_V5_ABLATE: no dequant, wrong outputs) or
     comma-separated `tiles` overrides. No correctness check (the bench and the tests do that);
     warm L2 is fine here: every T touches >= 198 MB of experts, 4x the H200's L2.
-    launcher: another version's int4_moe_triton (same `cfg` keyword) timed by this CLI."""
+    launcher: another version's int4_moe_triton (same `cfg` keyword) timed by this CLI; pdl:
+    its launches are a PDL chain (v14, v15), which `--by-kernel` cannot split."""
     import argparse
     import functools
 
@@ -424,8 +426,14 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant") -> int
     p.add_argument("--cfgs", default=default_cfgs)
     p.add_argument("--seconds", type=float, default=1.0, help="timing budget per row")
     p.add_argument("--by-kernel", action="store_true",
-                   help="also print each launch's mean GPU time (profiler, 20 eager calls)")
+                   help="also print each launch's mean GPU time (profiler, 20 eager calls); "
+                        "with PDL (v14, v15) a dependent's time includes its wait")
     a = p.parse_args(argv)
+    if a.by_kernel and pdl:
+        # session 15: under PDL a dependent launch starts early and waits inside
+        # (griddepcontrol.wait), so its profiled duration overlaps its predecessor's
+        print("note: PDL launches: each dependent's time includes its wait for the launch "
+              "before it; read the graph-replayed total, not the sum")
     E, D, I, K = 384, 7168, 2048, 8
     r = _Rand(0, "cuda")
     ex = _experts(r, E, D, I)  # 9.5 GB
