@@ -22,7 +22,14 @@ import functools
 
 import torch
 
-from workbench.kernels.tree_mla import gluon_v9, gluon_v11, triton_v4, triton_v8, triton_v15
+from workbench.kernels.tree_mla import (
+    gluon_v9,
+    gluon_v11,
+    triton_v4,
+    triton_v8,
+    triton_v15,
+    triton_v17,
+)
 from workbench.kernels.tree_mla.triton_v4 import Policy, num_parts
 from workbench.loopbench import busy_us
 from workbench.reference.tree_mla import causal_anc_bits
@@ -54,7 +61,13 @@ LAUNCH = {"triton_v4": triton_v4._launch,
           # triton_v16 (v15's attention, v8's combine) and gluon_v13 with v8's combine
           "triton_v16": functools.partial(triton_v15._launch, combine=triton_v8._launch_combine),
           "gluon_v13_c8": functools.partial(gluon_v11._launch, publish=True,
-                                            combine=triton_v8._launch_combine)}
+                                            combine=triton_v8._launch_combine),
+          # triton_v17's one-round merge behind v4's attention (triton_v17) and gluon_v13's
+          # (gluon_v18), whatever the head count
+          "triton_v17": functools.partial(triton_v4._launch,
+                                          combine=triton_v17._launch_combine),
+          "gluon_v18": functools.partial(gluon_v11._launch, publish=True,
+                                         combine=triton_v17._launch_combine)}
 
 
 def time_call(fn, reps: int = 20) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
-triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16; gluon_v9, gluon_v10,
-gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13, gluon_v13_long, gluon_v14
-and gluon_v14_long on the GPU): equal to the dense-mask reference.
+triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16, triton_v17;
+gluon_v9, gluon_v10, gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13, gluon_v13_long, gluon_v14,
+gluon_v14_long and gluon_v18 on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from sm90_compile import compile_sm90
 
 from workbench.check import compare_outputs
@@ -28,6 +29,7 @@ from workbench.kernels.tree_mla import (
     gluon_v12,
     gluon_v13,
     gluon_v14,
+    gluon_v18,
     register,
     triton_v1,
     triton_v2,
@@ -37,6 +39,7 @@ from workbench.kernels.tree_mla import (
     triton_v8,
     triton_v15,
     triton_v16,
+    triton_v17,
 )
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
@@ -45,14 +48,16 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v2_split128": triton_v2.tree_mla_triton_split128, "v3": triton_v3.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
             "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton,
-            "v15": triton_v15.tree_mla_triton, "v16": triton_v16.tree_mla_triton}
+            "v15": triton_v15.tree_mla_triton, "v16": triton_v16.tree_mla_triton,
+            "v17": triton_v17.tree_mla_triton}
 # Gluon has no interpreter: the Gluon versions run in the `gpu` tests only (the CPU tests
 # compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g10_by_heads": gluon_v10.tree_mla_gluon_by_heads, "g11": gluon_v11.tree_mla_gluon,
          "g11_long": gluon_v11.tree_mla_gluon_long, "g12": gluon_v12.tree_mla_gluon,
          "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long,
-         "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long}
+         "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long,
+         "g18": gluon_v18.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
@@ -174,7 +179,8 @@ EDGE = {
 # CPU budget: v1, v3 and v4 keep both seeds; v2 runs seed 0, the policy twins (v2_split128,
 # v4_split512) seed 1 and skip split-len-grows (at P = 8300 their partition is v2's / v4's)
 EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1), "v4": (0, 1),
-              "v4_split512": (1,), "v7": (1,), "v8": (1,), "v15": (0, 1), "v16": (1,)}
+              "v4_split512": (1,), "v7": (1,), "v8": (1,), "v15": (0, 1), "v16": (1,),
+              "v17": (0, 1)}
 
 
 @pytest.mark.parametrize("name", list(EDGE))
@@ -285,6 +291,43 @@ def test_v8_chunked_combine(poisoned):
     assert [triton_v4.num_parts(p, policy=triton_v7.FEW_HEADS)[1] for p in (4096, 1000, 40)] == \
         [33, 8, 1]
     assert_matches_reference(case, triton_v8.tree_mla_triton)
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_v17_one_round_merge_is_the_two_pass_merge(dev, poisoned):
+    # why: triton_v17 merges in one load round where the grid's parts fit one 128-part chunk
+    # (ONE_ROUND: m from the chunk's own lse) and v8's two passes otherwise; both must give
+    # the same bits (the same max, sums started from zeros), so a row's bits never depend on
+    # the cache size T that picks the path. 33 parts (P 4096 under v7's 8-head policy), one
+    # part's lse -inf (an empty ancestor word: weight 0), rows past M in the last block
+    from workbench.kernels.tree_mla import triton_v17
+
+    g = torch.Generator().manual_seed(17)
+    B, M, C, P = 2, 11, 512, 4096
+    pol = triton_v7.FEW_HEADS
+    G = triton_v4.parts_grid(P + 5, policy=pol)
+    assert triton_v4.num_parts(P, policy=pol)[1] == 33 and G <= triton_v17.CHUNK
+    o_part = torch.randn(B, G, M, C, generator=g).to(dev)
+    l_part = torch.randn(B, G, M, generator=g).to(dev) * 4
+    l_part[0, 32, 3] = float("-inf")
+    plen = torch.tensor([P, 1000], device=dev)
+    consts = dict(SHORT_UPTO=pol.short_upto, SHORT_LEN=pol.short_len, LONG_MIN=pol.long_min,
+                  MAX_SPLITS=pol.max_splits, BLOCK_N=64)
+    outs = []
+    for one in (True, False):
+        o = torch.empty(B, M, C, dtype=torch.bfloat16, device=dev)
+        lse = torch.empty(B, M, device=dev)
+        triton_v8._combine_kernel[(triton.cdiv(M, triton_v17.COMBINE_ROWS),
+                                   C // triton_v17.COMBINE_COLS, B)](
+            plen, o_part, l_part, o, lse, plen.stride(0), P + 5, M, G, C=C, CP=C,
+            BLOCK_R=triton_v17.COMBINE_ROWS, BLOCK_C=triton_v17.COMBINE_COLS,
+            NP=triton.next_power_of_2(G), CH=triton_v17.CHUNK, **consts, USE_PDL=False,
+            ONE_ROUND=one, num_warps=4)
+        outs.append((o, lse))
+    (o1, l1), (o2, l2) = outs
+    assert not o1.isnan().any() and not l1.isnan().any()
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16))
+    assert torch.equal(l1.view(torch.int32), l2.view(torch.int32))
 
 
 @pytest.mark.parametrize("version", [PORTABLE.removeprefix("triton_"),

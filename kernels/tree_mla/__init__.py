@@ -46,6 +46,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                the MMA's M dimension, 16 query rows on its N, for few-row (8-head) decode
     triton_v16 triton_v15's attention under triton_v7's policy by head count (more, shorter
                parts below 32 heads) with triton_v8's chunked combine
+    triton_v17 triton_v7 with a one-round merge (v8's kernel: 128 parts a chunk, 8 x 8 tiles)
+    gluon_v18  gluon_v13's attention under triton_v7's policy with triton_v17's merge
 
 BEST (gluon_v13) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -91,6 +93,8 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v14_long": f"{_MOD}.gluon_v14:tree_mla_gluon_long",
         "triton_v15": f"{_MOD}.triton_v15:tree_mla_triton",
         "triton_v16": f"{_MOD}.triton_v16:tree_mla_triton",
+        "triton_v17": f"{_MOD}.triton_v17:tree_mla_triton",
+        "gluon_v18": f"{_MOD}.gluon_v18:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -162,6 +166,12 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "triton_v16"): "triton_v15's transposed attention under triton_v7's policy "
     "by head count (below 32 heads 128-key splits, up to 64) with triton_v8's chunked "
     "combine (16 parts a load): short parts where a part's length sets the attention's time",
+    ("tree_mla", "triton_v17"): "triton_v7 (v4's attention, the policy by head count) with a "
+    "one-round merge: v8's combine kernel at 128 parts a chunk over 8 x 8 tiles, m from the "
+    "same lse load (64 programs a row block)",
+    ("tree_mla", "gluon_v18"): ("gluon_v13's attention under triton_v7's policy by head count "
+                                "(128-key parts below 32 heads) with triton_v17's one-round "
+                                "merge", ("sm90", "triton")),
 }
 
 

@@ -84,6 +84,9 @@ def capture(module, *args) -> list[tuple]:
                     sig[name] = "i32" if -(2**31) <= int(value) < 2**31 else "i64"
                     if int(value) % 16 == 0:
                         attrs[(i,)] = [["tt.divisibility", 16]]
+            for param in fn.params[len(pos):]:  # constexprs left at their defaults
+                if param.name not in kw and param.has_default:
+                    kw[param.name] = param.default
             for name in kw:
                 sig[name] = "constexpr"
             out.append((fn, grid, {a: sig[a] for a in fn.arg_names}, kw, attrs, warps, stages,

@@ -19,12 +19,14 @@ import torch
 
 
 def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, R: int = 64,
-                 dtype=torch.bfloat16, p_smem: bool = False, version: int | None = None) -> dict:
+                 dtype=torch.bfloat16, p_smem: bool = False, version: int | None = None,
+                 policy=None) -> dict:
     """sm_90 build of gluon_v9._attn_kernel (p_smem=True or version 10: gluon_v10's; version
     11: gluon_v11's seesaw kernel; 12: the same with 64-column K chunks; 13: with a partition
     barrier before each publishing rendezvous; 14: and each partition's own geometry) with the constexprs its launcher passes for
     q [1, rows, heads, C + R] and a [1, ctx, C + R] cache; ints not specialised (a launch
-    with ints equal to 1 would fold them: close enough for registers)."""
+    with ints equal to 1 would fold them: close enough for registers); policy: the split
+    policy's constexprs (triton_v4.V4 by default; gluon_v18: triton_v7.policy_for(heads))."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -39,9 +41,10 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
     def desc(block):
         return f"tensordesc<{el}[{block[0]},{block[1]}],{gluon_v9._smem(block, dtype)!r}>"
 
-    policy = dict(SHORT_UPTO=V4.short_upto, SHORT_LEN=V4.short_len, LONG_MIN=V4.long_min,
-                  MAX_SPLITS=V4.max_splits, BLOCK_N=gluon_v9.BLOCK_N,
-                  USE_PDL=parts_grid(ctx, policy=V4) > 1)
+    pol = policy or V4
+    policy = dict(SHORT_UPTO=pol.short_upto, SHORT_LEN=pol.short_len, LONG_MIN=pol.long_min,
+                  MAX_SPLITS=pol.max_splits, BLOCK_N=gluon_v9.BLOCK_N,
+                  USE_PDL=parts_grid(ctx, policy=pol) > 1)
     ptrs = dict(plen_ptr="*i64", anc_ptr="*i64", o_ptr=f"*{el}", lse_ptr="*fp32",
                 opart_ptr="*fp32", lpart_ptr="*fp32", qk_scale="fp32")
     if version in (11, 12, 13, 14):  # gluon_v11's kernel; 12: K halves in 64-column chunks

@@ -52,9 +52,12 @@ def _combine_kernel(plen_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_plen, T, M
                     C: tl.constexpr, CP: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_C: tl.constexpr, NP: tl.constexpr, CH: tl.constexpr,
                     SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.constexpr,
-                    MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
+                    MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
+                    ONE_ROUND: tl.constexpr = False):
     """LSE merge of request b's n_parts > 1 partials, CH parts a loop iteration (a fixed
-    reduction tree within a chunk, chunks in order); BLOCK_R rows x BLOCK_C columns."""
+    reduction tree within a chunk, chunks in order); BLOCK_R rows x BLOCK_C columns.
+    ONE_ROUND (triton_v17; the launcher's promise that CH >= the grid's parts): the one chunk's
+    loads only, m from its lse (the same max, so the same bits as the two-pass path)."""
     if USE_PDL:  # launched early (PDL): wait until _attn_kernel's writes are visible
         gdc_wait()
     rb = tl.program_id(0)
@@ -67,34 +70,57 @@ def _combine_kernel(plen_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, s_plen, T, M
         row_ok = rows < M
         cc = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         first = b * S_GRID * M + rows  # part 0's rows; part t adds t * M
-        # every part's lse at once: m = their max, exact in any order (so NP, the load's shape,
-        # never changes it). Part 0 is a prefix split: finite; the tree's part may be -inf for
-        # an empty ancestor word (weight 0); rows past M: v4's m = 0
-        tt = tl.arange(0, NP)
-        lp = tl.load(lpart_ptr + first[None, :] + (tt * M)[:, None],
-                     mask=(tt < n_parts)[:, None] & row_ok[None, :], other=float("-inf"))
-        m = tl.where(row_ok, tl.max(lp, 0), 0.0)  # [BLOCK_R]
-        l_sum = tl.zeros([BLOCK_R], tl.float32)
-        acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-        for c0 in range(0, n_parts, CH):
-            # CH parts in two loads ([CH, BLOCK_R] lse, [CH, BLOCK_R, BLOCK_C] o), issued before
-            # the one layout conversion (a barrier) the weights' broadcast needs; parts past
-            # n_parts load lse = -inf and o = 0: w = 0, an exact +0 in the sums
-            kk = c0 + tl.arange(0, CH)
+        if ONE_ROUND:
+            kk = tl.arange(0, CH)
             part = first[None, :] + (kk * M)[:, None]  # [CH, BLOCK_R] partial rows
             ok = (kk < n_parts)[:, None] & row_ok[None, :]
             lt = tl.load(lpart_ptr + part, mask=ok, other=float("-inf"))
             o_t = tl.load(opart_ptr + part[:, :, None] * CP + cc[None, None, :],
                           mask=ok[:, :, None], other=0.0)  # [CH, BLOCK_R, BLOCK_C]
+            m = tl.where(row_ok, tl.max(lt, 0), 0.0)  # as the two-pass path's m
             w = tl.exp2(lt - m[None, :])  # [CH, BLOCK_R]
-            l_sum += tl.sum(w, 0)
-            acc += tl.sum(o_t * w[:, :, None], 0)
+            # from zeros as the two-pass path (0 + -0 = +0: its bits, signed zeros included)
+            l_sum = tl.zeros([BLOCK_R], tl.float32) + tl.sum(w, 0)
+            acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32) + tl.sum(o_t * w[:, :, None], 0)
+        else:
+            m, l_sum, acc = _two_pass(opart_ptr, lpart_ptr, first, row_ok, cc, n_parts, M, CP,
+                                      BLOCK_R, BLOCK_C, NP, CH)
         l_sum = tl.where(row_ok, l_sum, 1.0)  # rows past M (never stored): no 0 / 0
         out = acc / l_sum[:, None]
         o_rows = b * M + rows
         tl.store(o_ptr + o_rows[:, None] * C + cc[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & (cc < C)[None, :])
         tl.store(lse_ptr + o_rows, (m + tl.log2(l_sum)) * LN2, mask=row_ok & (cb == 0))
+
+
+@triton.jit
+def _two_pass(opart_ptr, lpart_ptr, first, row_ok, cc, n_parts, M, CP: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, NP: tl.constexpr,
+              CH: tl.constexpr):
+    """v8's merge: (m, l_sum, acc) of the rows `first` over n_parts parts."""
+    # every part's lse at once: m = their max, exact in any order (so NP, the load's shape,
+    # never changes it). Part 0 is a prefix split: finite; the tree's part may be -inf for
+    # an empty ancestor word (weight 0); rows past M: v4's m = 0
+    tt = tl.arange(0, NP)
+    lp = tl.load(lpart_ptr + first[None, :] + (tt * M)[:, None],
+                 mask=(tt < n_parts)[:, None] & row_ok[None, :], other=float("-inf"))
+    m = tl.where(row_ok, tl.max(lp, 0), 0.0)  # [BLOCK_R]
+    l_sum = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    for c0 in range(0, n_parts, CH):
+        # CH parts in two loads ([CH, BLOCK_R] lse, [CH, BLOCK_R, BLOCK_C] o), issued before
+        # the one layout conversion (a barrier) the weights' broadcast needs; parts past
+        # n_parts load lse = -inf and o = 0: w = 0, an exact +0 in the sums
+        kk = c0 + tl.arange(0, CH)
+        part = first[None, :] + (kk * M)[:, None]  # [CH, BLOCK_R] partial rows
+        ok = (kk < n_parts)[:, None] & row_ok[None, :]
+        lt = tl.load(lpart_ptr + part, mask=ok, other=float("-inf"))
+        o_t = tl.load(opart_ptr + part[:, :, None] * CP + cc[None, None, :],
+                      mask=ok[:, :, None], other=0.0)  # [CH, BLOCK_R, BLOCK_C]
+        w = tl.exp2(lt - m[None, :])  # [CH, BLOCK_R]
+        l_sum += tl.sum(w, 0)
+        acc += tl.sum(o_t * w[:, :, None], 0)
+    return m, l_sum, acc
 
 
 def _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts, use_pdl,
