@@ -583,7 +583,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     """chunks: gluon_v12's K halves in 64-column chunks under their own mbarriers; publish:
     gluon_v13's partition barrier before each publishing rendezvous (`_publish`); own:
     gluon_v14's partitions computing their own geometry (`_own`); combine: a Triton
-    version's LSE-merge launcher (triton_v8's, for sweeps) in place of v4's."""
+    version's LSE-merge launcher in place of v4's (gluon_v18: triton_v17's; sweeps: v8's)."""
     B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
                                                 softmax_scale, kv_lora_rank, validate, "gluon_v11")
     if B == 0:
