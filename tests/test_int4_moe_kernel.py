@@ -20,7 +20,7 @@ from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-            "triton_v13", "triton_v14", "triton_v15")
+            "triton_v13", "triton_v14", "triton_v15", "triton_v16")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -81,7 +81,7 @@ def test_edge_cases_match_reference(version):
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
-             "triton_v15": (15,)}
+             "triton_v15": (15,), "triton_v16": (16,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -89,7 +89,8 @@ def test_edge_cases_match_reference(version):
 @pytest.mark.parametrize("version", [pytest.param("triton_v1", marks=_SLOW), "triton_v4",
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-                                     "triton_v13", "triton_v14", "triton_v15"])
+                                     "triton_v13", "triton_v14", "triton_v15",
+                                     "triton_v16"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -741,6 +742,68 @@ def test_v15_bitwise_v13_gpu(real_experts, skew):
     n = int((here >= 0).sum())
     out = triton_v15.int4_moe_triton(x, here, w, ex, expected_slots=n)
     assert _bits_equal(out, triton_v13.int4_moe_triton(x, here, w, ex, expected_slots=n))
+
+
+# ---------------------------------------------------------------- v16: hot experts' wide tiles
+@pytest.mark.parametrize("hot, why", [
+    (5, "experts 1 and 3 hot (20 and 11 slots), 0 / 2 / 4 cold (2-3 slots), 5 empty"),
+    (0, "every active expert hot: the cold launch runs no program"),
+])
+def test_v16_hot_and_cold_experts_match_reference(monkeypatch, hot, why):
+    # why: v16 splits each GEMM into a cold launch (v7's program, counts <= HOT) and a hot one
+    # (the h-th expert with more than HOT slots, found on the device, on 64-row x 128 / 64-slot
+    # tiles over all of K); every slot row of the partials must be written by exactly one of
+    # them (intermediates NaN-filled first), -1 slots skipped, and both within tolerance of
+    # the reference
+    from workbench.kernels.int4_moe import triton_v16
+
+    _poisoned_buffers(monkeypatch)
+    T, E, D, I, K = 20, 6, 512, 256, 2
+    ex = _experts(E, D, I, seed=16 + hot)
+    _, w = _routing(T, E, K, seed=16)
+    t = torch.arange(T)
+    ids = torch.stack([torch.ones(T, dtype=torch.long),  # expert 1: all 20 tokens
+                       torch.where(t < 12, 3, torch.tensor([0, 2, 4])[t % 3])], 1)
+    ids[0, 1] = -1  # a slot not routed here: expert 3 keeps 11
+    x = torch.randn(T, D).bfloat16()
+    cfg = {"HOT": hot, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1}  # unsplit: D 2, I 1 K tiles
+    assert triton_v16.hot_mode(triton_v16.tiles(T, K, E, D, I) | cfg, T)
+    out = triton_v16.int4_moe_triton(x, ids, w, ex, cfg=cfg)
+    ref = int4_moe(x, ids, w, ex)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_v16_without_hot_experts_is_v13():
+    # why: below T = HOT + 1 no expert can be hot (a token names an expert once) and where K
+    # is split the hot launch cannot join the partials: v13's single launch and bits there
+    from workbench.kernels.int4_moe import triton_v13, triton_v16
+
+    assert not triton_v16.hot_mode(triton_v16.tiles(64, 8, 384, 7168, 2048), 64)
+    assert triton_v16.hot_mode(triton_v16.tiles(65, 8, 384, 7168, 2048), 65)
+    assert not triton_v16.hot_mode(triton_v16.tiles(65, 8, 384, 7168, 2048, slots=1) |
+                                   {"KS1": 2}, 65)
+    x, ids, w, ex = _v8_routing_case(T=9, D=256, I=128, E=8, K=2, route="uniform")
+    assert _bits_equal(triton_v16.int4_moe_triton(x, ids, w, ex),
+                       triton_v13.int4_moe_triton(x, ids, w, ex))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v16_real_shapes_gpu(real_experts, skew):
+    # why: the Kimi shapes where v16 differs from v13 (T > HOT: hot experts under skewed
+    # routing; T 65 / 128 / 512) and where it must be v13 (T <= 64), against the reference
+    from workbench.kernels.int4_moe import triton_v13, triton_v16
+
+    ex, cfg = real_experts
+    for T in (9, 65, 128, 512):
+        x, ids, w = _real_inputs(cfg, T, 600 + T, skew)
+        out = triton_v16.int4_moe_triton(x, ids, w, ex)
+        assert not out.isnan().any(), T
+        if T <= triton_v16.HOT:
+            assert _bits_equal(out, triton_v13.int4_moe_triton(x, ids, w, ex)), T
+        ref = int4_moe(x, ids, w, ex)
+        assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), T
 
 
 # ---------------------------------------------------------------- the Triton fused_moe peer

@@ -34,6 +34,9 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v15 v14 with the GEMMs' weight streams begun before they wait: trigger, L2 bulk
                prefetch of each program's first PF K tiles, wait; the SiLU triggers before
                its wait too; v13's arithmetic (H200: slower than v13 at every T)
+    triton_v16 v13 with the experts holding > HOT slots run by a second launch of each GEMM
+               on wide slot tiles (BN 64 x BM 128 / 64): a hot expert's weights streamed a few
+               times, not once per 16 slots (skewed routing at large T)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -48,7 +51,7 @@ BEST = "triton_v13"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 16)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 17)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -103,6 +106,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "scales (cp.async.bulk.prefetch.L2; the router's outputs are in L2 before either GEMM "
     "starts) and then waits; the SiLU triggers before its wait too; v13's arithmetic (H200: "
     "slower than v13 at every T, more so the more it prefetches)",
+    ("int4_moe", "triton_v16"): "v13 with the hot experts (more than HOT = 64 slots) run by a "
+    "second launch of each GEMM on 64-row x 128 / 64-slot tiles (the h-th hot expert found on "
+    "the device from the counts' prefix sum), the rest by v7's program: skewed large-T routing "
+    "streams a hot expert's weights a few times instead of once per 16 slots",
 }
 
 

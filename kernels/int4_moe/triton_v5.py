@@ -425,6 +425,9 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     p.add_argument("--T", default="1,9,33,128,512")
     p.add_argument("--cfgs", default=default_cfgs)
     p.add_argument("--seconds", type=float, default=1.0, help="timing budget per row")
+    p.add_argument("--skew", type=float, default=0.0,
+                   help="Zipf exponent of expert popularity (the bench's skewed cases: 1.2; "
+                        "0: uniform distinct ids)")
     p.add_argument("--by-kernel", action="store_true",
                    help="also print each launch's mean GPU time (profiler, 20 eager calls); "
                         "with PDL (v14, v15) a dependent's time includes its wait")
@@ -441,6 +444,10 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     print("T     config                 us      TB/s (touched experts)  graph")
     for T in map(int, a.T.split(",")):
         ids = r.distinct(E, K, T)
+        if a.skew > 0:  # as workbench.ops.cases' skewed routing: hot experts at random ids
+            pop = (torch.arange(E, device="cuda") + 1.0) ** -a.skew
+            pop = pop[r.uniform(E).argsort()]
+            ids = torch.multinomial(pop.expand(T, E), K, generator=r.g)  # distinct per row
         w = r.uniform(T, K) + 0.05
         x = r.normal(T, D)
         touched = ids.unique().numel() * per_expert
