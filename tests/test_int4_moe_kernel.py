@@ -745,11 +745,12 @@ def test_v15_bitwise_v13_gpu(real_experts, skew):
 
 
 # ---------------------------------------------------------------- v16: hot experts' wide tiles
-@pytest.mark.parametrize("hot, why", [
-    (5, "experts 1 and 3 hot (20 and 11 slots), 0 / 2 / 4 cold (2-3 slots), 5 empty"),
-    (0, "every active expert hot: the cold launch runs no program"),
+@pytest.mark.parametrize("hot, s_exp, why", [
+    (5, None, "experts 1 and 3 hot (20 and 11 slots), 0 / 2 / 4 cold (2-3 slots), 5 empty"),
+    (0, None, "every active expert hot: the cold launch runs no program"),
+    (0, 1, "a hint of 1 slot: one hot program per N tile takes all five hot experts in turn"),
 ])
-def test_v16_hot_and_cold_experts_match_reference(monkeypatch, hot, why):
+def test_v16_hot_and_cold_experts_match_reference(monkeypatch, hot, s_exp, why):
     # why: v16 splits each GEMM into a cold launch (v7's program, counts <= HOT) and a hot one
     # (the h-th expert with more than HOT slots, found on the device, on 64-row x 128 / 64-slot
     # tiles over all of K); every slot row of the partials must be written by exactly one of
@@ -767,6 +768,8 @@ def test_v16_hot_and_cold_experts_match_reference(monkeypatch, hot, why):
     ids[0, 1] = -1  # a slot not routed here: expert 3 keeps 11
     x = torch.randn(T, D).bfloat16()
     cfg = {"HOT": hot, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1}  # unsplit: D 2, I 1 K tiles
+    if s_exp is not None:
+        cfg["S_EXP"] = s_exp
     assert triton_v16.hot_mode(triton_v16.tiles(T, K, E, D, I) | cfg, T)
     out = triton_v16.int4_moe_triton(x, ids, w, ex, cfg=cfg)
     ref = int4_moe(x, ids, w, ex)

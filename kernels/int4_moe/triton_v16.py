@@ -15,9 +15,11 @@ T = HOT + 1.
                      only, graph-safe; else v13's single launch)
       cold launch    v7's grid (N tile of BN, active expert, 1) and program, experts with
                      count <= HOT only (`_gemm_cold_kernel`)
-      hot launch     grid (N tile of BN_HOT, hot rank h < min(A, S // (HOT + 1)), 1): program
-                     h finds the h-th active expert with count > HOT (one load of the counts,
-                     an inclusive prefix sum) and runs v7's `expert_tile` over all of K on
+      hot launch     grid (N tile of BN_HOT, H = min(A, S_EXP // (HOT + 1)), 1), S_EXP the
+                     routed slots expected (the op's hint, else T K): program h takes the hot
+                     experts of rank h, h + H, ... (ranks from one load of the counts and an
+                     inclusive prefix sum: any hot count, whatever the hint said) and runs
+                     v7's `expert_tile` over all of K on
                      BN_HOT x BM_HOT tiles (gate/up BM1_HOT 128: wgmma n128; down BM2_HOT 64:
                      hi + lo, n128), reading descriptors with BN_HOT-row boxes
 
@@ -49,9 +51,12 @@ HOT = 64  # slots above which an expert is hot (4 of v13's 16-slot gate/up chunk
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
-    """v13's tiles and splits, plus the hot launch's knobs. Shapes only (graph-safe)."""
+    """v13's tiles and splits, plus the hot launch's knobs; S_EXP: the routed slots expected
+    (the hint, else T K), which sizes the hot grid (its programs stride over any hot count).
+    Shapes only (graph-safe)."""
+    s_exp = T * K if slots is None else max(1, min(T * K, slots))
     return _tiles_v13(T, K, E, D, I, slots) | dict(HOT=HOT, BN_HOT=64, BM1_HOT=128,
-                                                   BM2_HOT=64)
+                                                   BM2_HOT=64, S_EXP=s_exp)
 
 
 @triton.jit
@@ -85,21 +90,19 @@ def _gemm_hot_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w
                      TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                      OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr,
                      BLOCK_A: tl.constexpr):
-    """Program (N tile, hot rank h): the h-th active expert (ascending id) with > HOT slots,
-    over all of K; exits when there are h or fewer hot experts."""
-    h = tl.program_id(1)
+    """Program (N tile, h): the hot experts (active, > HOT slots, ranked by ascending id) of
+    rank h, h + H, h + 2 H, ... (H programs on this axis, any hot count), each over all of K."""
     idx = tl.arange(0, BLOCK_A)  # [BLOCK_A] active positions (BLOCK_A >= the grid's A)
     cnt = tl.load(act_cnt_ptr + idx, mask=idx < tl.load(n_act_ptr), other=0)
     hot = cnt > HOT
     rank = tl.cumsum(hot.to(tl.int32), 0)  # hot experts up to and including each position
-    mine = hot & (rank == h + 1)  # at most one position
-    if tl.max(mine.to(tl.int32), 0) == 0:
-        return
-    a = tl.sum(tl.where(mine, idx, 0), 0)
-    expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
-                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
-                s_or, NOUT, NT1, IN, a, tl.program_id(0), 0, tl.cdiv(IN, _KT), 0, 0, K, BN, BM,
-                NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT, False, ABLATE, INTERPRET)
+    for hh in tl.range(tl.program_id(1), tl.max(rank, 0), tl.num_programs(1)):
+        a = tl.sum(tl.where(hot & (rank == hh + 1), idx, 0), 0)  # the one position of rank hh
+        expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
+                    w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
+                    out_ptr, s_ok, s_or, NOUT, NT1, IN, a, tl.program_id(0), 0,
+                    tl.cdiv(IN, _KT), 0, 0, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT,
+                    False, ABLATE, INTERPRET)
 
 
 def _boxes(d, rows: int):
@@ -130,8 +133,9 @@ def grid_gemm_hot(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     hot_args = list(args)
     hot_args[3:7] = [_boxes(d, bn) for d in args[3:7]]
     hot_args[20] = nt  # NT1: the N tiles of one projection at BN_HOT
-    S = r.slots.shape[0]
-    n_hot = max(1, min(r.max_active, S // (c["HOT"] + 1)))
+    # the hot experts the expected slots allow (a count of > HOT slots each); more are
+    # taken by the same programs in turn
+    n_hot = max(1, min(r.max_active, c["S_EXP"] // (c["HOT"] + 1)))
     hot_kw = dict(kw, BN=bn, BM=c["BM1_HOT"] if n == 1 else c["BM2_HOT"])
     _gemm_hot_kernel[(2 * nt if n == 1 else nt, n_hot, 1)](
         *hot_args, c["HOT"], BLOCK_A=next_pow2(r.max_active), **hot_kw)
