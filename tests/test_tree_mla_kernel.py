@@ -664,6 +664,19 @@ def test_gluon_v9_compiles_to_split_score_tiles_sm90():
         assert r["tma"] >= 4 and r["gdc"] == 1 and r["boxes"] == [[64, 64]] * 4, r
 
 
+def test_gluon_v18_attention_compiles_under_the_few_heads_policy_sm90():
+    # why: gluon_v18 runs gluon_v13's attention kernel with triton_v7's 8-head constexprs
+    # (128-key parts, up to 64 splits): the same wgmma tiles, registers and shared memory
+    # as under v4's, so only its parts and merge differ
+    r = compile_sm90(
+        "from workbench.kernels.tree_mla import sm90_gluon as s, triton_v7; "
+        "out = [{k: v for k, v in s.compile_attn(8, 17, 4096, version=13, policy=p).items() "
+        "if k not in ('ptx', 'cubin')} for p in (None, triton_v7.policy_for(8))]")
+    assert r[0] == r[1], r
+    assert set(r[1]["wgmma"]) == {"m64n64k16", "m64n256k16"} and r[1]["gdc"] == 1, r
+    assert r[1]["smem"] <= 227 * 1024 and int(r[1]["regs"]) <= 255, r
+
+
 @pytest.mark.parametrize("version", [11, 12, 13, 14])
 def test_gluon_v11_compiles_to_whole_score_tiles_sm90(version):
     # why: gluon_v11's seesaw (README "Design (v11)"): each warpgroup scores whole tiles (wgmma
