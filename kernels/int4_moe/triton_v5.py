@@ -444,10 +444,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     print("T     config                 us      TB/s (touched experts)  graph")
     for T in map(int, a.T.split(",")):
         ids = r.distinct(E, K, T)
-        if a.skew > 0:  # as workbench.ops.cases' skewed routing: hot experts at random ids
-            pop = (torch.arange(E, device="cuda") + 1.0) ** -a.skew
-            pop = pop[r.uniform(E).argsort()]
-            ids = torch.multinomial(pop.expand(T, E), K, generator=r.g)  # distinct per row
+        if a.skew > 0:  # the int4_moe cases' skewed routing
+            ids = r.zipf(E, K, T, a.skew)
         w = r.uniform(T, K) + 0.05
         x = r.normal(T, D)
         touched = ids.unique().numel() * per_expert

@@ -118,6 +118,14 @@ class _Rand:
         ids = self.ints(1, n // k + 1, rows, k).cumsum(-1) - 1
         return ids.gather(1, self.uniform(rows, k).argsort(-1))
 
+    def zipf(self, n: int, k: int, rows: int, exponent: float = 1.2) -> torch.Tensor:
+        """[rows, k] int64, distinct within a row, ids drawn with Zipf(exponent) popularity
+        over n experts whose hot ones sit at random ids (the skewed routing of the int4_moe
+        cases and of the int4 timing CLI's --skew)."""
+        pop = (torch.arange(n, device=self.device) + 1.0) ** -exponent
+        pop = pop[self.uniform(n).argsort()]
+        return torch.multinomial(pop.expand(rows, n), k, generator=self.g)
+
 
 def _gappy(t: torch.Tensor, fill=NAN) -> torch.Tensor:
     """The same values with element stride 2 along the last dim. The gaps hold `fill` (NaN, or
@@ -163,9 +171,7 @@ def int4_moe_cases(shapes, seed, cfg=None, device="cpu", max_experts=None) -> li
     def case(T, D, I, E, K, label, why="", route="uniform", experts=None):
         ids = r.distinct(E, K, T)  # [T, K]
         if route == "skewed":  # Zipf(1.2) expert popularity, hot experts at random indices
-            pop = (torch.arange(E, device=r.device) + 1.0) ** -1.2
-            pop = pop[r.uniform(E).argsort()]
-            ids = torch.multinomial(pop.expand(T, E), K, generator=r.g)  # distinct per row
+            ids = r.zipf(E, K, T)
         if route == "one":
             ids[:, 0] = 2
         if route == "ep":  # one EP rank's view of 2E experts: the other rank's slots are -1
