@@ -14,7 +14,7 @@ T = HOT + 1.
     gate/up, down    (only where both GEMMs run unsplit, KS1 = KS2 = 1, and T > HOT: shapes
                      only, graph-safe; else v13's single launch)
       cold launch    v7's grid (N tile of BN, active expert, 1) and program, experts with
-                     count <= HOT only (`_gemm_cold_kernel`)
+                     count <= HOT only (its HOT constexpr)
       hot launch     grid (N tile of BN_HOT, H = min(A, S_EXP // (HOT + 1)), 1), S_EXP the
                      routed slots expected (the op's hint, else T K): program h takes the hot
                      experts of rank h, h + H, ... (ranks from one load of the counts and an
@@ -42,7 +42,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import next_pow2
 from .triton_v3 import KT
-from .triton_v7 import expert_tile, grid_gemm
+
+# _gemm_kernel is imported for sm90.py, which compiles (and swaps) a version's kernels by module
+from .triton_v7 import _gemm_kernel, expert_tile, grid_gemm  # noqa: F401
 from .triton_v11 import launch_hinted
 from .triton_v13 import tiles as _tiles_v13
 
@@ -57,29 +59,6 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     s_exp = T * K if slots is None else max(1, min(T * K, slots))
     return _tiles_v13(T, K, E, D, I, slots) | dict(HOT=HOT, BN_HOT=64, BM1_HOT=128,
                                                    BM2_HOT=64, S_EXP=s_exp)
-
-
-@triton.jit
-def _gemm_cold_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
-                      w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
-                      n_act_ptr, out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, HOT,
-                      K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
-                      TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
-                      OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr,
-                      INTERPRET: tl.constexpr):
-    """v7's program (N tile, active expert, K split) for the experts with <= HOT slots."""
-    a = tl.program_id(1)
-    if a >= tl.load(n_act_ptr):  # idle program of the worst-case grid
-        return
-    if tl.load(act_cnt_ptr + a) > HOT:  # the hot launch's
-        return
-    ks = tl.program_id(2)
-    kt0 = ks * TPS
-    kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))
-    expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
-                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
-                s_or, NOUT, NT1, IN, a, tl.program_id(0), kt0, kt1, ks, 0, K, BN, BM, NH, TWO,
-                S_TMA, BY_TOKEN, OUT_BY_SLOT, False, ABLATE, INTERPRET)
 
 
 @triton.jit
@@ -126,7 +105,7 @@ def grid_gemm_hot(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     T = r.bad.shape[0]
     if not hot_mode(c, T):
         return grid_gemm(n, c, r, NT, args, kw)
-    _gemm_cold_kernel[(NT, r.max_active, 1)](*args, c[f"TPS{n}"], c["HOT"], **kw)
+    grid_gemm(n, c, r, NT, args, dict(kw, HOT=c["HOT"]))  # cold: v7's, counts <= HOT
     bn = c["BN_HOT"]
     nout = args[19]
     nt = triton.cdiv(nout, bn)

@@ -96,13 +96,17 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
                  K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
                  TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                  OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr,
-                 PDL: tl.constexpr = False):
+                 PDL: tl.constexpr = False, HOT: tl.constexpr = -1):
     """v5's program (N tile, active expert, K split): `expert_tile` over the split's K tiles.
-    PDL: launched as a programmatic dependent (v14, `_common.pdl_start`)."""
+    PDL: launched as a programmatic dependent (v14, `_common.pdl_start`). HOT >= 0 (v16's
+    cold launch): experts with more than HOT slots are left to another launch."""
     pdl_start(PDL)
     a = tl.program_id(1)
     if a >= tl.load(n_act_ptr):  # idle program of the worst-case grid
         return
+    if HOT >= 0:
+        if tl.load(act_cnt_ptr + a) > HOT:
+            return
     ks = tl.program_id(2)
     kt0 = ks * TPS
     kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))
