@@ -597,11 +597,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
         float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=G > 1, NCH=nch,
         PUB=publish, OWN=own, num_warps=4)
-    if combine is not None and G > 1:
-        combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts, True,
-                {"launch_pdl": True})
-        return o_lat, lse
-    return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts)
+    return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts, combine)
 
 
 # past P = 2048 at 32 heads or more: >= 1024-key splits (<= 8) instead of v4's <= 16 of 512.

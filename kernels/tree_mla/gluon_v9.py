@@ -321,12 +321,13 @@ def _plan(q, kv_cache, lse, B, M, T, C, policy: Policy):
     return G, o_part, l_part, consts, q_desc, kv_desc
 
 
-def _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts):
-    """v4's combine (Triton) as a programmatic dependent launch when there are parts to
-    merge; -> (o_lat, lse)."""
+def _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts, launcher=None):
+    """The LSE merge (Triton) as a programmatic dependent launch when there are parts to
+    merge: v4's, or `launcher` (a Triton version's merge launcher with v4's signature:
+    gluon_v18 passes triton_v17's); -> (o_lat, lse)."""
     if G > 1:
-        _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C, consts, True,
-                        {"launch_pdl": True})
+        (launcher or _launch_combine)(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, C,
+                                      consts, True, {"launch_pdl": True})
     return o_lat, lse
 
 

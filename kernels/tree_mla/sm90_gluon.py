@@ -2,7 +2,8 @@
 report what sm90.py reports for the Triton versions: registers, spills, wgmma shapes, shared
 memory, TMA copies, and the TMA boxes the driver will encode.
 
-    python -m workbench.kernels.tree_mla.sm90_gluon [--version 9|10|11|12|13|14] [--heads 64] [--rows 9]
+    python -m workbench.kernels.tree_mla.sm90_gluon [--version 9|10|11|12|13|14] [--heads 64]
+        [--rows 9]
 
 sm90.py runs a launcher under the interpreter with its kernels swapped for recorders; Gluon
 kernels have no interpreter and gluon_v9's launcher wants a GPU, so the signature is built
@@ -23,8 +24,9 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
                  policy=None) -> dict:
     """sm_90 build of gluon_v9._attn_kernel (p_smem=True or version 10: gluon_v10's; version
     11: gluon_v11's seesaw kernel; 12: the same with 64-column K chunks; 13: with a partition
-    barrier before each publishing rendezvous; 14: and each partition's own geometry) with the constexprs its launcher passes for
-    q [1, rows, heads, C + R] and a [1, ctx, C + R] cache; ints not specialised (a launch
+    barrier before each publishing rendezvous; 14: and each partition's own geometry) with
+    the constexprs its launcher passes for q [1, rows, heads, C + R] and a [1, ctx, C + R]
+    cache; ints not specialised (a launch
     with ints equal to 1 would fold them: close enough for registers); policy: the split
     policy's constexprs (triton_v4.V4 by default; gluon_v18: triton_v7.policy_for(heads))."""
     import triton
