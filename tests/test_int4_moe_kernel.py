@@ -679,20 +679,27 @@ def test_v14_launches_are_programmatic_dependents_sm90():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
-def test_v14_bitwise_v13_gpu(real_experts, skew):
-    # why: v14 moves only when its launches start (PDL), not what they compute: v13's bits at
-    # decode and verify sizes, and on a hinted EP rank (most slots -1)
-    from workbench.kernels.int4_moe import triton_v13, triton_v14
+@pytest.mark.parametrize("version, cfgs, seed", [
+    ("triton_v14", (None,), 400),
+    ("triton_v15", (None, {"PF": 0}, {"PF": 8}), 500),  # PF 8: the whole split at T 1's down
+])
+def test_pdl_versions_bitwise_v13_gpu(real_experts, version, cfgs, seed, skew):
+    # why: v14 moves only when its launches start (PDL), v15 also what L2 holds (with and
+    # without its prefetch), not what they compute: v13's bits at decode and verify sizes, and
+    # on a hinted EP rank (most slots -1)
+    from workbench.kernels.int4_moe import triton_v13
 
+    fn = _variant(version)
     ex, cfg = real_experts
     for T in (1, 9, 33, 128, 512):
-        x, ids, w = _real_inputs(cfg, T, 400 + T, skew)
-        out = triton_v14.int4_moe_triton(x, ids, w, ex)
-        assert _bits_equal(out, triton_v13.int4_moe_triton(x, ids, w, ex)), T
-    x, ids, w = _real_inputs(cfg, 17, 417, skew)
+        x, ids, w = _real_inputs(cfg, T, seed + T, skew)
+        want = triton_v13.int4_moe_triton(x, ids, w, ex)
+        for c in cfgs:
+            assert _bits_equal(fn(x, ids, w, ex, cfg=c), want), (T, c)
+    x, ids, w = _real_inputs(cfg, 17, seed + 17, skew)
     here = torch.where(ids < cfg.n_routed_experts // 8, ids, -1)
     n = int((here >= 0).sum())
-    out = triton_v14.int4_moe_triton(x, here, w, ex, expected_slots=n)
+    out = fn(x, here, w, ex, expected_slots=n)
     assert _bits_equal(out, triton_v13.int4_moe_triton(x, here, w, ex, expected_slots=n))
 
 
@@ -719,29 +726,6 @@ def test_v15_gemms_prefetch_before_they_wait_sm90():
             ["_gemm_kernel", True, ["launch_dependents", "prefetch", "prefetch", "wait"]],
             ["_combine_kernel", True, ["wait", "launch_dependents"]]]
     assert out == want, out
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
-def test_v15_bitwise_v13_gpu(real_experts, skew):
-    # why: v15 moves when the launches start and what L2 holds, not what they compute: v13's
-    # bits at decode and verify sizes, with and without the prefetch (PF 0, 8: the whole split
-    # at T 1's down GEMM), and on a hinted EP rank (most slots -1)
-    from workbench.kernels.int4_moe import triton_v13, triton_v15
-
-    ex, cfg = real_experts
-    for T in (1, 9, 33, 128, 512):
-        x, ids, w = _real_inputs(cfg, T, 500 + T, skew)
-        want = triton_v13.int4_moe_triton(x, ids, w, ex)
-        for pf in (None, 0, 8):
-            out = triton_v15.int4_moe_triton(x, ids, w, ex,
-                                             cfg=None if pf is None else {"PF": pf})
-            assert _bits_equal(out, want), (T, pf)
-    x, ids, w = _real_inputs(cfg, 17, 517, skew)
-    here = torch.where(ids < cfg.n_routed_experts // 8, ids, -1)
-    n = int((here >= 0).sum())
-    out = triton_v15.int4_moe_triton(x, here, w, ex, expected_slots=n)
-    assert _bits_equal(out, triton_v13.int4_moe_triton(x, here, w, ex, expected_slots=n))
 
 
 # ---------------------------------------------------------------- v16: hot experts' wide tiles

@@ -19,7 +19,7 @@ ordinary launch (it orders the op after the previous op's kernels). Under the in
 nothing changes (no griddepcontrol there): v14 on CPU is v13.
 
 Outputs: v13's arithmetic and launches, only their start times move, so v13's bits
-(`test_v14_bitwise_v13_gpu`, passed on the H200 in session 15).
+(`test_pdl_versions_bitwise_v13_gpu`, passed on the H200 in session 15).
 Measured (session 15, README.md "v14 and v15"): 10 µs slower than v13 at T 1 (93.5 vs 83.2
 µs graph-replayed), within ~1 % of it from T 9: a dependent's CTAs start early but wait before
 their first load, so the weight stream starts no sooner. Kept as a measured negative.

@@ -22,7 +22,7 @@ active experts, their starts and counts) are in L2. Before its wait a GEMM progr
 those (`.cg`: from L2, never a stale L1 line) and issues prefetches, which write nothing; every
 read of a predecessor's output (x permuted, g, h) still follows the program's own wait, and
 each predecessor waited for its own. The prefetch is a hint: its bytes go to L2 only, so what
-a program computes is v13's (v13's bits, `test_v15_bitwise_v13_gpu`).
+a program computes is v13's (v13's bits, `test_pdl_versions_bitwise_v13_gpu`).
 
 PF (a tile knob, `tiles`; 0 = no prefetch: v14's chain with the early SiLU and GEMM
 triggers): K tiles of KT = 256 inputs a row, i.e. 128 bytes of words and 16 of scales a tile,
