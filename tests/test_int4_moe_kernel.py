@@ -993,6 +993,19 @@ def test_launcher_errors():
         fn(x, ids.float(), w, ex)
 
 
+def test_timing_cli_configs():
+    """The timing CLI's configs: `v=N` times triton_vN's launcher with the other overrides,
+    `base` the CLI's own launcher; a bad `--rounds` is refused before any CUDA work."""
+    from workbench.kernels.int4_moe import triton_v5, triton_v13, triton_v16
+
+    f = triton_v5._cli_config("v=13, HOT=32", triton_v16.int4_moe_triton)
+    assert f.func is triton_v13.int4_moe_triton and f.keywords == {"cfg": {"HOT": 32}}
+    f = triton_v5._cli_config("base", triton_v16.int4_moe_triton)
+    assert f.func is triton_v16.int4_moe_triton and f.keywords == {"cfg": {}}
+    with pytest.raises(ValueError, match=r"--rounds: expected >= 1, got 0"):
+        triton_v5._main(["--rounds", "0", "--T", "1"])
+
+
 def test_empty_batch():
     fn = _variant("triton_v1")
     ex = _experts(4, 64, 32, seed=0)

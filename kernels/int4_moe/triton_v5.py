@@ -411,7 +411,12 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
             [--cfgs "base;nodequant;stages=3;BM1=8,BM2=8"]
 
     a config is `base`, `nodequant` (INT4_MOE_V5_ABLATE: no dequant, wrong outputs) or
-    comma-separated `tiles` overrides. No correctness check (the bench and the tests do that);
+    comma-separated `tiles` overrides, where `v=N` times version triton_vN's launcher instead
+    (e.g. "v=13;base": v13 against this CLI's version in one process). `--rounds R` runs the
+    config list R times in turn and ends with each config's median: an A/B in one process,
+    interleaved, so clock and thermal drift fall on every config alike (session 16: two
+    processes disagreed by 10 % on the same code). No correctness check (the bench and the
+    tests do that);
     warm L2 is fine here: every T touches >= 198 MB of experts, 4x the H200's L2.
     launcher: another version's int4_moe_triton (same `cfg` keyword) timed by this CLI; pdl:
     its launches are a PDL chain (v14, v15), which `--by-kernel` cannot split."""
@@ -428,10 +433,15 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     p.add_argument("--skew", type=float, default=0.0,
                    help="Zipf exponent of expert popularity (the bench's skewed cases: 1.2; "
                         "0: uniform distinct ids)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="times to run the config list, interleaved; > 1 adds each config's "
+                        "median (an in-process A/B)")
     p.add_argument("--by-kernel", action="store_true",
                    help="also print each launch's mean GPU time (profiler, 20 eager calls); "
                         "with PDL (v14, v15) a dependent's time includes its wait")
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        raise ValueError(f"--rounds: expected >= 1, got {a.rounds}")
     if a.by_kernel and pdl:
         # session 15: under PDL a dependent launch starts early and waits inside
         # (griddepcontrol.wait), so its profiled duration overlaps its predecessor's
@@ -441,6 +451,7 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     r = _Rand(0, "cuda")
     ex = _experts(r, E, D, I)  # 9.5 GB
     per_expert = sum(t[0].numel() * t.element_size() for t in ex)
+    fns = {name: _cli_config(name, launcher or int4_moe_triton) for name in a.cfgs.split(";")}
     print("T     config                 us      TB/s (touched experts)  graph")
     for T in map(int, a.T.split(",")):
         ids = r.distinct(E, K, T)
@@ -449,18 +460,38 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
         w = r.uniform(T, K) + 0.05
         x = r.normal(T, D)
         touched = ids.unique().numel() * per_expert
-        for name in a.cfgs.split(";"):
-            cfg = {} if name in ("base", "nodequant") else {
-                k: int(v) for k, v in (kv.split("=") for kv in name.split(","))}
-            os.environ["INT4_MOE_V5_ABLATE"] = "nodequant" if name == "nodequant" else ""
-            fn = functools.partial(launcher or int4_moe_triton, cfg=cfg)
-            t = time_calls(fn, [((x, ids, w, ex), {})], "cuda", a.seconds, "on")
-            print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
-                  flush=True)
-            if a.by_kernel:
-                _print_by_kernel(functools.partial(fn, x, ids, w, ex))
+        seen = {name: [] for name in fns}
+        for _ in range(a.rounds):
+            for name, fn in fns.items():
+                os.environ["INT4_MOE_V5_ABLATE"] = "nodequant" if name == "nodequant" else ""
+                t = time_calls(fn, [((x, ids, w, ex), {})], "cuda", a.seconds, "on")
+                seen[name].append(t.us)
+                print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
+                      flush=True)
+                if a.by_kernel:
+                    _print_by_kernel(functools.partial(fn, x, ids, w, ex))
+        if a.rounds > 1:
+            for name, us in seen.items():
+                med = sorted(us)[len(us) // 2]
+                print(f"{T:<5} {name:<20} {med:9.1f} {touched / med / 1e6:8.2f}  median of "
+                      f"{a.rounds}: " + " ".join(f"{u:.1f}" for u in us), flush=True)
     os.environ.pop("INT4_MOE_V5_ABLATE", None)
     return 0
+
+
+def _cli_config(name: str, launcher):
+    """`_main`'s config `name` as a callable (x, ids, w, experts) -> out: `base` / `nodequant`
+    (the launcher as is) or comma-separated int overrides, `v=N` naming triton_vN's launcher
+    (its int4_moe_triton) for this config."""
+    import functools
+    import importlib
+
+    cfg = {} if name in ("base", "nodequant") else {
+        k.strip(): int(v) for k, v in (kv.split("=") for kv in name.split(","))}
+    if "v" in cfg:
+        mod = importlib.import_module(f"{__package__}.triton_v{cfg.pop('v')}")
+        launcher = mod.int4_moe_triton
+    return functools.partial(launcher, cfg=cfg)
 
 
 if __name__ == "__main__":
