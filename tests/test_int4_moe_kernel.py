@@ -489,9 +489,10 @@ def test_v11_ep_local_rank_gpu(real_experts):
 
 
 # ---------------------------------------------------------------- v12: the persistent split
-def _poisoned_buffers(monkeypatch):
-    """v7's launcher (which v12 runs) allocates its intermediates NaN-filled: a partial that
-    no program writes would reach the output."""
+def _poisoned_buffers(monkeypatch, *modules):
+    """v7's launcher (which v12 runs) and `modules`' allocate their intermediates NaN-filled
+    (integer ones 7): a partial that no program writes would reach the output, a counter that
+    no program zeroes would miscount."""
     from workbench.kernels.int4_moe import triton_v7
 
     class _NaNTorch:
@@ -501,9 +502,10 @@ def _poisoned_buffers(monkeypatch):
         @staticmethod
         def empty(*args, **kwargs):
             t = torch.empty(*args, **kwargs)
-            return t.fill_(float("nan")) if t.is_floating_point() else t
+            return t.fill_(float("nan") if t.is_floating_point() else 7)
 
-    monkeypatch.setattr(triton_v7, "torch", _NaNTorch())
+    for m in (triton_v7, *modules):
+        monkeypatch.setattr(m, "torch", _NaNTorch())
 
 
 def test_v12_piece_bound():
@@ -791,6 +793,72 @@ def test_v16_real_shapes_gpu(real_experts, skew):
             assert _bits_equal(out, triton_v13.int4_moe_triton(x, ids, w, ex)), T
         ref = int4_moe(x, ids, w, ex)
         assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), T
+
+
+# ---------------------------------------------------------------- v17: epilogues on the GEMMs
+@pytest.mark.parametrize("T, E, D, I, K, local, cfg, why", [
+    (1, 8, 512, 512, 2, None, {}, "decode: v13's splits for few experts (KS1, KS2 > 1)"),
+    (5, 6, 320, 288, 3, None, {"KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 2},
+     "unsplit; I 288: the last SiLU block has one N tile of each projection"),
+    (9, 16, 256, 512, 4, 8, {}, "an EP rank: experts 8.. not local (-1), the hint's grid"),
+    (17, 6, 256, 256, 2, None, {"KS1": 2, "TPS1": 1, "KS2": 1, "TPS2": 1},
+     "the C 1 x budget 16 verify's T; an expert with 6+ slots over BM chunks, K split 2"),
+])
+def test_v17_fused_epilogues_are_v16(monkeypatch, T, E, D, I, K, local, cfg, why):
+    # why: v17 moves the SiLU and the combine into the GEMMs' last programs of each group
+    # (an atomic count the permute zeroes); every group must complete exactly once (the
+    # intermediates NaN-filled, the counters 7-filled first) and compute v16's arithmetic
+    from workbench.kernels.int4_moe import triton_v16, triton_v17
+
+    _poisoned_buffers(monkeypatch, triton_v17)
+    ex = _experts(E, D, I, seed=170 + T)
+    ids, w = _routing(T, E, K, seed=170 + T)
+    hint = None
+    if local is not None:  # an EP rank holding experts 0..local-1
+        ids = torch.where(ids < local, ids, -1)
+        hint = int((ids != -1).sum())
+    x = torch.randn(T, D).bfloat16()
+    c = triton_v17.tiles(T, K, E, D, I, hint) | cfg
+    assert triton_v17.fused(c, T)
+    out = triton_v17.int4_moe_triton(x, ids, w, ex, cfg=cfg, expected_slots=hint)
+    assert not out.isnan().any()
+    assert _bits_equal(out, triton_v16.int4_moe_triton(x, ids, w, ex, cfg=cfg,
+                                                        expected_slots=hint))
+
+
+def test_v17_above_fuse_t_is_v16():
+    # why: past FUSE_T the completing programs' epilogues would be serial in T: v16's six
+    # launches (and bits) there; a bad argument is named by v16's checks either way
+    from workbench.kernels.int4_moe import triton_v16, triton_v17
+
+    c = triton_v17.tiles(33, 8, 384, 7168, 2048)
+    assert triton_v17.fused(c, 32) and not triton_v17.fused(c, 33)
+    assert not triton_v17.fused(c | {"BN": 96}, 1)
+    x, ids, w, ex = _v8_routing_case(T=33, D=256, I=128, E=8, K=2, route="uniform")
+    assert _bits_equal(triton_v17.int4_moe_triton(x, ids, w, ex),
+                       triton_v16.int4_moe_triton(x, ids, w, ex))
+    with pytest.raises(ValueError, match=r"topk_weights: expected shape"):
+        triton_v17.int4_moe_triton(x[:3], ids[:3], w[:3, :1], ex)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v17_bitwise_v16_gpu(real_experts, skew):
+    # why: on the GPU the completing program is whichever arrives last (it varies run to
+    # run); its SiLU and combine must still be v16's bits, every run, at the fused T and on
+    # a hinted EP rank
+    from workbench.kernels.int4_moe import triton_v16, triton_v17
+
+    ex, cfg = real_experts
+    for T in (1, 9, 17, 32):
+        x, ids, w = _real_inputs(cfg, T, 700 + T, skew)
+        want = triton_v16.int4_moe_triton(x, ids, w, ex)
+        for _ in range(3):
+            assert _bits_equal(triton_v17.int4_moe_triton(x, ids, w, ex), want), T
+        here = torch.where(ids < 48, ids, -1)  # an EP8 rank's 48 experts
+        n = max(1, int((here != -1).sum()))
+        assert _bits_equal(triton_v17.int4_moe_triton(x, here, w, ex, expected_slots=n),
+                           triton_v16.int4_moe_triton(x, here, w, ex, expected_slots=n)), T
 
 
 # ---------------------------------------------------------------- the Triton fused_moe peer

@@ -38,6 +38,8 @@ Versions (README.md has the design and the version log), each with the contract 
                on wide slot tiles (BN 64 x BM 128 / 64): a hot expert's weights streamed a few
                times, not once per 16 slots (H200: skewed T 128 / 512 / 2080 -7 / -13 / -15 %,
                uniform within 1.5 %; BEST from session 16)
+    triton_v17 v16 with, at T <= 32, the SiLU and the combine done by the GEMMs' last
+               programs of each group (an atomic count): four launches instead of six
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -52,7 +54,7 @@ BEST = "triton_v16"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 17)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 18)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -111,6 +113,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "second launch of each GEMM on 64-row x 128 / 64-slot tiles (the h-th hot expert found on "
     "the device from the counts' prefix sum), the rest by v7's program: skewed large-T routing "
     "streams a hot expert's weights a few times instead of once per 16 slots",
+    ("int4_moe", "triton_v17"): "v16 with, at T <= 32, the SiLU done by the gate/up GEMM's last "
+    "program of each (expert, 256-column block) and the combine by the down GEMM's last "
+    "program of each N tile (counted by an acq_rel atomic, zeroed by the permute): four "
+    "launches instead of six, v16's bits",
 }
 
 

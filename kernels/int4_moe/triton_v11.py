@@ -63,16 +63,29 @@ def _silu_routed_kernel(g_ptr, s_gk, I, Ip, h_ptr, act_start_ptr, act_cnt_ptr, n
     m = src < I
     for pos in tl.range(tl.program_id(0), routed, tl.num_programs(0)):
         p64 = tl.cast(pos, tl.int64)  # (the interpreter hands range values as Python ints)
-        g = tl.zeros([_KT], tl.float32)
-        u = tl.zeros([_KT], tl.float32)
-        for ks in tl.static_range(KS):
-            row = g_ptr + ks * s_gk + p64 * (2 * I)
+        silu_position(g_ptr, s_gk, I, Ip, h_ptr, p64, o, src, m, KS, INTERPRET)
+
+
+@triton.jit
+def silu_position(g_ptr, s_gk, I, Ip, h_ptr, p64, o, src, m, KS: tl.constexpr,
+                  INTERPRET: tl.constexpr, CG: tl.constexpr = False):
+    """Position p64's permuted columns o (sources src, mask m) of h: `_silu_routed_kernel`'s
+    arithmetic, for it and for triton_v17's gate/up GEMM epilogue. CG: read g past L1 (".cg":
+    v17 reads partials other programs wrote during the same launch)."""
+    g = tl.zeros(o.shape, tl.float32)
+    u = tl.zeros(o.shape, tl.float32)
+    for ks in tl.static_range(KS):
+        row = g_ptr + ks * s_gk + p64 * (2 * I)
+        if CG:
+            g += tl.load(row + src, mask=m, other=0.0, cache_modifier=".cg")
+            u += tl.load(row + I + src, mask=m, other=0.0, cache_modifier=".cg")
+        else:
             g += tl.load(row + src, mask=m, other=0.0)
             u += tl.load(row + I + src, mask=m, other=0.0)
-        h = g / (1.0 + tl.exp(-g)) * u
-        hi, lo = _split_bf16(h, INTERPRET)
-        tl.store(h_ptr + p64 * (2 * Ip) + o, hi.to(tl.bfloat16))
-        tl.store(h_ptr + p64 * (2 * Ip) + Ip + o, lo.to(tl.bfloat16))
+    h = g / (1.0 + tl.exp(-g)) * u
+    hi, lo = _split_bf16(h, INTERPRET)
+    tl.store(h_ptr + p64 * (2 * Ip) + o, hi.to(tl.bfloat16))
+    tl.store(h_ptr + p64 * (2 * Ip) + Ip + o, lo.to(tl.bfloat16))
 
 
 def _silu(g: Tensor, h: Tensor, r, c: dict, slots: int | None, pdl: bool = False,

@@ -183,17 +183,30 @@ def _combine_kernel(y_ptr, s_yk, w_ptr, s_wt, s_wk, ids_ptr, s_it, s_ik, bad_ptr
     t = tl.program_id(0)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     dm = d < D
-    acc = tl.zeros([BD], tl.float32)
+    acc = combine_cols(y_ptr, s_yk, w_ptr, s_wt, s_wk, ids_ptr, s_it, s_ik, bad_ptr, D, t, d,
+                       dm, K, KS)
+    tl.store(out_ptr + t.to(tl.int64) * D + d, _to_bf16(acc, INTERPRET), mask=dm)
+
+
+@triton.jit
+def combine_cols(y_ptr, s_yk, w_ptr, s_wt, s_wk, ids_ptr, s_it, s_ik, bad_ptr, D, t, d, dm,
+                 K: tl.constexpr, KS: tl.constexpr, CG: tl.constexpr = False):
+    """Token t's combined fp32 row at columns d (mask dm): `_combine_kernel`'s arithmetic, for
+    it and for triton_v17's down GEMM epilogue. CG: read y past L1 (".cg": v17 reads rows
+    other programs wrote during the same launch)."""
+    acc = tl.zeros(d.shape, tl.float32)
     for j in tl.static_range(K):
         here = tl.load(ids_ptr + t * s_it + j * s_ik) != -1
         wj = tl.load(w_ptr + t * s_wt + j * s_wk).to(tl.float32)
-        yj = tl.zeros([BD], tl.float32)
+        yj = tl.zeros(d.shape, tl.float32)
         for ks in tl.static_range(KS):
-            yj += tl.load(y_ptr + ks * s_yk + (t * K + j).to(tl.int64) * D + d,
-                          mask=dm & here, other=0.0)
+            yp = y_ptr + ks * s_yk + (t * K + j).to(tl.int64) * D + d
+            if CG:
+                yj += tl.load(yp, mask=dm & here, other=0.0, cache_modifier=".cg")
+            else:
+                yj += tl.load(yp, mask=dm & here, other=0.0)
         acc += tl.where(here, wj * yj, 0.0)
-    acc = tl.where(tl.load(bad_ptr + t) != 0, float("nan"), acc)
-    tl.store(out_ptr + t.to(tl.int64) * D + d, _to_bf16(acc, INTERPRET), mask=dm)
+    return tl.where(tl.load(bad_ptr + t) != 0, float("nan"), acc)
 
 
 # ------------------------------------------------------------------------------------ launcher

@@ -33,6 +33,8 @@ NH halves, R = NH * BM MMA columns; KS1 / KS2 K splits; Dp, Ip = D, I rounded up
 
 from __future__ import annotations
 
+import types
+
 import torch
 import triton
 import triton.language as tl
@@ -234,6 +236,38 @@ def grid_gemm(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     _gemm_kernel[(NT, r.max_active, c[f"KS{n}"])](*args, c[f"TPS{n}"], **kw)
 
 
+def prepare(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
+            tiles_of, router=route_one_program, expected_slots=None):
+    """What `launch` sets up before its first kernel: the input checks, the knobs
+    tiles_of(T, K, E, D, I) | cfg, the TMA descriptors (wd / sd / st: gate, up, down), the
+    launch options and the routing (router(topk_ids, E, knobs)). None for T = 0. Shared with
+    v17, whose launches differ after it."""
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
+    gp, gs, up, us, dp, ds = experts
+    T, D = x.shape
+    K = topk_ids.shape[1]
+    E, I = gp.shape[0], gp.shape[1]
+    if T == 0:
+        return None
+    c = tiles_of(T, K, E, D, I) | (cfg or {})
+    S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
+    if max(T * Dp, S * 2 * Ip) >= 2**31:  # the GEMM's activation offsets are int32
+        raise ValueError(f"x: expected T * K * 2 * ceil(I / {KT}) * {KT} < 2^31 activation "
+                         f"elements, got T={T}, K={K}, I={I}")
+    if gs.stride() != us.stride():  # gate and up share one scale offset computation
+        raise ValueError(f"experts.up_scale: expected the strides of its gate twin "
+                         f"{gs.stride()}, got {us.stride()}")
+    (w1, w2), (s1, s2), st1 = descriptors((gp, up), (gs, us), c["BN"])
+    (w3,), (s3,), st2 = descriptors((dp,), (ds,), c["BN"])
+    run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
+    r = router(topk_ids, E, c)
+    return types.SimpleNamespace(
+        T=T, D=D, K=K, E=E, I=I, S=S, Dp=Dp, Ip=Ip, c=c, dev=x.device,
+        common=dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run), r=r,
+        meta=(r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act), wd=(w1, w2, w3),
+        sd=(s1, s2, s3), st=(st1, st2))
+
+
 def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
            tiles_of, down_select: bool, router=route_one_program, expected_slots=None,
            silu=None, gemm=grid_gemm, pdl: bool = False) -> Tensor:
@@ -247,28 +281,14 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     its partials summed as c["KSn"] slices of g / y (v12's is persistent); pdl: every launch
     after the router's as a programmatic dependent of the one before (v14; the silu hook gets
     `pdl=`, the gemm hook the option in its kw)."""
-    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
-    gp, gs, up, us, dp, ds = experts
-    T, D = x.shape
-    K = topk_ids.shape[1]
-    E, I = gp.shape[0], gp.shape[1]
-    if T == 0:
-        return torch.empty(0, D, dtype=x.dtype, device=x.device)
-    c = tiles_of(T, K, E, D, I) | (cfg or {})
-    S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
-    if max(T * Dp, S * 2 * Ip) >= 2**31:  # the GEMM's activation offsets are int32
-        raise ValueError(f"x: expected T * K * 2 * ceil(I / {KT}) * {KT} < 2^31 activation "
-                         f"elements, got T={T}, K={K}, I={I}")
-    if gs.stride() != us.stride():  # gate and up share one scale offset computation
-        raise ValueError(f"experts.up_scale: expected the strides of its gate twin "
-                         f"{gs.stride()}, got {us.stride()}")
-    (w1, w2), (s1, s2), st1 = descriptors((gp, up), (gs, us), c["BN"])
-    (w3,), (s3,), st2 = descriptors((dp,), (ds,), c["BN"])
-    dev = x.device
-    run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
-    common = dict(K=K, BN=c["BN"], ABLATE=_ablate(), INTERPRET=INTERPRET, **run)
-    r = router(topk_ids, E, c)
-    meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
+    p = prepare(x, topk_ids, topk_weights, experts, validate, cfg, tiles_of, router,
+                expected_slots)
+    if p is None:
+        return torch.empty(0, x.shape[1], dtype=x.dtype, device=x.device)
+    T, D, K, I, S, Dp, Ip, c, dev, common, r, meta = (
+        p.T, p.D, p.K, p.I, p.S, p.Dp, p.Ip, p.c, p.dev, p.common, p.r, p.meta)
+    (w1, w2, w3), (s1, s2, s3), (st1, st2) = p.wd, p.sd, p.st
+    gs, us, ds = experts[1], experts[3], experts[5]
     dep = pdl_launch(pdl)  # {} without PDL: the launches (and kernels) of v7-v13
     xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
     _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4, **dep)
