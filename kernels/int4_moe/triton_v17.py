@@ -46,7 +46,7 @@ from torch import Tensor
 from ._common import next_pow2
 from .triton_v3 import KT, _to_bf16, combine_cols
 from .triton_v5 import _permute_kernel, _src
-from .triton_v7 import expert_tile, prepare
+from .triton_v7 import prepare, split_tile
 from .triton_v11 import _router, silu_position
 from .triton_v16 import int4_moe_triton as _v16
 from .triton_v16 import tiles as _tiles_v16
@@ -78,22 +78,6 @@ def _permute_zero_kernel(x_ptr, s_xt, s_xd, xp_ptr, D, Dp, cnt_ptr, NCNT,
 
 
 @triton.jit
-def _tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr, s_se,
-          s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok, s_or, NOUT,
-          NT1, IN, TPS, a, K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-          NH: tl.constexpr, TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
-          OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr):
-    """v7's `_gemm_kernel` body for active expert a (program (N tile, a, K split))."""
-    ks = tl.program_id(2)
-    kt0 = ks * TPS
-    kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))
-    expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
-                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
-                s_or, NOUT, NT1, IN, a, tl.program_id(0), kt0, kt1, ks, 0, K, BN, BM, NH, TWO,
-                S_TMA, BY_TOKEN, OUT_BY_SLOT, False, ABLATE, INTERPRET)
-
-
-@triton.jit
 def _arrive(cnt_ptr, target):
     """Count this program into its group; True for the one that completes it. The barrier
     puts every thread's stores before the release (the atomic is one thread's)."""
@@ -114,10 +98,10 @@ def _gemm_silu_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, 
     are idle whole."""
     a = tl.program_id(1)
     if a < tl.load(n_act_ptr):
-        _tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
-              s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
-              s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT,
-              ABLATE, INTERPRET)
+        split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
+                   w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
+                   out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA,
+                   BY_TOKEN, OUT_BY_SLOT, ABLATE, INTERPRET)
         TPB: tl.constexpr = _KT // BN  # N tiles a block
         pid = tl.program_id(0)
         b = tl.where(pid >= NT1, pid - NT1, pid) // TPB  # gate and up tiles share a block
@@ -147,10 +131,10 @@ def _gemm_combine_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_des
     the grid counts (the group is the grid's (active expert, K split) plane)."""
     a = tl.program_id(1)
     if a < tl.load(n_act_ptr):
-        _tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
-              s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
-              s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT,
-              ABLATE, INTERPRET)
+        split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
+                   w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
+                   out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA,
+                   BY_TOKEN, OUT_BY_SLOT, ABLATE, INTERPRET)
     pid = tl.program_id(0)
     if _arrive(cnt_ptr + pid, tl.num_programs(1) * tl.num_programs(2)):
         d = pid * BN + tl.arange(0, BN)  # [BN] output columns

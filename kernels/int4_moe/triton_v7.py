@@ -109,6 +109,21 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
     if HOT >= 0:
         if tl.load(act_cnt_ptr + a) > HOT:
             return
+    split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
+               s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
+               s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT,
+               ABLATE, INTERPRET)
+
+
+@triton.jit
+def split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
+               s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
+               s_or, NOUT, NT1, IN, TPS, a, K: tl.constexpr, BN: tl.constexpr,
+               BM: tl.constexpr, NH: tl.constexpr, TWO: tl.constexpr, S_TMA: tl.constexpr,
+               BY_TOKEN: tl.constexpr, OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """Program (N tile, active expert a, K split)'s work: `expert_tile` over the split's TPS
+    K tiles (`_gemm_kernel`'s and triton_v17's)."""
     ks = tl.program_id(2)
     kt0 = ks * TPS
     kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))

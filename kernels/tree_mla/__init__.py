@@ -48,6 +48,7 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                parts below 32 heads) with triton_v8's chunked combine
     triton_v17 triton_v7 with a one-round merge (v8's kernel: 128 parts a chunk, 8 x 8 tiles)
     gluon_v18  gluon_v13's attention under triton_v7's policy with triton_v17's merge
+               (H200: faster at N 1 and N 9 from P 8192, slower from N 17 and 2.6x at B 32)
 
 BEST (gluon_v13) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
