@@ -283,3 +283,26 @@ def test_bench_only_picks_cases_and_names_unknown_labels(quick):
     assert lazy._built is None  # released once its case was timed
     with pytest.raises(ValueError, match=r"only: expected case labels .*got \['n=5'\]"):
         B.bench(_axpy_spec(), cases=_cases(), device="cpu", save=False, only="n=5")
+
+
+def test_rounds_interleave_implementations_and_report_the_median_round(quick, monkeypatch):
+    # why: two implementations timed a minute apart on the H200 differ by up to 10 % on the
+    # same launches (session 16); with rounds the case's implementations are timed in turn,
+    # round after round, and each row takes its median round, listing every round in its note
+    order, us = [], iter([5.0, 50.0, 1.0, 30.0, 3.0, 40.0])  # reference, fast, x 3 rounds
+
+    def fake_time(fn, sets, device, budget_s, graph, flush):
+        order.append(fn)
+        u = next(us)
+        return B.Timing(u, u, u, 10, len(sets))
+
+    monkeypatch.setattr(B, "time_calls", fake_time)
+    df = B.bench(_axpy_spec(), variants="reference,fast", peers="none", cases=_cases()[:1],
+                 device="cpu", save=False, max_seconds=1, rounds=3)
+    ref_fn, fast_fn = order[0], order[1]
+    assert order == [ref_fn, fast_fn] * 3 and ref_fn is not fast_fn  # interleaved
+    by = {r.variant: r for r in df.itertuples()}
+    assert by["reference"].us == 3.0 and by["fast"].us == 40.0  # medians of (5, 1, 3), (50, 30, 40)
+    assert "median of 3 interleaved rounds: 50.0 30.0 40.0" in by["fast"].note
+    with pytest.raises(ValueError, match=r"rounds: expected an int >= 1, got 0"):
+        B.bench(_axpy_spec(), cases=_cases(), device="cpu", save=False, rounds=0)

@@ -413,7 +413,7 @@ def _names(which, known: list[str], what: str) -> list[str]:
 
 def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, device=None, *,
           cases=None, only=None, seed: int = 0, max_seconds: float = 60.0,
-          graph: str = "auto",
+          graph: str = "auto", rounds: int = 1,
           cold_l2: bool = True, check: bool = True, save: bool = True, traces_dir=None,
           save_as: str | None = None, command: str | None = None) -> pd.DataFrame:
     """Benchmark the variants (and peers) of `op` on its cases; one row per (case, impl).
@@ -423,10 +423,17 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
     preset name (default kimi-k2.6 on CUDA, tiny on CPU); cases: explicit Case list instead;
     only: case labels (a list, or one label) to keep of those, e.g. "B=1 k=8 P=1024".
     max_seconds caps the op's total timing budget (split evenly over cases x implementations).
+    rounds > 1: a case's implementations are timed in turn, `rounds` times over (each round a
+    1 / rounds share of the budget), and each row reports its median round (its note lists
+    them all): an A/B within one stretch of the run, so clock and thermal drift fall on every
+    implementation alike (session 16: the same launches read 476.0 and 501.5 µs, timed a
+    minute apart). rounds = 1 times each implementation once, in order, as before.
     Returns columns traces_io.ALL_COLUMNS; rows that were timed or failed are appended to
     traces/<op>.csv/.jsonl unless save=False.
     """
     spec = op if isinstance(op, OpSpec) else ops.op_spec(op)
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
     device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cases = list(cases) if cases is not None else _make_cases(spec, shapes, seed, cfg, device)
     if only is not None:  # labels the caller picked, in the op's order
@@ -468,6 +475,7 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
                 "copy_GBps": ceil["copy_GBps"], "matmul_TFLOPs": ceil["matmul_TFLOPs"]}
         impls = [(v, "reference" if v == REFERENCE else "variant", None) for v in vnames]
         impls += [(p.name, "peer", p) for p in plist]
+        timed = []  # (row, name, fn, arg sets, flush): checked, to time in rounds
         for name, kind, peer in impls:
             row = {**base, "variant": name, "kind": kind, "ok": None, "note": ""}
             rows.append(row)
@@ -493,16 +501,15 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
                 elif name == REFERENCE:
                     row["ok"] = True
                 sets, flush = _arg_sets(pcall, device, ceil["l2_bytes"], cold_l2)
-                with tracing.nvtx_range(tracing.kernel_range(spec.name, name)):
-                    t = time_calls(fn, sets, device, budget, graph, flush)
-                del sets
             except Exception as e:
                 row["ok"], row["note"] = False, f"error: {type(e).__name__}: {str(e)[:300]}"
                 continue
-            row.update(us=t.us, p20_us=t.p20_us, p80_us=t.p80_us, n_iter=t.n_iter,
-                       n_sets=t.n_sets, graph=t.graph, eager_us=t.eager_us,
-                       kernel_us=t.kernel_us,
-                       note="; ".join(x for x in (row["note"], t.note) if x))
+            timed.append((row, name, fn, sets, flush))
+            if rounds == 1:  # one at a time: at most one implementation's inputs held
+                _time_rows(timed, spec.name, device, budget, graph, 1)
+                timed.clear()
+        _time_rows(timed, spec.name, device, budget, graph, rounds)
+        del timed
         fl = floor_us(nbytes, flops, ceil["copy_GBps"], ceil["matmul_TFLOPs"])
         rows.append({**base, "variant": "floor", "kind": "floor", "us": fl, "p20_us": fl,
                      "p80_us": fl, "ok": True, "note": ""})
@@ -519,6 +526,37 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
         pd.DataFrame(columns=traces_io.ALL_COLUMNS)
 
 
+def _time_rows(timed: list, op: str, device: str, budget: float, graph: str,
+               rounds: int) -> None:
+    """Time each (row, name, fn, arg sets, flush) of `timed`, all of them in turn `rounds`
+    times over, each round a 1 / rounds share of `budget`; fill each row from its median
+    round (an implementation that raises gets its error, the others go on)."""
+    seen: dict[int, list] = {id(row): [] for row, *_ in timed}
+    raised: set[int] = set()
+    for _ in range(rounds):
+        for row, name, fn, sets, flush in timed:
+            if id(row) in raised:
+                continue
+            try:
+                with tracing.nvtx_range(tracing.kernel_range(op, name)):
+                    seen[id(row)].append(time_calls(fn, sets, device, budget / rounds, graph,
+                                                    flush))
+            except Exception as e:
+                row["ok"], row["note"] = False, f"error: {type(e).__name__}: {str(e)[:300]}"
+                raised.add(id(row))
+    for row, *_ in timed:
+        ts = sorted(seen[id(row)], key=lambda t: t.us)
+        if id(row) in raised or not ts:
+            continue
+        t = ts[(len(ts) - 1) // 2]  # the median round (the lower of two middles)
+        spread = (f"median of {rounds} interleaved rounds: "
+                  + " ".join(f"{x.us:.1f}" for x in seen[id(row)])) if rounds > 1 else ""
+        row.update(us=t.us, p20_us=t.p20_us, p80_us=t.p80_us, n_iter=t.n_iter,
+                   n_sets=t.n_sets, graph=t.graph, eager_us=t.eager_us,
+                   kernel_us=t.kernel_us,
+                   note="; ".join(x for x in (row["note"], t.note, spread) if x))
+
+
 def bench_main(argv: list[str] | None = None) -> int:
     """`python -m workbench bench <op|all> ...`; exit 1 when a variant fails its check."""
     p = argparse.ArgumentParser(prog="python -m workbench bench", description=__doc__,
@@ -533,6 +571,9 @@ def bench_main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-seconds", type=float, default=60.0, help="timing budget per op")
     p.add_argument("--graph", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time a case's implementations in turn this many times over and "
+                        "report each one's median round (an interleaved A/B)")
     p.add_argument("--no-save", action="store_true", help="print only, append nothing")
     p.add_argument("--traces", default=None, help="folder for <op>.csv/.jsonl (default traces/)")
     p.add_argument("--save-as", default=None, help="file stem instead of the op name")
@@ -547,7 +588,8 @@ def bench_main(argv: list[str] | None = None) -> int:
     for name in names:
         try:
             df = bench(name, a.variants, a.peers, a.shapes, a.preset, a.device, only=a.only,
-                       seed=a.seed, max_seconds=a.max_seconds, graph=a.graph, save=not a.no_save,
+                       seed=a.seed, max_seconds=a.max_seconds, graph=a.graph,
+                       rounds=a.rounds, save=not a.no_save,
                        traces_dir=a.traces, save_as=a.save_as, command=command)
         except (ValueError, ops.UnknownOpError) as e:
             print(f"{name}: {e}", file=sys.stderr)
