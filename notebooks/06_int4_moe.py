@@ -132,33 +132,35 @@ pd.DataFrame(rows)
 # ## Bandwidth vs T on the H200
 # Effective GB/s on touched-expert bytes against the copy-bandwidth floor and the peers, from
 # `traces/int4_moe.csv` (written by `python -m workbench bench int4_moe --shapes real
-# --variants ... --peers humming` on the H200): uniform routing, each variant's and peer's
-# latest run (the file keeps every run), the BEST version drawn thick. Without that file the
-# plot shows the floor only.
+# --variants ... --peers humming` on the H200), uniform routing on the left and the bench's
+# skewed routing (Zipf 1.2) on the right, where the hot experts' tiles of triton_v16 pay: each
+# variant's and peer's latest run (the file keeps every run), the BEST version drawn thick.
+# Without that file the plot shows the floor only.
 
 # %%
 from workbench.kernels.int4_moe import BEST
 
 csv = Path(workbench.__file__).resolve().parents[1] / "traces" / "int4_moe.csv"
 bench = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
-fig, ax = plt.subplots(figsize=(6.5, 3.8))
-if not bench.empty:
-    bench = bench[(bench["ok"] != False) & (bench["device"] != "cpu")  # noqa: E712
-                  & bench["case"].str.endswith("uniform")].copy()
-    bench["T"] = bench["case"].str.extract(r"T=(\d+)").astype(int)
-    latest = bench.groupby("variant")["timestamp"].transform("max")
-    bench = bench[bench["timestamp"].str[:13] == latest.str[:13]]  # each one's last run (hour)
-    for variant, grp in bench.groupby("variant"):
-        if variant == "reference":
-            continue
-        grp = grp.groupby("T")["GB/s"].median()
-        ax.plot(grp.index, grp.values, marker="o", label=variant,
-                lw=3 if variant == BEST else 1, ls="--" if variant == "floor" else "-")
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+for ax, routing in zip(axes, ("uniform", "skewed")):
+    if not bench.empty:
+        sel = bench[(bench["ok"] != False) & (bench["device"] != "cpu")  # noqa: E712
+                    & bench["case"].str.endswith(routing)].copy()
+        sel["T"] = sel["case"].str.extract(r"T=(\d+)").astype(int)
+        latest = sel.groupby("variant")["timestamp"].transform("max")
+        sel = sel[sel["timestamp"].str[:13] == latest.str[:13]]  # each one's last run (hour)
+        for variant, grp in sel.groupby("variant"):
+            if variant == "reference":
+                continue
+            grp = grp.groupby("T")["GB/s"].median()
+            ax.plot(grp.index, grp.values, marker="o", label=variant,
+                    lw=3 if variant == BEST else 1, ls="--" if variant == "floor" else "-")
+    else:
+        ts = [1, 9, 17, 33, 65, 128, 512]
+        ax.plot(ts, [4260.0] * len(ts), label="floor: measured H200 copy bandwidth")
     ax.set_xscale("log")
-else:
-    ts = [1, 9, 17, 33, 65, 128, 512]
-    ax.plot(ts, [4260.0] * len(ts), label="floor: measured H200 copy bandwidth")
-    ax.set_xscale("log")
-ax.set_xlabel("T tokens")
-ax.set_ylabel("GB/s on touched-expert bytes")
-ax.legend(fontsize=6, ncol=2)
+    ax.set_xlabel("T tokens")
+    ax.set_title(f"{routing} routing", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+axes[0].set_ylabel("GB/s on touched-expert bytes")
