@@ -795,6 +795,43 @@ def test_v16_real_shapes_gpu(real_experts, skew):
         assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), T
 
 
+# ---------------------------------------------------------------- v18: v16's hot grid capped
+@pytest.mark.parametrize("hot_grid", [1, 2, 8])
+def test_v18_capped_hot_grid_is_v16(monkeypatch, hot_grid):
+    # why: v18 launches at most HOT_GRID hot programs an N tile, which then stride over more
+    # hot experts than that; which program computes a hot tile changes, not how (v16's bits),
+    # and every hot slot row is still written (intermediates NaN-filled first)
+    from workbench.kernels.int4_moe import triton_v16, triton_v18
+
+    _poisoned_buffers(monkeypatch)
+    T, E, D, I, K = 20, 6, 512, 256, 2
+    ex = _experts(E, D, I, seed=18)
+    _, w = _routing(T, E, K, seed=18)
+    t = torch.arange(T)
+    ids = torch.stack([torch.ones(T, dtype=torch.long),  # expert 1: all 20 tokens
+                       torch.where(t < 12, 3, torch.tensor([0, 2, 4])[t % 3])], 1)
+    x = torch.randn(T, D).bfloat16()
+    cfg = {"HOT": 0, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1}  # 5 hot experts, unsplit
+    out = triton_v18.int4_moe_triton(x, ids, w, ex, cfg=cfg | {"HOT_GRID": hot_grid})
+    assert not out.isnan().any()
+    assert _bits_equal(out, triton_v16.int4_moe_triton(x, ids, w, ex, cfg=cfg))
+    assert triton_v18.tiles(512, 8, 384, 7168, 2048)["HOT_GRID"] == 8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v18_bitwise_v16_gpu(real_experts, skew):
+    # why: at Kimi shapes the capped grid strides over the hot experts of skewed routing
+    # (T 512, 2080) and runs empty under uniform routing; v16's bits either way
+    from workbench.kernels.int4_moe import triton_v16, triton_v18
+
+    ex, cfg = real_experts
+    for T in (128, 512, 2080):
+        x, ids, w = _real_inputs(cfg, T, 800 + T, skew)
+        assert _bits_equal(triton_v18.int4_moe_triton(x, ids, w, ex),
+                           triton_v16.int4_moe_triton(x, ids, w, ex)), T
+
+
 # ---------------------------------------------------------------- v17: epilogues on the GEMMs
 @pytest.mark.parametrize("T, E, D, I, K, local, cfg, why", [
     (1, 8, 512, 512, 2, None, {}, "decode: v13's splits for few experts (KS1, KS2 > 1)"),

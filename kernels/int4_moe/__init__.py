@@ -41,6 +41,8 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v17 v16 with, at T <= 32, the SiLU and the combine done by the GEMMs' last
                programs of each group (an atomic count): four launches instead of six
                (H200: v16's bits; 1 µs faster at T 1, 2-6 % slower from T 9)
+    triton_v18 v16 with the hot launches' grid capped at 8 programs an N tile (v16's empty hot
+               launches cost 16-118 µs at uniform T 128-2080)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -55,7 +57,7 @@ BEST = "triton_v16"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 18)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 19)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -118,6 +120,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "program of each (expert, 256-column block) and the combine by the down GEMM's last "
     "program of each N tile (counted by an acq_rel atomic, zeroed by the permute): four "
     "launches instead of six, v16's bits",
+    ("int4_moe", "triton_v18"): "v16 with its hot launches' grid capped at HOT_GRID = 8 programs "
+    "an N tile (they stride over the hot experts): v16's bits, and empty hot launches of 1408 "
+    "programs instead of up to ~45,000 at uniform routing",
 }
 
 

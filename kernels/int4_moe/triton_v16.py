@@ -113,8 +113,8 @@ def grid_gemm_hot(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     hot_args[3:7] = [_boxes(d, bn) for d in args[3:7]]
     hot_args[20] = nt  # NT1: the N tiles of one projection at BN_HOT
     # the hot experts the expected slots allow (a count of > HOT slots each); more are
-    # taken by the same programs in turn
-    n_hot = max(1, min(r.max_active, c["S_EXP"] // (c["HOT"] + 1)))
+    # taken by the same programs in turn; HOT_GRID (v18): at most that many a tile
+    n_hot = max(1, min(r.max_active, c["S_EXP"] // (c["HOT"] + 1), c.get("HOT_GRID") or 1 << 30))
     hot_kw = dict(kw, BN=bn, BM=c["BM1_HOT"] if n == 1 else c["BM2_HOT"])
     _gemm_hot_kernel[(2 * nt if n == 1 else nt, n_hot, 1)](
         *hot_args, c["HOT"], BLOCK_A=next_pow2(r.max_active), **hot_kw)
