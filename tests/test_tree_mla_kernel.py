@@ -30,6 +30,7 @@ from workbench.kernels.tree_mla import (
     gluon_v13,
     gluon_v14,
     gluon_v18,
+    gluon_v19,
     register,
     triton_v1,
     triton_v2,
@@ -57,7 +58,7 @@ GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g11_long": gluon_v11.tree_mla_gluon_long, "g12": gluon_v12.tree_mla_gluon,
          "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long,
          "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long,
-         "g18": gluon_v18.tree_mla_gluon}
+         "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
@@ -675,6 +676,22 @@ def test_gluon_v18_attention_compiles_under_the_few_heads_policy_sm90():
     assert r[0] == r[1], r
     assert set(r[1]["wgmma"]) == {"m64n64k16", "m64n256k16"} and r[1]["gdc"] == 1, r
     assert r[1]["smem"] <= 227 * 1024 and int(r[1]["regs"]) <= 255, r
+
+
+def test_gluon_v19_epilogue_multiplies_by_a_reciprocal_sm90():
+    # why: gluon_v19's epilogue scales O by one reciprocal of l a row (session 16's ncu: the
+    # per-value div.full.f32 of gluon_v13's epilogue is most of ~1000 straight-line SASS that
+    # every short part's CTA fetches cold); the kernel's tiles, registers and shared memory
+    # stay gluon_v13's, and gluon_v13's build (RCP off) keeps its divisions
+    r = compile_sm90(
+        "from workbench.kernels.tree_mla import sm90_gluon as s; "
+        "out = [dict({k: v for k, v in r.items() if k not in ('ptx', 'cubin')}, "
+        "div=r['ptx'].count('div.full.f32')) for r in "
+        "(s.compile_attn(8, 1, 8192, version=13), s.compile_attn(8, 1, 8192, version=19))]")
+    g13, g19 = r
+    assert g13["div"] == 256 and g19["div"] <= 8, r  # a division a value vs a few a row
+    assert {k: v for k, v in g13.items() if k != "div"} == \
+        {k: v for k, v in g19.items() if k != "div"}, r
 
 
 @pytest.mark.parametrize("version", [11, 12, 13, 14])

@@ -49,6 +49,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     triton_v17 triton_v7 with a one-round merge (v8's kernel: 128 parts a chunk, 8 x 8 tiles)
     gluon_v18  gluon_v13's attention under triton_v7's policy with triton_v17's merge
                (H200: faster at N 1 and N 9 from P 8192, slower from N 17 and 2.6x at B 32)
+    gluon_v19  gluon_v13 with O times one reciprocal of l a row in the epilogue (no
+               per-value division: 752 fewer SASS, run once a CTA)
 
 BEST (gluon_v13) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -96,6 +98,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v16": f"{_MOD}.triton_v16:tree_mla_triton",
         "triton_v17": f"{_MOD}.triton_v17:tree_mla_triton",
         "gluon_v18": f"{_MOD}.gluon_v18:tree_mla_gluon",
+        "gluon_v19": f"{_MOD}.gluon_v19:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -173,6 +176,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "gluon_v18"): ("gluon_v13's attention under triton_v7's policy by head count "
                                 "(128-key parts below 32 heads) with triton_v17's one-round "
                                 "merge", ("sm90", "triton")),
+    ("tree_mla", "gluon_v19"): ("gluon_v13 with an epilogue multiplying O by one reciprocal "
+                                "of l a row instead of a division a value: 6207 SASS instead "
+                                "of 6959, the part a short part's CTA fetches cold",
+                                ("sm90", "triton")),
 }
 
 

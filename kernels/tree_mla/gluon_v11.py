@@ -273,15 +273,22 @@ def _zero_rows(v_s, i, n_pf, P, j_lo, N, T, CH: gl.constexpr, PW: gl.constexpr,
 
 @gluon.jit
 def _epilogue(acc, m_i, l_i, W: gl.constexpr, b, mb, M, t, n_parts, S_GRID, live, o_ptr,
-              lse_ptr, opart_ptr, lpart_ptr, S_L: gl.constexpr, O_L: gl.constexpr):
-    """Warpgroup W's C/2 columns of the part's answer (v9's stores); WG0 also the lse."""
+              lse_ptr, opart_ptr, lpart_ptr, S_L: gl.constexpr, O_L: gl.constexpr,
+              RCP: gl.constexpr = False):
+    """Warpgroup W's C/2 columns of the part's answer (v9's stores); WG0 also the lse. RCP
+    (gluon_v19): O times one reciprocal of l a row instead of O / l (div.full.f32 a value:
+    ~4 SASS each, ~900 in an epilogue run once a CTA, fetched cold; session 16's ncu)."""
     CH: gl.constexpr = acc.shape[1]
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     rows = mb * 64 + gl.arange(0, 64, layout=ROW)
     row_ok = (rows < M) & live
     seen = l_i > 0  # l = 0: rows past M, or a row no key is visible to (malformed input)
     lse2 = gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), NEG_INF)
-    out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), gl.SliceLayout(1, O_L))[:, None]
+    if RCP:
+        out = acc * gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0),
+                                      gl.SliceLayout(1, O_L))[:, None]
+    else:
+        out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), gl.SliceLayout(1, O_L))[:, None]
     rows_o = mb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
     cols = gl.arange(0, CH, layout=gl.SliceLayout(0, O_L))
     keep = ((rows_o < M) & live)[:, None] & (cols < CH)[None, :]
@@ -321,7 +328,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
-         O_L: gl.constexpr, NCH: gl.constexpr, PUB: gl.constexpr):
+         O_L: gl.constexpr, NCH: gl.constexpr, PUB: gl.constexpr, RCP: gl.constexpr = False):
     """Warpgroup 0 (the default partition): even tiles' scores, value columns [0, C/2)."""
     CH: gl.constexpr = C // 2
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -394,7 +401,7 @@ def _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
     sc_s.store(l_i)
     _publish(NB_LSUM, PUB)
     _epilogue(acc, m_i, l_i, 0, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
-              lpart_ptr, S_L, O_L)
+              lpart_ptr, S_L, O_L, RCP)
 
 
 @gluon.jit
@@ -402,7 +409,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
          anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb, t,
          n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale,
          C: gl.constexpr, PW: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr,
-         O_L: gl.constexpr, NCH: gl.constexpr, PUB: gl.constexpr):
+         O_L: gl.constexpr, NCH: gl.constexpr, PUB: gl.constexpr, RCP: gl.constexpr = False):
     """Warpgroup 1 (the worker partition): odd tiles' scores, value columns [C/2, C)."""
     CH: gl.constexpr = C // 2
     ROW: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -477,7 +484,7 @@ def _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
     _handoff(NB_LSUM)
     l_i = sc_s.load(ROW)
     _epilogue(acc, m_i, l_i, 1, b, mb, M, t, n_parts, S_GRID, live, o_ptr, lse_ptr, opart_ptr,
-              lpart_ptr, S_L, O_L)
+              lpart_ptr, S_L, O_L, RCP)
 
 
 @gluon.jit
@@ -486,7 +493,7 @@ def _own(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
          S_GRID, qk_scale, C: gl.constexpr, PW: gl.constexpr, SHORT_UPTO: gl.constexpr,
          SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr,
          BLOCK_N: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr, NCH: gl.constexpr,
-         PUB: gl.constexpr, WG: gl.constexpr):
+         PUB: gl.constexpr, WG: gl.constexpr, RCP: gl.constexpr = False):
     """gluon_v14's partitions: warpgroup WG's `_wg0` / `_wg1` on the geometry it computes from
     the kernel's arguments itself, so that no computed scalar is stored for it at the fork."""
     t, mb, b, P, n_parts, live, start, end, n_pf, j_lo, n, kv_row = _geometry(
@@ -495,12 +502,12 @@ def _own(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_
         _wg0(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
              anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb,
              t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale, C, PW,
-             BLOCK_N, S_L, O_L, NCH, PUB)
+             BLOCK_N, S_L, O_L, NCH, PUB, RCP)
     else:
         _wg1(q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc, kr_desc,
              anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T, N, H, M, b, mb,
              t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live, qk_scale, C, PW,
-             BLOCK_N, S_L, O_L, NCH, PUB)
+             BLOCK_N, S_L, O_L, NCH, PUB, RCP)
 
 
 @gluon.jit
@@ -509,7 +516,7 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
                  C: gl.constexpr, PW: gl.constexpr, SHORT_UPTO: gl.constexpr,
                  SHORT_LEN: gl.constexpr, LONG_MIN: gl.constexpr, MAX_SPLITS: gl.constexpr,
                  BLOCK_N: gl.constexpr, USE_PDL: gl.constexpr, NCH: gl.constexpr,
-                 PUB: gl.constexpr, OWN: gl.constexpr):
+                 PUB: gl.constexpr, OWN: gl.constexpr, RCP: gl.constexpr = False):
     if USE_PDL:  # the combine may launch now and wait in griddepcontrol.wait (v4)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
@@ -558,32 +565,33 @@ def _attn_kernel(qh_desc, qr_desc, kh_desc, kr_desc, plen_ptr, anc_ptr, o_ptr, l
             (_own, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                     kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, plen_ptr, s_plen,
                     sab, san, saw, T, N, H, M, S_GRID, qk_scale, C, PW, SHORT_UPTO, SHORT_LEN,
-                    LONG_MIN, MAX_SPLITS, BLOCK_N, S_L, O_L, NCH, PUB, 0)),
+                    LONG_MIN, MAX_SPLITS, BLOCK_N, S_L, O_L, NCH, PUB, 0, RCP)),
             (_own, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                     kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, plen_ptr, s_plen,
                     sab, san, saw, T, N, H, M, S_GRID, qk_scale, C, PW, SHORT_UPTO, SHORT_LEN,
-                    LONG_MIN, MAX_SPLITS, BLOCK_N, S_L, O_L, NCH, PUB, 1)),
+                    LONG_MIN, MAX_SPLITS, BLOCK_N, S_L, O_L, NCH, PUB, 1, RCP)),
         ], [4], [240])
     else:
         gl.warp_specialize([
             (_wg0, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                     kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T,
                     N, H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                    qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
+                    qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB, RCP)),
             (_wg1, (q_s, qr_s, kl_s, kh_s, kr_s, p0_s, sm_s, sc_s, sl_s, bars, kh_desc,
                     kr_desc, anc_ptr, o_ptr, lse_ptr, opart_ptr, lpart_ptr, sab, san, saw, P, T,
                     N, H, M, b, mb, t, n_parts, S_GRID, n, n_pf, start, end, j_lo, kv_row, live,
-                    qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB)),
+                    qk_scale, C, PW, BLOCK_N, S_L, O_L, NCH, PUB, RCP)),
         ], [4], [240])
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
             policy: Policy, chunks: bool = False, publish: bool = False, own: bool = False,
-            combine=None):
+            combine=None, rcp: bool = False):
     """chunks: gluon_v12's K halves in 64-column chunks under their own mbarriers; publish:
     gluon_v13's partition barrier before each publishing rendezvous (`_publish`); own:
     gluon_v14's partitions computing their own geometry (`_own`); combine: a Triton
-    version's LSE-merge launcher in place of v4's (gluon_v18: triton_v17's; sweeps: v8's)."""
+    version's LSE-merge launcher in place of v4's (gluon_v18: triton_v17's; sweeps: v8's);
+    rcp: gluon_v19's epilogue (O times a reciprocal of l a row, `_epilogue`)."""
     B, N, H, D, T, C, M, q, o_lat, lse = _check(q, kv_cache, prefix_lens, anc_bits,
                                                 softmax_scale, kv_lora_rank, validate, "gluon_v11")
     if B == 0:
@@ -596,7 +604,7 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
         kv_desc([BLOCK_N, RP]), prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
         prefix_lens.stride(0), *anc_bits.stride(), T, N, H, M, G,
         float(softmax_scale) * LOG2E, C=C, PW=min(64, CH), **consts, USE_PDL=G > 1, NCH=nch,
-        PUB=publish, OWN=own, num_warps=4)
+        PUB=publish, OWN=own, RCP=rcp, num_warps=4)
     return _combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, consts, combine)
 
 

@@ -2,7 +2,7 @@
 report what sm90.py reports for the Triton versions: registers, spills, wgmma shapes, shared
 memory, TMA copies, and the TMA boxes the driver will encode.
 
-    python -m workbench.kernels.tree_mla.sm90_gluon [--version 9|10|11|12|13|14] [--heads 64]
+    python -m workbench.kernels.tree_mla.sm90_gluon [--version 9|10|11|12|13|14|19] [--heads 64]
         [--rows 9]
 
 sm90.py runs a launcher under the interpreter with its kernels swapped for recorders; Gluon
@@ -21,14 +21,15 @@ import torch
 
 def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, R: int = 64,
                  dtype=torch.bfloat16, p_smem: bool = False, version: int | None = None,
-                 policy=None) -> dict:
+                 policy=None, rcp: bool = False) -> dict:
     """sm_90 build of gluon_v9._attn_kernel (p_smem=True or version 10: gluon_v10's; version
     11: gluon_v11's seesaw kernel; 12: the same with 64-column K chunks; 13: with a partition
     barrier before each publishing rendezvous; 14: and each partition's own geometry) with
     the constexprs its launcher passes for q [1, rows, heads, C + R] and a [1, ctx, C + R]
     cache; ints not specialised (a launch
     with ints equal to 1 would fold them: close enough for registers); policy: the split
-    policy's constexprs (triton_v4.V4 by default; gluon_v18: triton_v7.policy_for(heads))."""
+    policy's constexprs (triton_v4.V4 by default; gluon_v18: triton_v7.policy_for(heads));
+    rcp: gluon_v19's reciprocal epilogue (version 19: version 13 with it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -49,7 +50,8 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
                   USE_PDL=parts_grid(ctx, policy=pol) > 1)
     ptrs = dict(plen_ptr="*i64", anc_ptr="*i64", o_ptr=f"*{el}", lse_ptr="*fp32",
                 opart_ptr="*fp32", lpart_ptr="*fp32", qk_scale="fp32")
-    if version in (11, 12, 13, 14):  # gluon_v11's kernel; 12: K halves in 64-column chunks
+    rcp = rcp or version == 19
+    if version in (11, 12, 13, 14, 19):  # gluon_v11's kernel; 12: K halves in 64-column chunks
         fn, warps, rp = gluon_v11._attn_kernel, 4, gluon_v11.RP
         nch = (C // 2) // min(64, C // 2) if version == 12 else 1
         descs = dict(qh_desc=desc([64, C // 2]), qr_desc=desc([64, rp]),
@@ -62,6 +64,11 @@ def compile_attn(heads: int = 64, rows: int = 9, ctx: int = 4096, C: int = 512, 
         descs = dict(qc_desc=desc([64, C]), qr_desc=desc([64, rp]), kc_desc=desc([64, C]),
                      kr_desc=desc([64, rp]), kv_ptr=f"*{el}")
         const = dict(C=C, R=R, RP=rp, P_SMEM=p_smem, **policy)
+    if rcp:  # gluon_v19's epilogue
+        const["RCP"] = True
+    for prm in fn.params:  # constexprs the launch leaves at their defaults (gluon_v11's RCP)
+        if prm.is_constexpr and prm.has_default and prm.name not in const:
+            const[prm.name] = prm.default
     sig = {name: "i32" for name in fn.arg_names}
     sig.update(descs, **ptrs)
     for name in const:
@@ -85,7 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--rows", type=int, default=9)
     p.add_argument("--ctx", type=int, default=4096)
-    p.add_argument("--version", type=int, choices=(9, 10, 11, 12, 13, 14), default=9)
+    p.add_argument("--version", type=int, choices=(9, 10, 11, 12, 13, 14, 19), default=9)
     a = p.parse_args(argv)
     r = compile_attn(a.heads, a.rows, a.ctx, version=a.version)
     print(f"gluon_v{a.version} _attn_kernel: {r['regs']} regs, {r['spill']} B spill, smem {r['smem']} B, "
