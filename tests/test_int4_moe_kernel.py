@@ -731,6 +731,14 @@ def test_v15_gemms_prefetch_before_they_wait_sm90():
 
 
 # ---------------------------------------------------------------- v16: hot experts' wide tiles
+def _hot_routing(T: int) -> torch.Tensor:
+    """[T, 2] ids for v16 / v18's hot-path tests: expert 1 takes every token, expert 3 the
+    first 12, experts 0 / 2 / 4 the rest in turn (T 20: slots 20, 12 and 3 / 3 / 2)."""
+    t = torch.arange(T)
+    return torch.stack([torch.ones(T, dtype=torch.long),
+                        torch.where(t < 12, 3, torch.tensor([0, 2, 4])[t % 3])], 1)
+
+
 @pytest.mark.parametrize("hot, s_exp, why", [
     (5, None, "experts 1 and 3 hot (20 and 11 slots), 0 / 2 / 4 cold (2-3 slots), 5 empty"),
     (0, None, "every active expert hot: the cold launch runs no program"),
@@ -748,9 +756,7 @@ def test_v16_hot_and_cold_experts_match_reference(monkeypatch, hot, s_exp, why):
     T, E, D, I, K = 20, 6, 512, 256, 2
     ex = _experts(E, D, I, seed=16 + hot)
     _, w = _routing(T, E, K, seed=16)
-    t = torch.arange(T)
-    ids = torch.stack([torch.ones(T, dtype=torch.long),  # expert 1: all 20 tokens
-                       torch.where(t < 12, 3, torch.tensor([0, 2, 4])[t % 3])], 1)
+    ids = _hot_routing(T)
     ids[0, 1] = -1  # a slot not routed here: expert 3 keeps 11
     x = torch.randn(T, D).bfloat16()
     cfg = {"HOT": hot, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1}  # unsplit: D 2, I 1 K tiles
@@ -807,9 +813,7 @@ def test_v18_capped_hot_grid_is_v16(monkeypatch, hot_grid):
     T, E, D, I, K = 20, 6, 512, 256, 2
     ex = _experts(E, D, I, seed=18)
     _, w = _routing(T, E, K, seed=18)
-    t = torch.arange(T)
-    ids = torch.stack([torch.ones(T, dtype=torch.long),  # expert 1: all 20 tokens
-                       torch.where(t < 12, 3, torch.tensor([0, 2, 4])[t % 3])], 1)
+    ids = _hot_routing(T)
     x = torch.randn(T, D).bfloat16()
     cfg = {"HOT": 0, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1}  # 5 hot experts, unsplit
     out = triton_v18.int4_moe_triton(x, ids, w, ex, cfg=cfg | {"HOT_GRID": hot_grid})
