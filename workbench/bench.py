@@ -424,7 +424,8 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
     only: case labels (a list, or one label) to keep of those, e.g. "B=1 k=8 P=1024".
     max_seconds caps the op's total timing budget (split evenly over cases x implementations).
     rounds > 1: a case's implementations are timed in turn, `rounds` times over (each round a
-    1 / rounds share of the budget), and each row reports its median round (its note lists
+    1 / rounds share of the budget; their input sets are held at once, not one at a time),
+    and each row reports its median round (its note lists
     them all): an A/B within one stretch of the run, so clock and thermal drift fall on every
     implementation alike (session 16: the same launches read 476.0 and 501.5 µs, timed a
     minute apart). rounds = 1 times each implementation once, in order, as before.
