@@ -144,9 +144,9 @@ def main(argv=None) -> int:
                 ok = torch.equal(out, fold_reference(words, scales, sets[1], BN, KS))
                 state = {"i": 0}
 
-                def call(kw=kw, out=out, state=state):
-                    state["i"] += 1
-                    stream(words, scales, sets[state["i"] % 4], out, **kw)
+                def call(kw=kw, out=out, state=state, w=words, s=scales, sets=sets):
+                    state["i"] += 1  # graph_us captures 16 calls: they rotate the 4 sets
+                    stream(w, s, sets[state["i"] % 4], out, **kw)
 
                 us = graph_us(call, reps=16, rounds=5)
                 err = "" if ok else "fold differs"

@@ -48,8 +48,10 @@ def test_stream_rejects_shapes_it_cannot_tile(device):
     scales = torch.zeros(2, 32, 16, dtype=torch.bfloat16, device=device)
     ex = torch.zeros(1, dtype=torch.int32, device=device)
     out = torch.empty(8, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="BOXW: expected a multiple of 32"):
+        probe.stream(words, scales, ex, out, BN=16, BOXW=16, KS=1, warps=4, stages=2, tma=True)
     with pytest.raises(ValueError, match="BN=24"):
-        probe.stream(words, scales, ex, out, BN=24, BOXW=16, KS=1, warps=4, stages=2, tma=True)
+        probe.stream(words, scales, ex, out, BN=24, BOXW=32, KS=1, warps=4, stages=2, tma=True)
     with pytest.raises(ValueError, match="scales: expected shape"):
-        probe.stream(words, scales[:, :, :8], ex, out, BN=16, BOXW=16, KS=1, warps=4,
+        probe.stream(words, scales[:, :, :8], ex, out, BN=16, BOXW=32, KS=1, warps=4,
                      stages=2, tma=True)
