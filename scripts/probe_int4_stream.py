@@ -22,6 +22,7 @@ import argparse
 import csv
 import itertools
 import sys
+import time
 
 import torch
 import triton
@@ -117,9 +118,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="three configs (a smoke run)")
     p.add_argument("--csv", default=None)
+    p.add_argument("--max-seconds", type=float, default=float("inf"),
+                   help="stop starting new configs after this long (rows so far are kept)")
     a = p.parse_args(argv)
     from workbench.bench import ceilings, graph_us
 
+    t_end = time.monotonic() + a.max_seconds
     dev = "cuda"
     copy = ceilings(dev)["copy_GBps"]
     g = torch.Generator(device=dev).manual_seed(0)
@@ -137,6 +141,9 @@ def main(argv=None) -> int:
         for BN, BOXW, warps, stages, KS, tma in configs(a.quick):
             if W % (BOXW * KS):
                 continue
+            if time.monotonic() > t_end:
+                print(f"--max-seconds {a.max_seconds:g} reached: the remaining configs not run")
+                break
             out = torch.empty(KS * 8 * (N // BN), dtype=torch.int32, device=dev)
             kw = dict(BN=BN, BOXW=BOXW, KS=KS, warps=warps, stages=stages, tma=tma)
             try:
