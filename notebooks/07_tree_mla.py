@@ -143,9 +143,9 @@ ax.set_title("tree_mla physical floor")
 assert len(tree_mla_cases("real", 0)) > 0  # the REAL shapes the suite benchmarks
 
 # %% [markdown]
-# ## At 8 heads (an EP8 / TP8 rank): what the split policy and the merge cost (H200, sessions 15-16)
+# ## At 8 heads (an EP8 / TP8 rank): what the split policy and the merge cost (H200, sessions 15-17)
 # Busy µs of one call (attention + merge, CUDA-graph replay) from
-# `scripts/sweep_tree_mla_policy.py`, committed under `traces/gpu/session15/` and `session16/`: shorter parts
+# `scripts/sweep_tree_mla_policy.py`, committed under `traces/gpu/session15/` to `session17/`: shorter parts
 # shorten the attention kernel (one CTA's tile chain is the cost), and the merge of more parts
 # takes it back (kernels/tree_mla/README.md, "Design (v15, v16)"). Measured, not recomputed.
 
@@ -155,7 +155,9 @@ import pandas as pd
 SWEEPS = {"gluon_v13 (v4's merge)": "session15/call1_sweep_policy_g13_h8.csv",
           "gluon_v13 + v8's merge": "session15/call4_sweep_policy_gluon_v13_c8_h8.csv",
           "triton_v16 (transposed, v8's merge)": "session15/call4_sweep_policy_triton_v16_h8.csv",
-          "gluon_v18 (one-round merge)": "session16/call1_sweep_policy_g18_h8.csv"}
+          "gluon_v18 (one-round merge)": "session16/call1_sweep_policy_g18_h8.csv",
+          "gluon_v19 (v13 + reciprocal)": "session17/call2_sweep_policy_gluon_v19_h8.csv",
+          "gluon_v18 + reciprocal": "session17/call2_sweep_policy_gluon_v18_rcp_h8.csv"}
 root = os.path.join(os.path.dirname(os.path.abspath(ops.__file__)), "..", "..", "traces", "gpu")
 found = {k: os.path.join(root, f) for k, f in SWEEPS.items()
          if os.path.exists(os.path.join(root, f))}
@@ -171,4 +173,4 @@ if found:  # a checkout with traces/ (an installed wheel has none)
         ax.legend(fontsize=6)
     (list(axes) if len(found) > 1 else [axes])[0].set_ylabel("busy µs (H = 8)")
 else:
-    print("no traces/gpu/session15-16 here: the sweep CSVs live in the repository checkout")
+    print("no traces/gpu/session15-17 here: the sweep CSVs live in the repository checkout")

@@ -20,7 +20,7 @@ from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-            "triton_v13", "triton_v14", "triton_v15", "triton_v16")
+            "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -81,7 +81,8 @@ def test_edge_cases_match_reference(version):
              "triton_v5": (5,), "triton_v6": (6,), "triton_v7": (7,), "triton_v8": (8,),
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
-             "triton_v15": (15,), "triton_v16": (16,)}
+             "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
+             "triton_v18": (18,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -90,7 +91,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
                                      "triton_v13", "triton_v14", "triton_v15",
-                                     "triton_v16"])
+                                     "triton_v16", "triton_v17", "triton_v18"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),

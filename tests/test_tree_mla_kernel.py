@@ -453,7 +453,7 @@ def test_presets_select_best_where_it_runs_else_portable():
     # portable version, while an explicit request for the Gluon kernel fails by name
     from workbench import ops
 
-    assert ops.PRESETS["optimized"]["tree_mla"] == BEST == "gluon_v13"
+    assert ops.PRESETS["optimized"]["tree_mla"] == BEST == "gluon_v19"
     assert ops.PORTABLE["tree_mla"] == PORTABLE
     runs = ops.op_spec("tree_mla").variant(BEST).unavailable_reason() is None
     want = BEST if runs else PORTABLE

@@ -37,12 +37,14 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v16 v13 with the experts holding > HOT slots run by a second launch of each GEMM
                on wide slot tiles (BN 64 x BM 128 / 64): a hot expert's weights streamed a few
                times, not once per 16 slots (H200: skewed T 128 / 512 / 2080 -7 / -13 / -15 %,
-               uniform within 1.5 %; BEST from session 16)
+               uniform within 1.5 %; BEST in session 16)
     triton_v17 v16 with, at T <= 32, the SiLU and the combine done by the GEMMs' last
                programs of each group (an atomic count): four launches instead of six
                (H200: v16's bits; 1 µs faster at T 1, 2-6 % slower from T 9)
     triton_v18 v16 with the hot launches' grid capped at 8 programs an N tile (v16's empty hot
-               launches cost 16-118 µs at uniform T 128-2080)
+               launches cost 16-118 µs at uniform T 128-2080); v16's bits (H200: T 2080
+               -1.2 / -1.4 % uniform / skewed, the REAL T within the rounds; BEST from
+               session 17)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -52,7 +54,7 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the decode-loop test and the notebook use
-BEST = "triton_v16"
+BEST = "triton_v18"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
