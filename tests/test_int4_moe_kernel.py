@@ -20,7 +20,8 @@ from workbench.reference.int4_moe import int4_moe
 
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
-            "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18")
+            "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
+            "triton_v19")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -82,7 +83,7 @@ def test_edge_cases_match_reference(version):
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
-             "triton_v18": (18,)}
+             "triton_v18": (18,), "triton_v19": (19,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -91,7 +92,8 @@ def test_edge_cases_match_reference(version):
                                      "triton_v5", "triton_v6", "triton_v7", "triton_v8",
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
                                      "triton_v13", "triton_v14", "triton_v15",
-                                     "triton_v16", "triton_v17", "triton_v18"])
+                                     "triton_v16", "triton_v17", "triton_v18",
+                                     "triton_v19"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -835,6 +837,67 @@ def test_v18_bitwise_v16_gpu(real_experts, skew):
         x, ids, w = _real_inputs(cfg, T, 800 + T, skew)
         assert _bits_equal(triton_v18.int4_moe_triton(x, ids, w, ex),
                            triton_v16.int4_moe_triton(x, ids, w, ex)), T
+
+
+# ---------------------------------------------------------------- v19: 64-row tiles at decode
+def test_v19_tiles():
+    # why: v19 takes v7's 64-row tiles (128 registers) only where at most one token's slots
+    # are expected, with v13's split rule recomputed for the 64-row grid; v18's tiles elsewhere
+    from workbench.kernels.int4_moe import triton_v13, triton_v18, triton_v19
+
+    def ks(c):
+        return c["KS1"], c["TPS1"], c["KS2"], c["TPS2"]
+
+    t1 = triton_v19.tiles(1, 8, 384, 7168, 2048)
+    assert (t1["BN"], t1["maxnreg"]) == (64, 128)
+    assert ks(t1) == ks(triton_v18.tiles(1, 8, 384, 7168, 2048)) == (1, 28, 1, 8)
+    rank = triton_v19.tiles(1, 8, 48, 7168, 2048, slots=1)  # an EP8 rank's decode
+    assert rank["BN"] == 64 and ks(rank) == (4, 7, 2, 4)  # 64 / 112 N tiles: 4 / 2 splits
+    assert ks(rank) == tuple(triton_v13.splits(64, 1, 8, 48, 7168, 2048, 1).values())
+    assert triton_v19.tiles(8, 8, 48, 7168, 2048, slots=8)["BN"] == 64  # C 8 AR on a rank
+    for T, slots in ((2, None), (9, None), (17, 17), (512, None)):
+        assert triton_v19.tiles(T, 8, 384, 7168, 2048, slots) == triton_v18.tiles(
+            T, 8, 384, 7168, 2048, slots), (T, slots)
+
+
+@pytest.mark.parametrize("T, hint", [(1, None), (4, 2)])
+def test_v19_decode_tiles_match_reference(monkeypatch, T, hint):
+    # why: the 64-row program (v7's shape, v8's code) with every intermediate NaN-filled:
+    # T 1 unsplit-or-split as the rule gives, and a hinted EP rank (-1 slots) below K slots
+    from workbench.kernels.int4_moe import triton_v19
+
+    _poisoned_buffers(monkeypatch)
+    T_, E, D, I, K = T, 8, 512, 256, 4
+    ex = _experts(E, D, I, seed=190 + T)
+    ids, w = _routing(T_, E, K, seed=190 + T)
+    if hint is not None:
+        ids = torch.where(ids < 4, ids, torch.full_like(ids, -1))
+    assert triton_v19.tiles(T_, K, E, D, I, hint)["BN"] == 64
+    x = torch.randn(T_, D).bfloat16()
+    out = triton_v19.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    ref = int4_moe(x, ids, w, ex)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_v19_t1_bitwise_v18_gpu(real_experts):
+    # why: at T 1 on 384 experts the 64-row grid keeps v18's splits (one), so a row's K order
+    # and its bits are v18's; the hinted EP rank's decode (other splits) against the reference
+    from workbench.kernels.int4_moe import triton_v18, triton_v19
+
+    ex, cfg = real_experts
+    for seed in (0, 1, 2):
+        x, ids, w = _real_inputs(cfg, 1, 900 + seed, 0.0)
+        assert _bits_equal(triton_v19.int4_moe_triton(x, ids, w, ex),
+                           triton_v18.int4_moe_triton(x, ids, w, ex)), seed
+    x, ids, w = _real_inputs(cfg, 1, 950, 0.0)
+    here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    out = triton_v19.int4_moe_triton(x, here, w, ex48, expected_slots=1)
+    ref = int4_moe(x, here, w, ex48)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
 # ---------------------------------------------------------------- v17: epilogues on the GEMMs

@@ -45,6 +45,8 @@ Versions (README.md has the design and the version log), each with the contract 
                launches cost 16-118 µs at uniform T 128-2080); v16's bits (H200: T 2080
                -1.2 / -1.4 % uniform / skewed, the REAL T within the rounds; BEST from
                session 17)
+    triton_v19 v18 with v7's 64-row tiles (128 registers, four CTAs an SM) where at most one
+               token's slots are expected (decode), v13's split rule on that grid
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -59,7 +61,7 @@ BEST = "triton_v18"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 19)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 20)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -125,6 +127,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v18"): "v16 with its hot launches' grid capped at HOT_GRID = 8 programs "
     "an N tile (they stride over the hot experts): v16's bits, and empty hot launches of 1408 "
     "programs instead of up to ~45,000 at uniform routing",
+    ("int4_moe", "triton_v19"): "v18 with 64-row weight tiles at 128 registers (four CTAs an "
+    "SM, twice the programs) where at most K slots are expected (decode), K splits by v13's "
+    "rule for that grid; v18's tiles above",
 }
 
 

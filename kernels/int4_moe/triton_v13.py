@@ -52,12 +52,16 @@ def split(k_tiles: int, programs_per_split: int, ws_per_split: int) -> tuple[int
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """v11's tiles with the K splits of the rule above. Shapes only (graph-safe)."""
     c = _tiles_v11(T, K, E, D, I, slots)
+    return c | splits(c["BN"], T, K, E, D, I, slots)
+
+
+def splits(BN: int, T: int, K: int, E: int, D: int, I: int, slots: int | None) -> dict:
+    """The rule above for BN-row N tiles: {KS1, TPS1, KS2, TPS2}."""
     S = T * K
     A = max(1, min(E, S if slots is None else slots))  # active experts expected
-    c["KS1"], c["TPS1"] = split(triton.cdiv(D, KT), 2 * triton.cdiv(I, c["BN"]) * A,
-                                S * 2 * I * 4)
-    c["KS2"], c["TPS2"] = split(triton.cdiv(I, KT), triton.cdiv(D, c["BN"]) * A, S * D * 4)
-    return c
+    ks1, tps1 = split(triton.cdiv(D, KT), 2 * triton.cdiv(I, BN) * A, S * 2 * I * 4)
+    ks2, tps2 = split(triton.cdiv(I, KT), triton.cdiv(D, BN) * A, S * D * 4)
+    return dict(KS1=ks1, TPS1=tps1, KS2=ks2, TPS2=tps2)
 
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
