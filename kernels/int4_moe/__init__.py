@@ -43,10 +43,11 @@ Versions (README.md has the design and the version log), each with the contract 
                (H200: v16's bits; 1 µs faster at T 1, 2-6 % slower from T 9)
     triton_v18 v16 with the hot launches' grid capped at 8 programs an N tile (v16's empty hot
                launches cost 16-118 µs at uniform T 128-2080); v16's bits (H200: T 2080
-               -1.2 / -1.4 % uniform / skewed, the REAL T within the rounds; BEST from
-               session 17)
+               -1.2 / -1.4 % uniform / skewed, the REAL T within the rounds)
     triton_v19 v18 with v7's 64-row tiles (128 registers, four CTAs an SM) where at most one
-               token's slots are expected (decode), v13's split rule on that grid
+               token's slots are expected (decode), v13's split rule on that grid (H200:
+               T 1 81.6 vs 84.0 µs, v18's bits there, v18's tiles from T 2; BEST from
+               session 17)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -56,7 +57,7 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the decode-loop test and the notebook use
-BEST = "triton_v18"
+BEST = "triton_v19"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
