@@ -19,7 +19,6 @@ BOXW words a K tile, KS K splits; programs = N / BN x 8 x KS.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import sys
 import time
@@ -167,11 +166,13 @@ def main(argv=None) -> int:
             print(f"{name:<8} {row['loader']:<4} {BN:>4} {BOXW:>4} {warps:>5} {stages:>3} "
                   f"{KS:>3} {row['programs']:>6} {us:8.1f} {gbs:7.0f} {row['pct_copy']:6.1f}"
                   f" {err}", flush=True)
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+    if a.csv:  # each row with the run's GPU, versions and git state (traces_io)
+        import pandas as pd
+
+        from workbench.traces_io import run_metadata
+
+        meta = run_metadata(dev)
+        pd.DataFrame([r | meta for r in rows]).to_csv(a.csv, index=False)
     return 0 if all(not r["error"] for r in rows) else 1
 
 
