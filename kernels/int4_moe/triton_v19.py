@@ -7,7 +7,7 @@ BN=64,maxnreg=128" --rounds 3`, traces/gpu/session17/README.md): at T 1 the 64-r
 81.6 µs against 83.8 (every round), and 6-10 % slower from T 9 (489.0 against 462.2 at T 9),
 as session 15 measured (1.5 µs at T 1, 6-8 % from T 9). Session 17's stream probe says why the
 small grids gain: with no arithmetic the 128-row grid streams T 1's bytes as fast as the 64-row
-one (34.3 + 18.9 µs against 34.5 + 19.0), so the GEMMs' ~15 µs above the stream is the
+one (34.3 + 18.9 µs against 33.7 + 19.0), so the GEMMs' ~15 µs above the stream is the
 arithmetic the K loop cannot hide, and T 1's 256 + 448 programs at 8 warps an SM hide less of
 it than 512 + 896 programs at 16 (twice the warps per byte, 3.13 SASS a weight against 2.59:
 what loses from T 9, where issue, not latency, binds). Twice the warps from 8-warp CTAs
