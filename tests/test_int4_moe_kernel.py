@@ -26,6 +26,8 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
 OLDER = [pytest.param(v, marks=_SLOW) for v in VERSIONS[:-1]] + [VERSIONS[-1]]
+# Gluon versions (no interpreter: sm_90 only) join the GPU tests of every version
+GPU_VERSIONS = (*VERSIONS, "gluon_v20")
 
 
 def _variant(name):
@@ -900,6 +902,85 @@ def test_v19_t1_bitwise_v18_gpu(real_experts):
     assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+# ---------------------------------------------------------------- gluon_v20: producer / consumer
+def test_gluon_v20_compiles_producer_consumer_sm90():
+    # why: gluon_v20's premise (session 17, the K loop's SASS): a producer warp and a consumer
+    # warpgroup (setmaxnreg 232 / 48 at BN 128), one full wgmma wait a K tile instead of four
+    # (wait(1) after slabs 1 and 2: a slab's MMA runs under the next slab's dequant), the
+    # words and scales read straight into the A operand's registers (convert_layout with
+    # assert_trivial compiles only if no conversion is needed), no spill, and the shared
+    # memory of two CTAs an SM at BN 128 and three at BN 64, for both GEMMs
+    r = compile_sm90(
+        "from workbench.kernels.int4_moe import gluon_v20 as g; "
+        "out = [dict({k: v for k, v in g.compile_sm90(BN=bn, **kw).items() "
+        "if k not in ('ptx', 'cubin')}, BN=bn) for bn in (128, 64) "
+        "for kw in ({}, dict(BM=8, NH=2, BY_TOKEN=False, OUT_BY_SLOT=True))]")
+    for c in r:
+        ctas = 2 if c["BN"] == 128 else 3
+        assert c["spill"] == "0" and c["waits"] == [1, 1, 0], c
+        assert ctas * (c["smem"] + 1024) <= 228 * 1024, c
+        assert int(c["regs"]) * 256 * ctas <= 65536, c  # 8 warps a CTA at launch
+        # 4 slabs x 4 k16 steps x BN / 64 row blocks; TMA boxes for words and scales
+        assert c["wgmma"] == 16 * c["BN"] // 64 and c["tma"] >= 2, c
+
+
+def test_gluon_v20_needs_sm90_and_dispatches_unaligned_scales(monkeypatch):
+    # why: Gluon has no interpreter, so the variant names its requirement on a CPU box; and
+    # its launcher's one documented dispatch: scale rows TMA cannot read (IN % 256 != 0, v7's
+    # S_TMA) or a tile width without stage options run v19's launches, nothing else does
+    from workbench import ops
+    from workbench.kernels.int4_moe import gluon_v20
+
+    register()
+    if not torch.cuda.is_available():
+        assert "sm_90" in ops.op_spec("int4_moe").variant("gluon_v20").unavailable_reason()
+    seen = []
+    monkeypatch.setattr(gluon_v20, "grid_gemm_hot", lambda *a: seen.append(a[0]))
+    gluon_v20.grid_gemm_ws(1, {}, None, 4, (), {"S_TMA": False, "BN": 128})
+    gluon_v20.grid_gemm_ws(2, {}, None, 4, (), {"S_TMA": True, "BN": 32})
+    assert seen == [1, 2]
+
+
+def test_gluon_v20_descriptors_are_2d_views_of_v7s():
+    # why: the Gluon kernel addresses a tile as rows e N + n0 of the checkpoint tensor viewed
+    # [E N, W] with v7's box width (words 32, scales 8) and BN rows
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from workbench.kernels.int4_moe import gluon_v20
+
+    w = torch.zeros(3, 256, 64, dtype=torch.int32)
+    s = torch.zeros(3, 256, 16, dtype=torch.bfloat16)
+    for t, width in ((w, 32), (s, 8)):
+        d = gluon_v20.descriptors(TensorDescriptor(t, list(t.shape), list(t.stride()),
+                                                   [1, 64, width]), 128)
+        assert list(d.shape) == [3 * 256, t.shape[2]] and list(d.strides) == [t.shape[2], 1]
+        assert list(d.block_shape) == [128, width]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_gluon_v20_bitwise_v19_gpu(real_experts, skew):
+    # why: every output row is the same chain of m64nRk16 wgmmas in the same K order from zero
+    # as v19's program, fed v5's dequant PTX: v19's bits, at decode (64-row tiles, K splits),
+    # verify sizes, hot experts (v16's hot launch next to the Gluon cold programs) and a
+    # hinted EP8 rank's decode and verify
+    from workbench.kernels.int4_moe import gluon_v20, triton_v19
+
+    ex, cfg = real_experts
+    for T in (1, 9, 17, 128, 512, 2080):
+        x, ids, w = _real_inputs(cfg, T, 700 + T, skew)
+        assert _bits_equal(gluon_v20.int4_moe_gluon(x, ids, w, ex),
+                           triton_v19.int4_moe_triton(x, ids, w, ex)), T
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    for T in (1, 17):
+        x, ids, w = _real_inputs(cfg, T, 750 + T, skew)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        hint = -(-T * 8 * 48 // 384)
+        assert _bits_equal(gluon_v20.int4_moe_gluon(x, here, w, ex48, expected_slots=hint),
+                           triton_v19.int4_moe_triton(x, here, w, ex48,
+                                                      expected_slots=hint)), T
+
+
 # ---------------------------------------------------------------- v17: epilogues on the GEMMs
 @pytest.mark.parametrize("T, E, D, I, K, local, cfg, why", [
     (1, 8, 512, 512, 2, None, {}, "decode: v13's splits for few experts (KS1, KS2 > 1)"),
@@ -1427,7 +1508,7 @@ def real_experts():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", GPU_VERSIONS)
 @pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("T", REAL_T)
 def test_real_shapes(real_experts, version, T, skew):
@@ -1440,7 +1521,7 @@ def test_real_shapes(real_experts, version, T, skew):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", GPU_VERSIONS)
 @pytest.mark.parametrize("T", (1, 33))
 def test_cuda_graph_replay_equals_eager(real_experts, version, T):
     ex, cfg = real_experts

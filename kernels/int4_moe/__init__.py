@@ -48,6 +48,9 @@ Versions (README.md has the design and the version log), each with the contract 
                token's slots are expected (decode), v13's split rule on that grid (H200:
                T 1 81.6 vs 84.0 µs, v18's bits there, v18's tiles from T 2; BEST from
                session 17)
+    gluon_v20  v19 with the GEMMs' cold programs as a Gluon producer / consumer kernel (warp
+               specialization: TMA and cp.async from one warp, STAGES tiles in flight; the
+               next slab's dequant under the previous slab's wgmma); sm_90 only
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -62,7 +65,8 @@ BEST = "triton_v19"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 20)},
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 20)}
+    | {"gluon_v20": f"{_MOD}.gluon_v20:int4_moe_gluon"},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -131,6 +135,11 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v19"): "v18 with 64-row weight tiles at 128 registers (four CTAs an "
     "SM, twice the programs) where at most K slots are expected (decode), K splits by v13's "
     "rule for that grid; v18's tiles above",
+    ("int4_moe", "gluon_v20"): ("v19 with the GEMMs' cold programs in Gluon: a producer warp "
+                                "(TMA words and scales, cp.async activations, STAGES K tiles "
+                                "in flight) and a consumer warpgroup (v5's dequant into the "
+                                "wgmma A registers, one slab's MMA under the next's dequant)",
+                                ("sm90", "triton")),
 }
 
 

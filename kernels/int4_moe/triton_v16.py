@@ -106,6 +106,11 @@ def grid_gemm_hot(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     if not hot_mode(c, T):
         return grid_gemm(n, c, r, NT, args, kw)
     grid_gemm(n, c, r, NT, args, dict(kw, HOT=c["HOT"]))  # cold: v7's, counts <= HOT
+    hot_launch(n, c, r, args, kw)
+
+
+def hot_launch(n: int, c: dict, r, args: tuple, kw: dict) -> None:
+    """GEMM n's hot launch (`_gemm_hot_kernel`) with the cold launch's `args` / `kw`."""
     bn = c["BN_HOT"]
     nout = args[19]
     nt = triton.cdiv(nout, bn)
