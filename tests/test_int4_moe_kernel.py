@@ -9,6 +9,8 @@ to eager, and the launch path without a host sync. Every check goes through `wor
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from sm90_compile import compile_sm90
@@ -905,29 +907,32 @@ def test_v19_t1_bitwise_v18_gpu(real_experts):
 # ---------------------------------------------------------------- gluon_v20: producer / consumer
 def test_gluon_v20_compiles_producer_consumer_sm90():
     # why: gluon_v20's premise (session 17, the K loop's SASS): a producer warp and a consumer
-    # warpgroup (setmaxnreg 232 / 48 at BN 128), one full wgmma wait a K tile instead of four
-    # (wait(1) after slabs 1 and 2: a slab's MMA runs under the next slab's dequant), the
-    # words and scales read straight into the A operand's registers (convert_layout with
-    # assert_trivial compiles only if no conversion is needed), no spill, and the shared
-    # memory of two CTAs an SM at BN 128 and three at BN 64, for both GEMMs
+    # warpgroup (setmaxnreg), one full wgmma wait a K tile instead of four (wait(1) after
+    # slabs 1 and 2: a slab's MMA runs under the next slab's dequant), the words and scales
+    # read straight into the A operand's registers (convert_layout with assert_trivial compiles
+    # only if no conversion is needed), no spill, and the shared memory of two CTAs an SM at
+    # BN 128 and three at BN 64, for both GEMMs at every (BN, R) it launches
     r = compile_sm90(
         "from workbench.kernels.int4_moe import gluon_v20 as g; "
         "out = [dict({k: v for k, v in g.compile_sm90(BN=bn, **kw).items() "
-        "if k not in ('ptx', 'cubin')}, BN=bn) for bn in (128, 64) "
-        "for kw in ({}, dict(BM=8, NH=2, BY_TOKEN=False, OUT_BY_SLOT=True))]")
+        "if k not in ('ptx', 'cubin')}, BN=bn) for (bn, R) in g.WS_OPTS "
+        "for kw in (dict(BM=R), dict(BM=R // 2, NH=2, BY_TOKEN=False, OUT_BY_SLOT=True))]")
+    assert len(r) == 6
     for c in r:
         ctas = 2 if c["BN"] == 128 else 3
         assert c["spill"] == "0" and c["waits"] == [1, 1, 0], c
         assert ctas * (c["smem"] + 1024) <= 228 * 1024, c
         assert int(c["regs"]) * 256 * ctas <= 65536, c  # 8 warps a CTA at launch
+        assert 48 in c["setmaxnreg"], c  # the producer's
         # 4 slabs x 4 k16 steps x BN / 64 row blocks; TMA boxes for words and scales
         assert c["wgmma"] == 16 * c["BN"] // 64 and c["tma"] >= 2, c
 
 
 def test_gluon_v20_needs_sm90_and_dispatches_unaligned_scales(monkeypatch):
     # why: Gluon has no interpreter, so the variant names its requirement on a CPU box; and
-    # its launcher's one documented dispatch: scale rows TMA cannot read (IN % 256 != 0, v7's
-    # S_TMA) or a tile width without stage options run v19's launches, nothing else does
+    # its launcher's documented dispatch: scale rows TMA cannot read (IN % 256 != 0, v7's
+    # S_TMA), a tile without stage options or weights that are not a contiguous [E, N, W]
+    # (the 2-D views) run v19's launches, nothing else does
     from workbench import ops
     from workbench.kernels.int4_moe import gluon_v20
 
@@ -936,9 +941,16 @@ def test_gluon_v20_needs_sm90_and_dispatches_unaligned_scales(monkeypatch):
         assert "sm_90" in ops.op_spec("int4_moe").variant("gluon_v20").unavailable_reason()
     seen = []
     monkeypatch.setattr(gluon_v20, "grid_gemm_hot", lambda *a: seen.append(a[0]))
-    gluon_v20.grid_gemm_ws(1, {}, None, 4, (), {"S_TMA": False, "BN": 128})
-    gluon_v20.grid_gemm_ws(2, {}, None, 4, (), {"S_TMA": True, "BN": 32})
-    assert seen == [1, 2]
+    w = torch.zeros(2, 128, 32, dtype=torch.int32)
+    ok = types.SimpleNamespace(base=w)
+    args = (None, 0, 0, ok, ok, ok, ok)
+    kw = {"S_TMA": True, "BN": 128, "NH": 1, "BM": 16}
+    gluon_v20.grid_gemm_ws(1, {}, None, 4, args, kw | {"S_TMA": False})
+    gluon_v20.grid_gemm_ws(2, {}, None, 4, args, kw | {"BN": 32})  # no stage options
+    gluon_v20.grid_gemm_ws(3, {}, None, 4, args, kw | {"BN": 64, "BM": 32})
+    strided = types.SimpleNamespace(base=w[:, ::2])  # not a contiguous [E, N, W]
+    gluon_v20.grid_gemm_ws(4, {}, None, 4, (None, 0, 0, ok, strided, ok, ok), kw)
+    assert seen == [1, 2, 3, 4]
 
 
 def test_gluon_v20_descriptors_are_2d_views_of_v7s():

@@ -66,11 +66,13 @@ from .triton_v11 import launch_hinted
 from .triton_v16 import grid_gemm_hot, hot_launch, hot_mode
 from .triton_v19 import tiles
 
-# (K tiles in flight, registers a thread at launch) by BN: two CTAs an SM at BN 128 (88 KB
-# smem, 128 x 256 threads; the consumer warpgroup gets 232 by setmaxnreg, the producer 48),
-# three at BN 64 (74 KB, 80: the consumer 136). A stage: BN x 128 B words, BN x 16 B scales,
-# R x 512 B activations.
-WS_OPTS = {128: (3, 128), 64: (4, 80)}
+# (K tiles in flight, registers a thread at launch) by (BN, R): two CTAs an SM at BN 128
+# (88 KB of smem at R 16, 84 KB at R 32 with a stage fewer; 128 registers x 256 threads),
+# three at BN 64 (74 KB, 80). A stage: BN x 128 B words, BN x 16 B scales, R x 512 B
+# activations. Inside the fork the consumer warpgroup runs at 208 (BN 128) / 112 (BN 64)
+# registers by setmaxnreg, the producer at 48. R 32 (v10's 32-slot gate/up tile past T 768,
+# the down GEMM's 16-slot tile past T 192) only comes with BN 128 (v19 takes BN 64 at decode).
+WS_OPTS = {(128, 16): (3, 128), (128, 32): (2, 128), (64, 16): (4, 80)}
 _ASM = [gl.constexpr(a.value) for a in (triton_v5._ASM0, triton_v5._ASM1, triton_v5._ASM2,
                                         triton_v5._ASM3)]
 ASM0, ASM1, ASM2, ASM3 = _ASM
@@ -260,7 +262,7 @@ def _gemm_ws_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, sl
         (_producer, (w1_desc, s1_desc, w2_desc, s2_desc, w_s, s_s, x_s, bars, in_ptr, s_in,
                      s_half, slots_ptr, start, cnt, e, n0, up, kt0, kt1, NOUT, K, BM, NH,
                      BY_TOKEN, STAGES)),
-    ], [1], [48])
+    ], [1], [48])  # one producer warp: `ready` counts one expect (lane 0) a phase
 
 
 # ------------------------------------------------------------------------------ launcher
@@ -273,23 +275,26 @@ def descriptors(d, BN: int):
 
     t = d.base
     E, N, W = t.shape
-    flat = t.view(E * N, W)  # the checkpoint tensors are contiguous (v7's TMA needs it too)
+    flat = t.view(E * N, W)  # contiguous only (`grid_gemm_ws` checks): a view, not a copy
     block = [BN, d.block_shape[2]]
     el = gl.int32 if t.element_size() == 4 else gl.bfloat16
-    return TensorDescriptor(flat, [E * N, W], [W, 1], block,
+    return TensorDescriptor(flat, [E * N, W], list(flat.stride()), block,
                             gl.NVMMASharedLayout.get_default_for(block, el))
 
 
 def grid_gemm_ws(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     """GEMM n (1 gate/up, 2 down) with its cold programs in `_gemm_ws_kernel` and v16's hot
-    launch where `hot_mode`; scale rows that TMA cannot read (not S_TMA) or a tile width
-    without stage options: v19's launches (module docstring)."""
-    if not kw["S_TMA"] or kw["BN"] not in WS_OPTS:  # never at Kimi widths
+    launch where `hot_mode`; scale rows that TMA cannot read (not S_TMA), weight tensors that
+    are not contiguous [E, N, W] (the 2-D views) or a tile without stage options: v19's
+    launches (module docstring). The Gluon programs take no cfg knobs (warps, stages, maxnreg)
+    and no `nodequant` ablation: those reach the hot launch and v19's only."""
+    bn, R = kw["BN"], kw["NH"] * kw["BM"]
+    if (not kw["S_TMA"] or (bn, R) not in WS_OPTS  # never at Kimi widths
+            or not all(d.base.is_contiguous() for d in args[3:7])):
         return grid_gemm_hot(n, c, r, NT, args, kw)
     T = r.bad.shape[0]
     hot = hot_mode(c, T)
-    bn = kw["BN"]
-    stages, maxnreg = WS_OPTS[bn]
+    stages, maxnreg = WS_OPTS[bn, R]
     (in_ptr, s_in, s_half, w1, s1, w2, s2, _w1s, _w2s, _sse, _ssn, slots, act_e, act_start,
      act_cnt, n_act, out, s_ok, s_or, nout, nt1, n_in) = args
     _gemm_ws_kernel[(NT, r.max_active, c[f"KS{n}"])](
@@ -328,7 +333,7 @@ def compile_sm90(BN: int = 128, BM: int = 16, NH: int = 1, TWO: bool = True,
     from workbench.kernels._sm90 import ptxas_stats
 
     fn = _gemm_ws_kernel
-    stages, maxnreg = WS_OPTS[BN]
+    stages, maxnreg = WS_OPTS[BN, NH * BM]
 
     def desc(block, el):
         lay = gl.NVMMASharedLayout.get_default_for(block, gl.int32 if el == "i32"
@@ -351,7 +356,8 @@ def compile_sm90(BN: int = 128, BM: int = 16, NH: int = 1, TWO: bool = True,
     ptx = ck.asm["ptx"]
     regs, spill = ptxas_stats(ptx)
     return {"regs": regs, "spill": spill, "smem": ck.metadata.shared,
-            "setmaxnreg": re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)[:2],
+            "setmaxnreg": sorted({int(v) for v in re.findall(
+                r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}, reverse=True),
             "waits": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)],
             "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
             "ptx": ptx, "cubin": ck.asm.get("cubin")}
@@ -369,13 +375,14 @@ def _main(argv=None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--compile" in args:
-        print("GEMM     BN  registers  spill  smem B  setmaxnreg  wgmma waits a K tile")
-        for name, kw in (("gate/up", {}), ("down", dict(BM=8, NH=2, BY_TOKEN=False,
-                                                        OUT_BY_SLOT=True))):
-            for bn in WS_OPTS:
+        print("GEMM     BN   R  registers  spill  smem B  setmaxnreg      wgmma waits a K tile")
+        down = dict(NH=2, BY_TOKEN=False, OUT_BY_SLOT=True)
+        for (bn, R) in WS_OPTS:
+            for name, kw in (("gate/up", dict(BM=R)), ("down", dict(BM=R // 2, **down))):
                 r = compile_sm90(BN=bn, **kw)
-                print(f"{name:<8} {bn:>3}  {r['regs']:>9}  {r['spill']:>5}  {r['smem']:>6}  "
-                      f"{'/'.join(r['setmaxnreg']):>10}  {r['waits']}")
+                sm = "/".join(map(str, r["setmaxnreg"]))
+                print(f"{name:<8} {bn:>3} {R:>3}  {r['regs']:>9}  {r['spill']:>5}  "
+                      f"{r['smem']:>6}  {sm:>14}  {r['waits']}")
         return 0
     from .triton_v5 import _main as v5_main
 
