@@ -164,3 +164,34 @@ for ax, routing in zip(axes, ("uniform", "skewed")):
     ax.set_title(f"{routing} routing", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
 axes[0].set_ylabel("GB/s on touched-expert bytes")
+
+# %% [markdown]
+# ## T 1's weight stream alone (H200, session 17)
+# `scripts/probe_int4_stream.py` walks each program's K loop as the kernels do (TMA word and
+# scale boxes, or cp.async pointers) and only xor-folds what it loaded: how fast the grid, box,
+# warps and stages can stream T 1's bytes with no arithmetic. The kernels' GEMMs take
+# 68.4 µs on the grids that stream in 34.3 + 18.9 µs (kernels/int4_moe/README.md). Measured,
+# from `traces/gpu/session17/call3_probe_int4_stream.csv`; skipped without the checkout.
+
+# %%
+probe = Path(workbench.__file__).resolve().parents[1] / "traces" / "gpu" / "session17" / \
+    "call3_probe_int4_stream.csv"
+if probe.exists():
+    pr = pd.read_csv(probe)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+    for ax, (matrix, grp) in zip(axes, pr.groupby("matrix", sort=False)):
+        for (loader, boxw), g in grp.groupby(["loader", "BOXW"]):
+            ax.scatter(g["programs"], g["pct_copy"], s=12 * g["stages"],
+                       marker="o" if loader == "tma" else "x",
+                       label=f"{loader}, {boxw}-word box (size: stages)")
+        v18 = grp[(grp.loader == "tma") & (grp.BN == 128) & (grp.BOXW == 32)
+                  & (grp.warps == 4) & (grp.stages == 3) & (grp.KS == 1)]
+        ax.scatter(v18["programs"], v18["pct_copy"], s=120, facecolors="none",
+                   edgecolors="k", label="the kernels' grid")
+        ax.set_xscale("log")
+        ax.set_xlabel("programs")
+        ax.set_title(f"{matrix} ({grp['bytes'].iloc[0] / 1e6:.1f} MB)", fontsize=9)
+        ax.legend(fontsize=6)
+    axes[0].set_ylabel("% of copy bandwidth")
+else:
+    print("no traces/gpu/session17 here: the probe's CSV lives in the repository checkout")
