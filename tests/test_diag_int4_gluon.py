@@ -1,19 +1,12 @@
 """scripts/diag_int4_gluon.py's comparison: bitwise equality through the bf16 bits, the largest
 |difference|, NaN counts and the differing rows (its GPU cases need the H200)."""
 
-import importlib.util
-import pathlib
-
 import torch
-
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "diag_int4_gluon.py"
+from script_module import load
 
 
 def _diag():
-    spec = importlib.util.spec_from_file_location("diag_int4_gluon", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("diag_int4_gluon")
 
 
 def test_compare_names_the_rows_that_differ():

@@ -1,20 +1,13 @@
 """scripts/probe_int4_stream.py reads every word and scale of its programs once: its xor folds
 equal torch's, for the TMA and the pointer loader, split and unsplit (interpreter on CPU)."""
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
-
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "probe_int4_stream.py"
+from script_module import load
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe_int4_stream", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("probe_int4_stream")
 
 
 @pytest.mark.parametrize("tma", [True, False])
