@@ -61,7 +61,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import triton_v5
-from .triton_v7 import grid_gemm
 from .triton_v11 import launch_hinted
 from .triton_v16 import grid_gemm_hot, hot_launch, hot_mode
 from .triton_v19 import tiles
@@ -316,7 +315,7 @@ def int4_moe_gluon(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *
                          tiles, gemm=grid_gemm_ws)
 
 
-__all__ = ["int4_moe_gluon", "grid_gemm", "WS_OPTS"]
+__all__ = ["int4_moe_gluon", "grid_gemm_ws", "WS_OPTS"]
 
 
 def compile_sm90(BN: int = 128, BM: int = 16, NH: int = 1, TWO: bool = True,
