@@ -72,9 +72,8 @@ from .triton_v19 import tiles
 # registers by setmaxnreg, the producer at 48. R 32 (v10's 32-slot gate/up tile past T 768,
 # the down GEMM's 16-slot tile past T 192) only comes with BN 128 (v19 takes BN 64 at decode).
 WS_OPTS = {(128, 16): (3, 128), (128, 32): (2, 128), (64, 16): (4, 80)}
-_ASM = [gl.constexpr(a.value) for a in (triton_v5._ASM0, triton_v5._ASM1, triton_v5._ASM2,
-                                        triton_v5._ASM3)]
-ASM0, ASM1, ASM2, ASM3 = _ASM
+ASM0, ASM1, ASM2, ASM3 = (gl.constexpr(a.value) for a in (triton_v5._ASM0, triton_v5._ASM1,
+                                                           triton_v5._ASM2, triton_v5._ASM3))
 
 
 # ------------------------------------------------------------------------------ layouts
@@ -296,9 +295,10 @@ def grid_gemm_ws(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     stages, maxnreg = WS_OPTS[bn, R]
     (in_ptr, s_in, s_half, w1, s1, w2, s2, _w1s, _w2s, _sse, _ssn, slots, act_e, act_start,
      act_cnt, n_act, out, s_ok, s_or, nout, nt1, n_in) = args
+    # the down GEMM passes its one projection twice (v7's never-taken select): one view each
+    views = {id(d): descriptors(d, bn) for d in (w1, s1, w2, s2)}
     _gemm_ws_kernel[(NT, r.max_active, c[f"KS{n}"])](
-        in_ptr, s_in, s_half, descriptors(w1, bn), descriptors(s1, bn), descriptors(w2, bn),
-        descriptors(s2, bn), slots, act_e, act_start, act_cnt, n_act, out, s_ok, s_or, nout,
+        in_ptr, s_in, s_half, views[id(w1)], views[id(s1)], views[id(w2)], views[id(s2)], slots, act_e, act_start, act_cnt, n_act, out, s_ok, s_or, nout,
         nt1, n_in, c[f"TPS{n}"], c["HOT"] if hot else -1, K=kw["K"], BN=bn, BM=kw["BM"],
         NH=kw["NH"], TWO=kw["TWO"], BY_TOKEN=kw["BY_TOKEN"], OUT_BY_SLOT=kw["OUT_BY_SLOT"],
         STAGES=stages, num_warps=4, maxnreg=maxnreg)
