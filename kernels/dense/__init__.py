@@ -59,6 +59,13 @@ default tiles at 33-64 rows asked for 256 KB of shared memory (BM = BN = 64, BK 
 stages) and raised OutOfResources on the H200: v1 and v2 now fit their stages and K step to
 sm_90's 227 KB (`linear_triton_v1.fit_smem`).
 
+`mla_proj_triton_v1` (variant `triton_v1` of ops mla_q_absorb and mla_v_up) is the absorbed-MLA
+per-head products as one Triton kernel instead of torch.bmm: at decode an EP8 rank's call is one
+row x 8 heads against 1 MB of weights, which cuBLAS's batched kernels take 4.6-6.4 µs over
+(session 17's EP8 table); one program per (head, output columns, row tile) walks the whole
+contraction (v_up reads W_UV transposed in place). fp32 accumulate in a fixed order, one
+rounding; not bitwise cuBLAS: engine-only; non-bf16/fp16 inputs run torch_bf16's bmm.
+
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):
 the model's two per-layer adds stop being kernels of their own.
@@ -91,6 +98,8 @@ VARIANTS["mla_kv_write"] = {
 VARIANTS["add_rmsnorm"] = {
     "triton_v1": "workbench.kernels.dense.add_rmsnorm_triton_v1:add_rmsnorm"}
 VARIANTS["ep_plan"] = {"triton_v1": "workbench.kernels.dense.ep_plan_triton_v1:ep_plan"}
+VARIANTS["mla_q_absorb"]["triton_v1"] = "workbench.kernels.dense.mla_proj_triton_v1:mla_q_absorb"
+VARIANTS["mla_v_up"]["triton_v1"] = "workbench.kernels.dense.mla_proj_triton_v1:mla_v_up"
 VARIANTS["ep_combine"] = {
     "triton_v1": "workbench.kernels.dense.ep_combine_triton_v1:ep_combine"}
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
@@ -114,6 +123,12 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("ep_combine", "triton_v1"): ("one Triton program per (owned row, column block): gathers "
                                   "its K x tp rows through order, fp32 slot-order sum, zero "
                                   "padding rows (1 kernel instead of ~6)", ("triton",)),
+    ("mla_q_absorb", "triton_v1"): ("one Triton kernel: a program per (head, BN output "
+                                     "columns, row tile) walks all of dn, fp32 accumulate, "
+                                     "rounded once (no batched cuBLAS GEMM)", ("triton",)),
+    ("mla_v_up", "triton_v1"): ("one Triton kernel: a program per (head, BN output columns, "
+                                "row tile) walks all of C with W_UV read transposed in place, "
+                                "fp32 accumulate, rounded once", ("triton",)),
     ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
