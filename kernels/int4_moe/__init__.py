@@ -50,7 +50,8 @@ Versions (README.md has the design and the version log), each with the contract 
                session 17)
     gluon_v20  v19 with the GEMMs' cold programs as a Gluon producer / consumer kernel (warp
                specialization: TMA and cp.async from one warp, STAGES tiles in flight; the
-               next slab's dequant under the previous slab's wgmma); sm_90 only
+               next slab's dequant under the previous slab's wgmma); sm_90 only (H200:
+               v19's bits, 1.04-1.32x slower: a measured negative)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
