@@ -60,11 +60,16 @@ stages) and raised OutOfResources on the H200: v1 and v2 now fit their stages an
 sm_90's 227 KB (`linear_triton_v1.fit_smem`).
 
 `mla_proj_triton_v1` (variant `triton_v1` of ops mla_q_absorb and mla_v_up) is the absorbed-MLA
-per-head products as one Triton kernel instead of torch.bmm: at decode an EP8 rank's call is one
-row x 8 heads against 1 MB of weights, which cuBLAS's batched kernels take 4.6-6.4 µs over
-(session 17's EP8 table); one program per (head, output columns, row tile) walks the whole
-contraction (v_up reads W_UV transposed in place). fp32 accumulate in a fixed order, one
-rounding; not bitwise cuBLAS: engine-only; non-bf16/fp16 inputs run torch_bf16's bmm.
+per-head products as one Triton kernel instead of torch.bmm: one program per (head, output
+columns, row tile) walks the whole contraction (v_up reads W_UV transposed in place), fp32
+accumulate in a fixed order, one rounding; non-bf16/fp16 inputs run torch_bf16's bmm. Measured
+on the H200 (session 18 call 2, traces/gpu/session18/README.md) it is **not faster**: REAL bench
+kernel time at 64 heads, rows 1 / 9 / 65: q_absorb 4.3 / 4.4 / 8.4 µs vs cuBLAS 4.4 / 4.5 /
+5.7, v_up 5.5 / 5.6 / 7.7 vs 4.3 / 4.5 / 5.5; in the EP8 emulation its 122 launches a step take
+what cuBLAS's took at C 1 AR (431 vs 450 µs) and more elsewhere (C 1 DDTree-16 +58 µs, C 8
+AR +66, C 8 DDTree-16 +165). A ~1 MB per-head product costs ~3.5 µs a launch either way:
+the launch's fixed cost, not the kernel. Not in the engine preset; kept as the measured
+negative.
 
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):

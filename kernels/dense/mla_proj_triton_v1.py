@@ -1,11 +1,11 @@
 """Engine-style absorbed-MLA projections (ops mla_q_absorb, mla_v_up) as one Triton kernel each
 call: a per-head skinny GEMM instead of cuBLAS's batched GEMM.
 
-Why (H200, EP8 emulation at C 1, traces/gpu/session17/call8_emulate_kernels_engine_c1.csv): at
+Why (H200, EP8 emulation at C 1, traces/gpu/session18/call2_emulate_kernels_engine.csv): at
 decode each call is 1 row x 8 heads against 1 MB of weights (W_UK [8, 128, 512], W_UV
-[8, 128, 512] bf16: 0.25 µs at copy speed), yet torch.bmm's nvjet kernels take 6.4 µs
-(q_absorb, `tst_16x64 ... TNN`) and 4.6 µs (v_up, `tst_8x64 ... TNN`) a layer: 0.67 ms of the
-7.3 ms AR step. Here one program owns BN output columns of one head for BM rows and walks the
+[8, 128, 512] bf16: 0.25 µs at copy speed), yet torch.bmm's nvjet kernels take 2.8 µs
+(q_absorb, `tst_64x8 ... NNT`) and 4.6 µs (v_up, `tst_8x64 ... TNN`) a layer: 0.45 ms of the
+7.35 ms AR step. Here one program owns BN output columns of one head for BM rows and walks the
 whole contraction (K = dn = 128 for q_absorb, K = C = 512 for v_up): no split-K, no second
 launch, the weight read once per row tile, enough programs (heads x column tiles) to spread
 1 MB over the SMs.
@@ -15,6 +15,11 @@ q_absorb's w_h[k, n] = W_UK[h, k, n] and v_up's w_h[k, n] = W_UV[h, n, k] (its t
 in place). Numerics: fp32 accumulate in a fixed K order, rounded once to x.dtype (a row's value
 does not depend on how many rows share the call); not bitwise cuBLAS: engine-only. Inputs that
 are not bf16/fp16 (the ACC proof path) run torch_bf16's bmm, as linear_triton_v1 does.
+
+Measured (H200, session 18 call 2): not faster than cuBLAS. This kernel's two launches take
+3.5 µs each on average in the EP8 step (431 vs 450 µs a step at C 1 AR, slower at C 1
+DDTree-16 and C 8): a launch's fixed cost, not its 1 MB. Not in the engine preset: a measured
+negative.
 Legend: R = B x N rows, H heads, K contracted width, O output width (C or dv).
 """
 
