@@ -29,7 +29,7 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
 _SLOW = pytest.mark.slow
 OLDER = [pytest.param(v, marks=_SLOW) for v in VERSIONS[:-1]] + [VERSIONS[-1]]
 # Gluon versions (no interpreter: sm_90 only) join the GPU tests of every version
-GPU_VERSIONS = (*VERSIONS, "gluon_v20")
+GPU_VERSIONS = (*VERSIONS, "gluon_v20", "gluon_v21")
 
 
 def _variant(name):
@@ -928,6 +928,21 @@ def test_gluon_v20_compiles_producer_consumer_sm90():
         assert c["wgmma"] == 16 * c["BN"] // 64 and c["tma"] >= 2, c
 
 
+def test_gluon_v21_fits_four_ctas_an_sm_at_the_decode_tiles_sm90():
+    # why: gluon_v21's premise (session 18 call 3, ncu): v20's BN 64 CTAs fit three an SM (80
+    # registers x 256 threads, 74 KB), v19's four; at three stages and 64 registers the build
+    # must fit four in both budgets with no spill, the producer still at 48 registers
+    r = compile_sm90(
+        "from workbench.kernels.int4_moe import gluon_v20 as g, gluon_v21 as g21; "
+        "out = [{k: v for k, v in g.compile_sm90(BN=64, opts=g21.WS_OPTS, **kw).items() "
+        "if k not in ('ptx', 'cubin')} "
+        "for kw in (dict(BM=16), dict(BM=8, NH=2, BY_TOKEN=False, OUT_BY_SLOT=True))]")
+    for c in r:
+        assert c["spill"] == "0" and c["waits"] == [1, 1, 0], c
+        assert 4 * (c["smem"] + 1024) <= 228 * 1024, c
+        assert int(c["regs"]) * 256 * 4 <= 65536 and 48 in c["setmaxnreg"], c
+
+
 def test_gluon_v20_needs_sm90_and_dispatches_unaligned_scales(monkeypatch):
     # why: Gluon has no interpreter, so the variant names its requirement on a CPU box; and
     # its launcher's documented dispatch: scale rows TMA cannot read (IN % 256 != 0, v7's
@@ -970,25 +985,28 @@ def test_gluon_v20_descriptors_are_2d_views_of_v7s():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ["gluon_v20", "gluon_v21"])
 @pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
-def test_gluon_v20_bitwise_v19_gpu(real_experts, skew):
+def test_gluon_bitwise_v19_gpu(real_experts, skew, version):
     # why: every output row is the same chain of m64nRk16 wgmmas in the same K order from zero
     # as v19's program, fed v5's dequant PTX: v19's bits, at decode (64-row tiles, K splits),
     # verify sizes, hot experts (v16's hot launch next to the Gluon cold programs) and a
-    # hinted EP8 rank's decode and verify
-    from workbench.kernels.int4_moe import gluon_v20, triton_v19
+    # hinted EP8 rank's decode and verify; gluon_v21 changes stages and registers only
+    import importlib
 
+    from workbench.kernels.int4_moe import triton_v19
+
+    gluon = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_gluon
     ex, cfg = real_experts
     for T in (1, 9, 17, 128, 512, 2080):
         x, ids, w = _real_inputs(cfg, T, 700 + T, skew)
-        assert _bits_equal(gluon_v20.int4_moe_gluon(x, ids, w, ex),
-                           triton_v19.int4_moe_triton(x, ids, w, ex)), T
+        assert _bits_equal(gluon(x, ids, w, ex), triton_v19.int4_moe_triton(x, ids, w, ex)), T
     ex48 = type(ex)(*(t[:48] for t in ex))
     for T in (1, 17):
         x, ids, w = _real_inputs(cfg, T, 750 + T, skew)
         here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
         hint = -(-T * 8 * 48 // 384)
-        assert _bits_equal(gluon_v20.int4_moe_gluon(x, here, w, ex48, expected_slots=hint),
+        assert _bits_equal(gluon(x, here, w, ex48, expected_slots=hint),
                            triton_v19.int4_moe_triton(x, here, w, ex48,
                                                       expected_slots=hint)), T
 

@@ -52,6 +52,8 @@ Versions (README.md has the design and the version log), each with the contract 
                specialization: TMA and cp.async from one warp, STAGES tiles in flight; the
                next slab's dequant under the previous slab's wgmma); sm_90 only (H200:
                v19's bits, 1.04-1.32x slower: a measured negative)
+    gluon_v21  gluon_v20 at four CTAs an SM for the decode tiles (BN 64: 3 stages, 64
+               registers; v20: 3 CTAs, ncu: T 1's grids in 1.29 / 2.26 waves)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -67,7 +69,7 @@ BEST = "triton_v19"
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 20)}
-    | {"gluon_v20": f"{_MOD}.gluon_v20:int4_moe_gluon"},
+    | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
@@ -141,6 +143,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "in flight) and a consumer warpgroup (v5's dequant into the "
                                 "wgmma A registers, one slab's MMA under the next's dequant)",
                                 ("sm90", "triton")),
+    ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
+                                "three K tiles in flight, 64 registers at launch) instead of "
+                                "three", ("sm90", "triton")),
 }
 
 

@@ -280,19 +280,22 @@ def descriptors(d, BN: int):
                             gl.NVMMASharedLayout.get_default_for(block, el))
 
 
-def grid_gemm_ws(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
+def grid_gemm_ws(n: int, c: dict, r, NT: int, args: tuple, kw: dict,
+                 opts: dict | None = None) -> None:
     """GEMM n (1 gate/up, 2 down) with its cold programs in `_gemm_ws_kernel` and v16's hot
     launch where `hot_mode`; scale rows that TMA cannot read (not S_TMA), weight tensors that
     are not contiguous [E, N, W] (the 2-D views) or a tile without stage options: v19's
     launches (module docstring). The Gluon programs take no cfg knobs (warps, stages, maxnreg)
-    and no `nodequant` ablation: those reach the hot launch and v19's only."""
+    and no `nodequant` ablation: those reach the hot launch and v19's only. opts: the stage
+    options by (BN, R) (WS_OPTS; gluon_v21 passes its own)."""
+    opts = WS_OPTS if opts is None else opts
     bn, R = kw["BN"], kw["NH"] * kw["BM"]
-    if (not kw["S_TMA"] or (bn, R) not in WS_OPTS  # never at Kimi widths
+    if (not kw["S_TMA"] or (bn, R) not in opts  # never at Kimi widths
             or not all(d.base.is_contiguous() for d in args[3:7])):
         return grid_gemm_hot(n, c, r, NT, args, kw)
     T = r.bad.shape[0]
     hot = hot_mode(c, T)
-    stages, maxnreg = WS_OPTS[bn, R]
+    stages, maxnreg = opts[bn, R]
     (in_ptr, s_in, s_half, w1, s1, w2, s2, _w1s, _w2s, _sse, _ssn, slots, act_e, act_start,
      act_cnt, n_act, out, s_ok, s_or, nout, nt1, n_in) = args
     # the down GEMM passes its one projection twice (v7's never-taken select): one view each
@@ -319,11 +322,13 @@ __all__ = ["int4_moe_gluon", "grid_gemm_ws", "WS_OPTS"]
 
 
 def compile_sm90(BN: int = 128, BM: int = 16, NH: int = 1, TWO: bool = True,
-                 BY_TOKEN: bool = True, OUT_BY_SLOT: bool = False, K: int = 8) -> dict:
+                 BY_TOKEN: bool = True, OUT_BY_SLOT: bool = False, K: int = 8,
+                 opts: dict | None = None) -> dict:
     """sm_90 build of `_gemm_ws_kernel` on a machine without a GPU, with the constexprs and
     options `grid_gemm_ws` launches it with (gate/up: the defaults; down: BM 8, NH 2,
     BY_TOKEN False, OUT_BY_SLOT True) and a launch's 16-divisibility of the pointers and
-    strides -> {regs, spill, smem, setmaxnreg, wgmma waits a K tile (PTX), ptx, cubin}."""
+    strides -> {regs, spill, smem, setmaxnreg, wgmma waits a K tile (PTX), ptx, cubin}; opts:
+    the stage options (WS_OPTS by default)."""
     import re
 
     from triton.backends.compiler import GPUTarget
@@ -332,7 +337,7 @@ def compile_sm90(BN: int = 128, BM: int = 16, NH: int = 1, TWO: bool = True,
     from workbench.kernels._sm90 import ptxas_stats
 
     fn = _gemm_ws_kernel
-    stages, maxnreg = WS_OPTS[BN, NH * BM]
+    stages, maxnreg = (WS_OPTS if opts is None else opts)[BN, NH * BM]
 
     def desc(block, el):
         lay = gl.NVMMASharedLayout.get_default_for(block, gl.int32 if el == "i32"
@@ -362,30 +367,31 @@ def compile_sm90(BN: int = 128, BM: int = 16, NH: int = 1, TWO: bool = True,
             "ptx": ptx, "cubin": ck.asm.get("cubin")}
 
 
-def _main(argv=None) -> int:
+def _main(argv=None, launcher=None, opts: dict | None = None) -> int:
     """`--compile`: the sm_90 builds of the four GEMM shapes v20 launches (no GPU needed);
     otherwise graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, v20's
     launcher; `v=19` times v19 in the same process):
 
         python -m workbench.kernels.int4_moe.gluon_v20 --compile
         python -m workbench.kernels.int4_moe.gluon_v20 --T 1,9,17 --cfgs "v=19;base" --rounds 3
-    """
+    launcher, opts: gluon_v21's (its launcher and stage options)."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
+    opts = WS_OPTS if opts is None else opts
     if "--compile" in args:
         print("GEMM     BN   R  registers  spill  smem B  setmaxnreg      wgmma waits a K tile")
         down = dict(NH=2, BY_TOKEN=False, OUT_BY_SLOT=True)
-        for (bn, R) in WS_OPTS:
+        for (bn, R) in opts:
             for name, kw in (("gate/up", dict(BM=R)), ("down", dict(BM=R // 2, **down))):
-                r = compile_sm90(BN=bn, **kw)
+                r = compile_sm90(BN=bn, opts=opts, **kw)
                 sm = "/".join(map(str, r["setmaxnreg"]))
                 print(f"{name:<8} {bn:>3} {R:>3}  {r['regs']:>9}  {r['spill']:>5}  "
                       f"{r['smem']:>6}  {sm:>14}  {r['waits']}")
         return 0
     from .triton_v5 import _main as v5_main
 
-    return v5_main(args, launcher=int4_moe_gluon, default_cfgs="v=19;base")
+    return v5_main(args, launcher=launcher or int4_moe_gluon, default_cfgs="v=19;base")
 
 
 if __name__ == "__main__":
