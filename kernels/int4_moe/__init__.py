@@ -53,7 +53,8 @@ Versions (README.md has the design and the version log), each with the contract 
                next slab's dequant under the previous slab's wgmma); sm_90 only (H200:
                v19's bits, 1.04-1.32x slower: a measured negative)
     gluon_v21  gluon_v20 at four CTAs an SM for the decode tiles (BN 64: 3 stages, 64
-               registers; v20: 3 CTAs, ncu: T 1's grids in 1.29 / 2.26 waves)
+               registers; v20: 3 CTAs, ncu: T 1's grids in 1.29 / 2.26 waves); H200:
+               T 1 91.1 vs v19's 81.4 µs, a measured negative)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
