@@ -19,7 +19,10 @@ The "engine" preset takes it for rmsnorm; `torch_bf16` stays registered as its b
 Triton kernel instead of Rope.apply's ~10 torch kernels: cos|sin rows gathered by position
 from the table Rope.reserve made, fp32 math (FMA-contracted on the GPU: not bitwise), rounded
 once. It needs the reserved table (no on-the-fly fallback); the "engine" preset takes it, the
-reference (bitwise Rope.apply) is its baseline.
+reference (bitwise Rope.apply) is its baseline. `rope_triton_v2` is the same kernel at 4 rows a
+program instead of 32 (v1's bits): on the H200 a program's time grows with its rows while more
+programs cost nothing measurable (session 18, `scripts/probe_rope_programs.py`: 1.2-1.4 µs
+from 8 to 544 rows of 8 heads, v1 1.8-5.4).
 
 `moe_route_triton_v1` (variant `triton_v1` of op moe_route) keeps the router GEMM in cuBLAS
 (bf16 in, fp32 out) and does the rest in one Triton kernel instead of ~8 torch kernels: one
@@ -97,7 +100,8 @@ VARIANTS["swiglu_mlp"]["triton_v3"] = "workbench.kernels.dense.swiglu_mlp_triton
 VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:linear"
 VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
 VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
-VARIANTS["rope"] = {"triton_v1": "workbench.kernels.dense.rope_triton_v1:rope"}
+VARIANTS["rope"] = {f"triton_v{v}": f"workbench.kernels.dense.rope_triton_v{v}:rope"
+                    for v in (1, 2)}
 VARIANTS["mla_kv_write"] = {
     "triton_v1": "workbench.kernels.dense.mla_kv_write_triton_v1:mla_kv_write"}
 VARIANTS["add_rmsnorm"] = {
@@ -114,6 +118,9 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rope", "triton_v1"): ("one Triton kernel: cos|sin rows gathered from the reserved table "
                             "by position, fp32 math (FMA-contracted), rounded once to x.dtype "
                             "(one kernel instead of ~10)", ("triton",)),
+    ("rope", "triton_v2"): ("triton_v1's kernel at 4 (position, head) rows a program instead "
+                            "of 32: a program's time grows with its rows, more programs cost "
+                            "nothing (v1's bits)", ("triton",)),
     ("mla_kv_write", "triton_v1"): ("one Triton program per (request, row): the latent's fp32 "
                                     "RMSNorm and k_pe's RoPE from the reserved table, written "
                                     "at slot prefix + row (1 kernel instead of ~7)",

@@ -60,13 +60,15 @@ def _rope_kernel(x_ptr, pos_ptr, tab_ptr, y_ptr, rows, H, n_tab, sx_m, sx_h, sx_
 
 
 def rope(x: Tensor, positions: Tensor, table: Tensor, interleaved: bool,
-         out: Tensor | None = None, validate: bool = False) -> Tensor:
+         out: Tensor | None = None, validate: bool = False, *,
+         block_rows: int | None = None) -> Tensor:
     """x [..., S, (H,) R] at int positions [..., S] -> [..., S, (H,) R] in x.dtype.
 
     table [n, R] fp32: cos in [:, :R/2], sin in [:, R/2:] (Rope.table, after Rope.reserve);
     there is no table-less path. out: a view of x's shape and dtype (unit stride along R) to
     write instead, e.g. the model's q buffer [..., C:]; returned. No host sync unless
-    validate=True (positions' range)."""
+    validate=True (positions' range). block_rows: (position, head) rows a program (a power of
+    two; BLOCK_ROWS by default, rope_triton_v2 passes its own)."""
     _require(isinstance(table, Tensor), "table",
              "the [n, R] fp32 cos|sin table (Rope.table(device), after Rope.reserve)",
              type(table).__name__)
@@ -116,11 +118,12 @@ def rope(x: Tensor, positions: Tensor, table: Tensor, interleaved: bool,
         _require(same, "out", "leading dims that flatten to one row stride (a view, not a "
                  "copy)", out.stride())
     rows = M * H
+    block = BLOCK_ROWS if block_rows is None else block_rows
     if rows and R:
-        _rope_kernel[(triton.cdiv(rows, BLOCK_ROWS),)](
+        _rope_kernel[(triton.cdiv(rows, block),)](
             x3, pos, table, y3, rows, H, table.shape[0], x3.stride(0), x3.stride(1),
             x3.stride(2), pos.stride(0), table.stride(0), y3.stride(0), y3.stride(1),
-            INTERLEAVED=bool(interleaved), HALF=R // 2, BLOCK_ROWS=BLOCK_ROWS,
+            INTERLEAVED=bool(interleaved), HALF=R // 2, BLOCK_ROWS=block,
             BLOCK_P=next_pow2(R // 2), num_warps=4)
     if direct:
         return out
