@@ -28,9 +28,9 @@ def _rope(dim: int, interleaved: bool, device) -> Rope:
     return r
 
 
-def test_engine_preset_runs_triton_v1_and_optimized_keeps_the_reference():
-    assert ops.PRESETS["engine"]["rope"] == "triton_v1"
-    assert "triton" in ops.op_spec("rope").variant("triton_v1").needs
+def test_engine_preset_runs_triton_v2_and_optimized_keeps_the_reference():
+    assert ops.PRESETS["engine"]["rope"] == "triton_v2"  # session 18: v1's kernel, 4 rows a program
+    assert "triton" in ops.op_spec("rope").variant("triton_v2").needs
     assert "rope" not in ops.PRESETS["optimized"]  # FMA-contracted on the GPU: engine only
 
 

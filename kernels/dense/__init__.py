@@ -22,7 +22,10 @@ once. It needs the reserved table (no on-the-fly fallback); the "engine" preset 
 reference (bitwise Rope.apply) is its baseline. `rope_triton_v2` is the same kernel at 4 rows a
 program instead of 32 (v1's bits): on the H200 a program's time grows with its rows while more
 programs cost nothing measurable (session 18, `scripts/probe_rope_programs.py`: 1.2-1.4 µs
-from 8 to 544 rows of 8 heads, v1 1.8-5.4).
+from 8 to 544 rows of 8 heads, v1 1.8-5.4). In the EP8 step (call 7) its 61 launches take
+103-119 µs against v1's 154-390, the step's kernels 7.36 / 15.72 / 10.54 / 30.30 ms against
+7.40 / 15.98 / 10.77 / 30.60 (C 1 AR, C 1 DDTree-16, C 8 AR, C 8 DDTree-16): the engine preset
+takes v2 from session 18.
 
 `moe_route_triton_v1` (variant `triton_v1` of op moe_route) keeps the router GEMM in cuBLAS
 (bf16 in, fp32 out) and does the rest in one Triton kernel instead of ~8 torch kernels: one
@@ -171,7 +174,7 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                  "accumulate (batch-variant)", ()),
 }
 # the "engine" preset's part from this folder
-ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v1",
+ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v2",
           "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v1",
           "mla_kv_write": "triton_v1", "ep_combine": "triton_v1",
           "add_rmsnorm": "triton_v1"}
