@@ -23,7 +23,7 @@ from workbench.reference.int4_moe import int4_moe
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
-            "triton_v19")
+            "triton_v19", "triton_v22")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -87,7 +87,7 @@ def test_edge_cases_match_reference(version):
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
-             "triton_v18": (18,), "triton_v19": (19,)}
+             "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -97,7 +97,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
                                      "triton_v13", "triton_v14", "triton_v15",
                                      "triton_v16", "triton_v17", "triton_v18",
-                                     "triton_v19"])
+                                     "triton_v19", "triton_v22"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -1009,6 +1009,35 @@ def test_gluon_bitwise_v19_gpu(real_experts, skew, version):
         assert _bits_equal(gluon(x, here, w, ex48, expected_slots=hint),
                            triton_v19.int4_moe_triton(x, here, w, ex48,
                                                       expected_slots=hint)), T
+
+
+# ---------------------------------------------------------------- v22: the combine's columns
+@pytest.mark.parametrize("T, hint", [(1, None), (5, None), (3, 2)])
+def test_v22_is_v19_bit_for_bit(T, hint):
+    # why: v22 changes only the combine's columns a program (256 instead of 1024): the same
+    # per-column fp32 arithmetic in slot order, so v19's bits, D not a multiple of 256 included
+    from workbench.kernels.int4_moe import triton_v19, triton_v22
+
+    E, D, I, K = 8, 320, 256, 2
+    ex = _experts(E, D, I, seed=220 + T)
+    ids, w = _routing(T, E, K, seed=220 + T)
+    x = torch.randn(T, D).bfloat16()
+    assert triton_v22.tiles(T, K, E, D, I, hint)["BD_COMBINE"] == 256
+    out = triton_v22.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    assert not out.isnan().any()
+    assert _bits_equal(out, triton_v19.int4_moe_triton(x, ids, w, ex, expected_slots=hint))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v22_is_v19_bit_for_bit_gpu(real_experts, skew):
+    from workbench.kernels.int4_moe import triton_v19, triton_v22
+
+    ex, cfg = real_experts
+    for T in (1, 9, 17, 128):
+        x, ids, w = _real_inputs(cfg, T, 800 + T, skew)
+        assert _bits_equal(triton_v22.int4_moe_triton(x, ids, w, ex),
+                           triton_v19.int4_moe_triton(x, ids, w, ex)), T
 
 
 # ---------------------------------------------------------------- v17: epilogues on the GEMMs

@@ -14,6 +14,8 @@ these), which the full-size emulation uses to time an engine-like step.
 (the drafter's row kernel, kernels/drafter/_fused.py) instead of torch's ~6 elementwise
 kernels; rounded once to x.dtype, batch-invariant per row, not bitwise the float64 reference.
 The "engine" preset takes it for rmsnorm; `torch_bf16` stays registered as its baseline.
+`rmsnorm_triton_v2` is the same kernel with 4 warps a row below D 2048 instead of 1 (session 18:
+q_a's layernorm at D 1536 1.1 vs 1.7 µs; not v1's bits there, another reduction tree).
 
 `rope_triton_v1` (variant `triton_v1` of op rope) is the target MLA's RoPE (q_pe, k_pe) as one
 Triton kernel instead of Rope.apply's ~10 torch kernels: cos|sin rows gathered by position
@@ -97,6 +99,7 @@ _MOD = "workbench.kernels.dense.torch_bf16"
 OPS = ("rmsnorm", "linear", "swiglu_mlp", "lm_head", "moe_route", "mla_q_absorb", "mla_v_up")
 VARIANTS: dict[str, dict[str, str]] = {op: {"torch_bf16": f"{_MOD}:{op}"} for op in OPS}
 VARIANTS["rmsnorm"]["triton_v1"] = "workbench.kernels.dense.triton_v1:rmsnorm"
+VARIANTS["rmsnorm"]["triton_v2"] = "workbench.kernels.dense.rmsnorm_triton_v2:rmsnorm"
 VARIANTS["swiglu_mlp"]["triton_v1"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp"
 VARIANTS["swiglu_mlp"]["triton_v2"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v2"
 VARIANTS["swiglu_mlp"]["triton_v3"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v3"
@@ -121,6 +124,9 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("rope", "triton_v1"): ("one Triton kernel: cos|sin rows gathered from the reserved table "
                             "by position, fp32 math (FMA-contracted), rounded once to x.dtype "
                             "(one kernel instead of ~10)", ("triton",)),
+    ("rmsnorm", "triton_v2"): ("triton_v1's kernel with 4 warps a row below D 2048 instead of "
+                               "1 (q_a's D 1536: 1.1 vs 1.7 µs); triton_v1 from D 2048",
+                               ("triton",)),
     ("rope", "triton_v2"): ("triton_v1's kernel at 4 (position, head) rows a program instead "
                             "of 32: a program's time grows with its rows, more programs cost "
                             "nothing (v1's bits)", ("triton",)),

@@ -25,8 +25,9 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 MAX_D = 32768  # the row lives in registers: 32K fp32 lanes over 8 warps is 128 per thread
 
 
-def rmsnorm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x [..., D] -> [..., D] in x.dtype; weight [D]; fp32 math, one rounding."""
+def rmsnorm(x: Tensor, weight: Tensor, eps: float, *, num_warps: int | None = None) -> Tensor:
+    """x [..., D] -> [..., D] in x.dtype; weight [D]; fp32 math, one rounding. num_warps: the
+    program's warps (default 8 from D 2048, else 1; rmsnorm_triton_v2 passes its own)."""
     _require(x.dim() >= 1, "x", "a tensor [..., D]", tuple(x.shape))
     D = x.shape[-1]
     _require(x.dtype in DTYPES, "x", f"one of {[str(d) for d in DTYPES]}", x.dtype)
@@ -49,6 +50,7 @@ def rmsnorm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     y = torch.empty(M, D, dtype=torch.float32 if INTERPRET and narrow else x.dtype,
                     device=x.device)
     if M and D:
+        warps = num_warps or (8 if D >= 2048 else 1)
         _rmsnorm_kernel[(M,)](x2, w, y, D, x2.stride(0), y.stride(0), eps,
-                              BLOCK_D=next_pow2(D), num_warps=8 if D >= 2048 else 1)
+                              BLOCK_D=next_pow2(D), num_warps=warps)
     return y.to(x.dtype).view(x.shape)

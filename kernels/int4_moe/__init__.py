@@ -55,6 +55,8 @@ Versions (README.md has the design and the version log), each with the contract 
     gluon_v21  gluon_v20 at four CTAs an SM for the decode tiles (BN 64: 3 stages, 64
                registers; v20: 3 CTAs, ncu: T 1's grids in 1.29 / 2.26 waves); H200:
                T 1 91.1 vs v19's 81.4 µs, a measured negative)
+    triton_v22 v19 with the combine at 256 columns a program instead of 1024 (v19's bits;
+               the combine 2.22 -> 1.28 µs at T 1 in session 18's probe)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -69,7 +71,7 @@ BEST = "triton_v19"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in range(1, 20)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22)}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -144,6 +146,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "in flight) and a consumer warpgroup (v5's dequant into the "
                                 "wgmma A registers, one slab's MMA under the next's dequant)",
                                 ("sm90", "triton")),
+    ("int4_moe", "triton_v22"): "v19 with the combine at 256 columns a program instead of 1024 "
+    "(v19's bits)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

@@ -326,7 +326,7 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
          dict(BM=c["BM2"], NH=2, TWO=down_select, S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True,
               **common, **dep))
     out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
-    BD = min(1024, next_pow2(D))
+    BD = c.get("BD_COMBINE") or min(1024, next_pow2(D))  # columns a combine program (v22: 256)
     _combine_kernel[(T, triton.cdiv(D, BD))](
         y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1),
         topk_ids, topk_ids.stride(0), topk_ids.stride(1), r.bad, out,

@@ -1,0 +1,47 @@
+"""int4_moe triton_v22: v19 with the combine at 256 columns a program instead of 1024.
+
+Why (H200, session 18 call 8, `scripts/probe_small_launches.py`, traces/gpu/session18): the
+combine (out[t] = sum over the K slots of w y, fp32, one rounding) takes 2.22 µs of kernel
+time at T 1 with v7's 1024 columns a program (7 programs at D 7168) and 1.28 µs at 256 (28
+programs): a program's K slot rows are loaded one slot after another, so fewer columns a
+program shorten the chain each program walks; 2.53 -> 1.98 µs at T 17, 5.86 -> 5.59 at 136.
+The combine runs once a MoE layer (60 a step of the EP8 loop). Same per-column arithmetic in
+the same slot order: v19's bits. Dimension legend: v16's.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .triton_v11 import launch_hinted
+from .triton_v16 import grid_gemm_hot
+from .triton_v19 import tiles as _tiles_v19
+
+BD_COMBINE = 256  # columns a combine program (v7-v21: min(1024, next_pow2(D)))
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
+    """v19's tiles and the combine's columns a program. Shapes only (graph-safe)."""
+    return _tiles_v19(T, K, E, D, I, slots) | dict(BD_COMBINE=BD_COMBINE)
+
+
+def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                    validate: bool | None = None, cfg: dict | None = None,
+                    expected_slots: int | None = None) -> Tensor:
+    """v19's contract and launches (`triton_v19.int4_moe_triton`) with the combine at
+    BD_COMBINE columns a program; cfg: tile overrides (keys of `tiles`)."""
+    return launch_hinted(x, topk_ids, topk_weights, experts, validate, cfg, expected_slots,
+                         tiles, gemm=grid_gemm_hot)
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, v22's launcher):
+
+        python -m workbench.kernels.int4_moe.triton_v22 [--T 1,9,17] [--cfgs "v=19;base"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_triton, default_cfgs="v=19;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
