@@ -15,7 +15,9 @@ these), which the full-size emulation uses to time an engine-like step.
 kernels; rounded once to x.dtype, batch-invariant per row, not bitwise the float64 reference.
 The "engine" preset takes it for rmsnorm; `torch_bf16` stays registered as its baseline.
 `rmsnorm_triton_v2` is the same kernel with 4 warps a row below D 2048 instead of 1 (session 18:
-q_a's layernorm at D 1536 1.1 vs 1.7 µs; not v1's bits there, another reduction tree).
+q_a's layernorm at D 1536 1.5-1.7 vs 2.4-2.5 µs of kernel time in the REAL bench, the EP8
+step's rmsnorm launches 88-123 vs 136-167 µs; not v1's bits there, another reduction tree); the
+engine preset takes it from session 18.
 
 `rope_triton_v1` (variant `triton_v1` of op rope) is the target MLA's RoPE (q_pe, k_pe) as one
 Triton kernel instead of Rope.apply's ~10 torch kernels: cos|sin rows gathered by position
@@ -180,7 +182,7 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                  "accumulate (batch-variant)", ()),
 }
 # the "engine" preset's part from this folder
-ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v1", "rope": "triton_v2",
+ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v2", "rope": "triton_v2",
           "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v1",
           "mla_kv_write": "triton_v1", "ep_combine": "triton_v1",
           "add_rmsnorm": "triton_v1"}
