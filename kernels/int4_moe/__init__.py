@@ -55,8 +55,8 @@ Versions (README.md has the design and the version log), each with the contract 
     gluon_v21  gluon_v20 at four CTAs an SM for the decode tiles (BN 64: 3 stages, 64
                registers; v20: 3 CTAs, ncu: T 1's grids in 1.29 / 2.26 waves); H200:
                T 1 91.1 vs v19's 81.4 µs, a measured negative)
-    triton_v22 v19 with the combine at 256 columns a program instead of 1024 (v19's bits;
-               the combine 2.22 -> 1.28 µs at T 1 in session 18's probe)
+    triton_v22 v19 with the combine at 256 columns a program instead of 1024 up to T 32
+               (v19's bits; H200: T 1 80.1 vs 81.4 µs, 1.10x Humming; BEST from session 18)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -66,7 +66,7 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the decode-loop test and the notebook use
-BEST = "triton_v19"
+BEST = "triton_v22"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
