@@ -4,14 +4,14 @@ tokens (v19's above).
 Why (H200, session 18 call 8, `scripts/probe_small_launches.py`, traces/gpu/session18): the
 combine (out[t] = sum over the K slots of w y, fp32, one rounding) takes 2.22 µs of kernel
 time at T 1 with v7's 1024 columns a program (7 programs at D 7168) and 1.28 µs at 256 (28
-programs): a program's K slot rows are loaded one slot after another, so fewer columns a
-program shorten the chain each program walks; 2.53 -> 1.98 µs at T 17, 5.86 -> 5.59 at 136.
+programs); 2.53 -> 1.98 µs at T 17, 5.86 -> 5.59 at 136, every slot routed (why the shorter
+column run is faster was not profiled).
 The combine runs once a MoE layer (60 a step of the EP8 loop). In the EP8 emulation (call 9)
 the step's combines took 369 / 466 / 412 µs against 387 / 504 / 434 at C 1 AR / C 1 DDTree-16
-/ C 8 AR, but 852 against 781 at C 8 DDTree-16: there the rank's op sees T 136 tokens with ~7
-of every 8 slots not routed to it, and 4x the programs each load every slot's id and weight
-for few columns; so past T 32 (FUSE_T of v17, the decode and small-verify sizes) the combine
-is v19's. Same per-column arithmetic in the same slot order: v19's bits.
+/ C 8 AR, but 852 against 781 at C 8 DDTree-16 (one run): there the rank's op sees T 136
+tokens with ~7 of every 8 slots not routed to it, unlike the probe, and 4x the programs each
+load every slot's id and weight; so past T 32 (FUSE_T of v17, the decode and small-verify
+sizes) the combine is v19's. Same per-column arithmetic in the same slot order: v19's bits.
 Dimension legend: v16's.
 """
 
