@@ -244,6 +244,9 @@ def bench_config(target, drafter, budget: int | None, C: int, ctx: int = 32, ste
     return row
 
 
+OP_RANGE = "op::"  # the profiler range around every registry op call (`op_ranges`)
+
+
 def kernel_times(prof, cuda: bool) -> dict[str, list]:
     """{name: [calls, µs]} of a finished torch.profiler run: on a GPU the device time of CUDA
     kernels (their sum is what a graph replay of the same work costs, give or take the
@@ -251,6 +254,8 @@ def kernel_times(prof, cuda: bool) -> dict[str, list]:
     cuda_type = torch.autograd.DeviceType.CUDA
     per: dict[str, list] = {}
     for e in prof.key_averages():
+        if e.key.startswith(OP_RANGE):  # `op_ranges`' own ranges: not work
+            continue
         if cuda:
             t = e.self_device_time_total if e.device_type == cuda_type else 0.0
         else:
@@ -259,6 +264,57 @@ def kernel_times(prof, cuda: bool) -> dict[str, list]:
             acc = per.setdefault(e.key, [0, 0.0])
             acc[0] += e.count
             acc[1] += t
+    return per
+
+
+@contextlib.contextmanager
+def op_ranges():
+    """While active, every registry op call (`ops.get(name)(...)`) runs inside a profiler range
+    "op::<name>", so `kernels_by_op` can tell which op launched each kernel (cuBLAS kernels
+    carry no op name, and two ops' Triton kernels can share one: `_combine_kernel`)."""
+    from torch.profiler import record_function
+
+    from workbench.ops import registry
+
+    def wrap(name, fn):
+        def ranged(*args, **kwargs):
+            with record_function(OP_RANGE + name):
+                return fn(*args, **kwargs)
+        return ranged
+
+    with registry.wrapping(wrap):
+        yield
+
+
+def kernels_by_op(prof, cuda: bool) -> dict[tuple[str, str], list]:
+    """{(op, kernel): [calls, µs]} of a finished torch.profiler run made under `op_ranges`:
+    on a GPU each device kernel's time, charged to the innermost op range around the CPU event
+    that launched it; on a CPU each event's self time, charged the same way (the op ranges
+    themselves excluded). Kernels launched outside any op (the model's own torch glue) are
+    charged to op "-"."""
+    per: dict[tuple[str, str], list] = {}
+
+    def op_of(e) -> str:
+        while e is not None:
+            if e.name.startswith(OP_RANGE):
+                return e.name[len(OP_RANGE):]
+            e = e.cpu_parent
+        return "-"
+
+    for e in prof.events():
+        if cuda:
+            items = [(k.name, k.duration) for k in getattr(e, "kernels", ())]
+        elif e.device_type == torch.autograd.DeviceType.CPU and \
+                not e.name.startswith(OP_RANGE) and e.self_cpu_time_total > 0:
+            items = [(e.name, e.self_cpu_time_total)]
+        else:
+            items = []
+        if items:
+            op = op_of(e)
+            for name, us in items:
+                acc = per.setdefault((op, name), [0, 0.0])
+                acc[0] += 1
+                acc[1] += us
     return per
 
 

@@ -193,21 +193,23 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
     log of this call is not used (read the timed calls' log before). CPU: the ops' self time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from workbench.loopbench import busy_us, kernel_times
+    from workbench.loopbench import busy_us, kernel_times, kernels_by_op, op_ranges
 
     cuda = torch.device(device).type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     comm.log.sync()
-    with profile(activities=acts) as prof:
+    with profile(activities=acts) as prof, op_ranges():
         fn()
         comm.log.sync()
     per = kernel_times(prof, cuda)
+    by_op = sorted(kernels_by_op(prof, cuda).items(), key=lambda kv: -kv[1][1])
     ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
     total = sum(v[1] for v in per.values()) * 1e-6
     return {"kernel_s": busy_us(prof) * 1e-6 if cuda else total, "kernel_total_s": total,
             "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}"
                                      for k, v in ranked[:top]),
-            "kernels": [(k, v[0], v[1]) for k, v in ranked]}
+            "kernels": [(k, v[0], v[1]) for k, v in ranked],
+            "op_kernels": [(op, k, n, us) for (op, k), (n, us) in by_op]}
 
 
 @torch.no_grad()
@@ -350,7 +352,8 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "x_floor": (kernel + comm_s) / meas["floor_s"] if meas.get("floor_s") else math.nan,
             "floor_tokens_per_s": batch * tau / meas["floor_s"] if meas.get("floor_s") else math.nan,
             "kernel_tokens_per_s": batch * tau / (kernel + comm_s),
-            "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", [])}
+            "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", []),
+            "op_kernel_list": meas.get("op_kernels", [])}
 
 
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
@@ -414,6 +417,9 @@ def main(argv=None) -> int:
     p.add_argument("--csv", help="write the table here")
     p.add_argument("--kernel-table", help="write every configuration's kernels here (CSV: "
                    "layout, C, mode, kernel, calls, us), largest first")
+    p.add_argument("--op-table", help="write every configuration's kernels by the registry "
+                   "op that launched them here (CSV: layout, C, mode, op, kernel, calls, us; "
+                   "op '-' = the model's own torch glue), largest first")
     p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
                    "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
     p.add_argument("--ep-dispatch", default="local", choices=EP_DISPATCH,
@@ -434,7 +440,8 @@ def main(argv=None) -> int:
 
     def save(rows):  # the table so far, with the run's provenance on every row
         if a.csv:
-            pd.DataFrame([{**{k: v for k, v in r.items() if k != "kernel_list"}, **meta}
+            pd.DataFrame([{**{k: v for k, v in r.items()
+                              if k not in ("kernel_list", "op_kernel_list")}, **meta}
                           for r in rows]).to_csv(a.csv, index=False)
         if a.kernel_table:
             seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
@@ -442,6 +449,12 @@ def main(argv=None) -> int:
                            "calls": n, "us": us, **meta}
                           for key, r in seen.items() for k, n, us in r["kernel_list"]]
                          ).to_csv(a.kernel_table, index=False)
+        if a.op_table:
+            seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
+            pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], "op": op,
+                           "kernel": k, "calls": n, "us": us, **meta}
+                          for key, r in seen.items() for op, k, n, us in r["op_kernel_list"]]
+                         ).to_csv(a.op_table, index=False)
 
     links = (NVLINK4, PCIE5)
     if a.measured_link:
