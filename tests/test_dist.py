@@ -600,9 +600,10 @@ def test_local_expert_ids_table_equals_the_arithmetic():
 
 def test_emulation_op_table_charges_every_kernel_to_the_op_that_launched_it(tmp_path):
     """--op-table: the kernel table split by the registry op whose call launched each kernel
-    (`loopbench.op_ranges` / `kernels_by_op`), so a cuBLAS kernel or a kernel name two ops
-    share is told apart. Every configuration's op rows sum to its kernel table (CPU: ops' self
-    time), the MoE and attention ops appear by name and the model's own glue is op "-"."""
+    (`loopbench.op_ranges` / `kernels_by_op`, one more profiled step of its own), so a cuBLAS
+    kernel or a kernel name two ops share is told apart. Every configuration's op rows name
+    the kernels of its kernel table (CPU: the events with self time) and nothing else, the MoE
+    and attention ops appear by name and the model's own glue is op "-"."""
     import pandas as pd
 
     from workbench.dist import emulate
@@ -615,6 +616,6 @@ def test_emulation_op_table_charges_every_kernel_to_the_op_that_launched_it(tmp_
     assert set(by_op["mode"]) == {"AR", "DDTree-8"}
     for mode in ("AR", "DDTree-8"):
         o, k = by_op[by_op["mode"] == mode], kern[kern["mode"] == mode]
-        assert o["us"].sum() == pytest.approx(k["us"].sum(), rel=1e-6)
+        assert set(o["kernel"]) == set(k["kernel"])  # another pass: the same work, not the µs
         assert {"int4_moe", "tree_mla", "rmsnorm", "moe_route", "-"} <= set(o["op"]), set(o["op"])
     assert not kern["kernel"].str.startswith("op::").any()  # the ranges are not work

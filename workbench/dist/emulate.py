@@ -193,7 +193,30 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
     log of this call is not used (read the timed calls' log before). CPU: the ops' self time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from workbench.loopbench import busy_us, kernel_times, kernels_by_op, op_ranges
+    from workbench.loopbench import busy_us, kernel_times
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    comm.log.sync()
+    with profile(activities=acts) as prof:
+        fn()
+        comm.log.sync()
+    per = kernel_times(prof, cuda)
+    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
+    total = sum(v[1] for v in per.values()) * 1e-6
+    return {"kernel_s": busy_us(prof) * 1e-6 if cuda else total, "kernel_total_s": total,
+            "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}"
+                                     for k, v in ranked[:top]),
+            "kernels": [(k, v[0], v[1]) for k, v in ranked]}
+
+
+def _op_kernels(fn, comm: StandInComm, device) -> list[tuple]:
+    """One more call of fn() under torch.profiler with a range around every registry op call
+    (`loopbench.op_ranges`): [(op, kernel, calls, µs)], largest first. A pass of its own: the
+    ranges add GPU-side annotation spans that `_kernel_time`'s busy time must not see."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from workbench.loopbench import kernels_by_op, op_ranges
 
     cuda = torch.device(device).type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -201,20 +224,13 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
     with profile(activities=acts) as prof, op_ranges():
         fn()
         comm.log.sync()
-    per = kernel_times(prof, cuda)
     by_op = sorted(kernels_by_op(prof, cuda).items(), key=lambda kv: -kv[1][1])
-    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
-    total = sum(v[1] for v in per.values()) * 1e-6
-    return {"kernel_s": busy_us(prof) * 1e-6 if cuda else total, "kernel_total_s": total,
-            "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}"
-                                     for k, v in ranked[:top]),
-            "kernels": [(k, v[0], v[1]) for k, v in ranked],
-            "op_kernels": [(op, k, n, us) for (op, k), (n, us) in by_op]}
+    return [(op, k, n, us) for (op, k), (n, us) in by_op]
 
 
 @torch.no_grad()
 def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: int,
-            budget: int | None, repeats: int = 3, seed: int = 0) -> dict:
+            budget: int | None, repeats: int = 3, seed: int = 0, op_table: bool = False) -> dict:
     """One decode step of `batch` requests at context `ctx`: AR (budget None) or DDTree
     (draft -> tree build -> verify). Returns compute seconds per phase, wall, comm log."""
     from workbench.reference.tree_build import topk_logprobs
@@ -238,7 +254,9 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
         wall = _timed(ar_step, comm, repeats)
         out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
         floors = rank_floors(model, drafter, batch, None, ctx, seen["routing"])
-        return {**out, **_kernel_time(ar_step, comm, dev), **_floor_cols(floors)}
+        kt = _kernel_time(ar_step, comm, dev)
+        by_op = {"op_kernels": _op_kernels(ar_step, comm, dev)} if op_table else {}
+        return {**out, **kt, **_floor_cols(floors), **by_op}
     dcache = drafter.new_cache(batch, ctx + n + 1)
     for t in dcache:
         for layer in t:
@@ -265,8 +283,9 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     draft = _kernel_time(lambda: drafter.draft_override(None, model, dcache, bonus, prefix, k),
                          comm, dev)  # the draft forward's share of the kernel sum
     floors = rank_floors(model, drafter, batch, budget, ctx, seen["routing"])
-    return {**out, **_kernel_time(step, comm, dev), "draft_kernel_s": draft["kernel_s"],
-            **_floor_cols(floors)}
+    kt = _kernel_time(step, comm, dev)
+    by_op = {"op_kernels": _op_kernels(step, comm, dev)} if op_table else {}
+    return {**out, **kt, "draft_kernel_s": draft["kernel_s"], **_floor_cols(floors), **by_op}
 
 
 def _floor_cols(floors: dict) -> dict:
@@ -360,7 +379,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
-            ep_dispatch: str = "local"):
+            ep_dispatch: str = "local", op_table: bool = False):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -371,7 +390,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     kernels: an ops.use selection (e.g. {"int4_moe": "triton_v2"}). The emulated engine hands
     the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
     engine does, so the optimized kernels run on it; the CPU proof path keeps ACC partials.
-    on_rows(rows) is called after every configuration (a long run cut short keeps its table)."""
+    on_rows(rows) is called after every configuration (a long run cut short keeps its table).
+    op_table: also profile one more step with a range around every op call (the rows'
+    `op_kernel_list`: each kernel charged to the op that launched it)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -383,7 +404,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             for b in budgets:
                 with ops.use(kernels), op_activations(torch.bfloat16), \
                         moe_dispatch(ep_dispatch):
-                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed)
+                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
                 for link in links:
                     rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
@@ -464,7 +485,7 @@ def main(argv=None) -> int:
     rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
-                   on_rows=save, ep_dispatch=a.ep_dispatch)
+                   on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table))
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",
