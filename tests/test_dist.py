@@ -596,26 +596,3 @@ def test_local_expert_ids_table_equals_the_arithmetic():
             assert got.dtype == dt and torch.equal(got, want)
             assert torch.equal(local_expert_ids(x, group, E_loc, ep), want)  # cached path
     assert (torch.device("cpu"), torch.int32, 3, E_loc, ep) in _LOCAL_IDS
-
-
-def test_emulation_op_table_charges_every_kernel_to_the_op_that_launched_it(tmp_path):
-    """--op-table: the kernel table split by the registry op whose call launched each kernel
-    (`loopbench.op_ranges` / `kernels_by_op`, one more profiled step of its own), so a cuBLAS
-    kernel or a kernel name two ops share is told apart. Every configuration's op rows name
-    the kernels of its kernel table (CPU: the events with self time) and nothing else, the MoE
-    and attention ops appear by name and the model's own glue is op "-"."""
-    import pandas as pd
-
-    from workbench.dist import emulate
-
-    ops_csv, kern_csv = tmp_path / "ops.csv", tmp_path / "kern.csv"
-    emulate.main(["--preset", "tiny-dist", "--layouts", "ep8", "--batches", "1", "--budgets",
-                  "ar,8", "--repeats", "1", "--device", "cpu", "--op-table", str(ops_csv),
-                  "--kernel-table", str(kern_csv)])
-    by_op, kern = pd.read_csv(ops_csv), pd.read_csv(kern_csv)
-    assert set(by_op["mode"]) == {"AR", "DDTree-8"}
-    for mode in ("AR", "DDTree-8"):
-        o, k = by_op[by_op["mode"] == mode], kern[kern["mode"] == mode]
-        assert set(o["kernel"]) == set(k["kernel"])  # another pass: the same work, not the µs
-        assert {"int4_moe", "tree_mla", "rmsnorm", "moe_route", "-"} <= set(o["op"]), set(o["op"])
-    assert not kern["kernel"].str.startswith("op::").any()  # the ranges are not work

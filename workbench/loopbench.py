@@ -32,7 +32,6 @@ Legend: C requests, N = budget + 1 rows, L draft depth, V vocab, E experts.
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import math
 import statistics
@@ -245,9 +244,6 @@ def bench_config(target, drafter, budget: int | None, C: int, ctx: int = 32, ste
     return row
 
 
-OP_RANGE = "op::"  # the profiler range around every registry op call (`op_ranges`)
-
-
 def kernel_times(prof, cuda: bool) -> dict[str, list]:
     """{name: [calls, µs]} of a finished torch.profiler run: on a GPU the device time of CUDA
     kernels (their sum is what a graph replay of the same work costs, give or take the
@@ -255,8 +251,6 @@ def kernel_times(prof, cuda: bool) -> dict[str, list]:
     cuda_type = torch.autograd.DeviceType.CUDA
     per: dict[str, list] = {}
     for e in prof.key_averages():
-        if e.key.startswith(OP_RANGE):  # `op_ranges`' own ranges: not work
-            continue
         if cuda:
             t = e.self_device_time_total if e.device_type == cuda_type else 0.0
         else:
@@ -265,83 +259,6 @@ def kernel_times(prof, cuda: bool) -> dict[str, list]:
             acc = per.setdefault(e.key, [0, 0.0])
             acc[0] += e.count
             acc[1] += t
-    return per
-
-
-@contextlib.contextmanager
-def op_ranges():
-    """While active, every registry op call (`ops.get(name)(...)`) runs inside a profiler range
-    "op::<name>", so `kernels_by_op` can tell which op launched each kernel (cuBLAS kernels
-    carry no op name, and two ops' Triton kernels can share one: `_combine_kernel`)."""
-    from torch.profiler import record_function
-
-    from workbench.ops import registry
-
-    def wrap(name, fn):
-        def ranged(*args, **kwargs):
-            with record_function(OP_RANGE + name):
-                return fn(*args, **kwargs)
-        return ranged
-
-    with registry.wrapping(wrap):
-        yield
-
-
-def kernels_by_op(prof, cuda: bool) -> dict[tuple[str, str], list]:
-    """{(op, kernel): [calls, µs]} of a finished torch.profiler run made under `op_ranges`,
-    each charged to the innermost op range around its launch; kernels launched outside any op
-    (the model's own torch glue) go to op "-".
-
-    GPU: a device kernel (or copy) is tied to the CPU runtime call that launched it by their
-    shared correlation id, and that call's start time on the CPU timeline falls inside the op
-    ranges that were open (a Triton launch has no aten op to hang the kernel on, so the
-    frontend-event link is not enough: session 18 call 12 lost every Triton kernel that way).
-    The ranges' own GPU-side annotation spans are not kernels and are skipped.
-    CPU: each event's self time, charged to its nearest op range up the CPU call tree (the op
-    ranges themselves excluded)."""
-    cpu_t, cuda_t = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    per: dict[tuple[str, str], list] = {}
-
-    def add(op: str, name: str, us: float) -> None:
-        acc = per.setdefault((op, name), [0, 0.0])
-        acc[0] += 1
-        acc[1] += us
-
-    events = list(prof.events())
-    if not cuda:
-        for e in events:
-            if e.device_type == cpu_t and not e.name.startswith(OP_RANGE) \
-                    and e.self_cpu_time_total > 0:
-                p = e.cpu_parent
-                while p is not None and not p.name.startswith(OP_RANGE):
-                    p = p.cpu_parent
-                add(p.name[len(OP_RANGE):] if p is not None else "-", e.name,
-                    e.self_cpu_time_total)
-        return per
-    ranges = sorted((e.time_range.start, e.time_range.end, e.name[len(OP_RANGE):])
-                    for e in events if e.device_type == cpu_t and e.name.startswith(OP_RANGE))
-    starts = [r[0] for r in ranges]
-    launched = {e.linked_correlation_id: e.time_range.start for e in events
-                if e.device_type == cpu_t and getattr(e, "linked_correlation_id", 0) > 0}
-
-    def op_at(t: float | None) -> str:
-        """The innermost range open at CPU time t (ranges nest: the latest start that still
-        contains t)."""
-        if t is None:
-            return "-"
-        k = bisect.bisect_right(starts, t) - 1
-        while k >= 0:
-            if ranges[k][1] >= t:
-                return ranges[k][2]
-            k -= 1
-        return "-"
-
-    for e in events:
-        if e.device_type == cuda_t and not e.name.startswith(OP_RANGE) \
-                and e.time_range.end > e.time_range.start:
-            corr = getattr(e, "linked_correlation_id", 0)
-            add(op_at(launched.get(corr) if corr > 0 else None), e.name,
-                e.time_range.end - e.time_range.start)
     return per
 
 
