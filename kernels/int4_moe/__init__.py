@@ -53,7 +53,7 @@ Versions (README.md has the design and the version log), each with the contract 
                next slab's dequant under the previous slab's wgmma); sm_90 only (H200:
                v19's bits, 1.04-1.32x slower: a measured negative)
     gluon_v21  gluon_v20 at four CTAs an SM for the decode tiles (BN 64: 3 stages, 64
-               registers; v20: 3 CTAs, ncu: T 1's grids in 1.29 / 2.26 waves); H200:
+               registers; v20: 3 CTAs, ncu: T 1's grids in 1.29 / 2.26 waves; H200:
                T 1 91.1 vs v19's 81.4 µs, a measured negative)
     triton_v22 v19 with the combine at 256 columns a program instead of 1024 up to T 32
                (v19's bits; H200: T 1 80.1 vs 81.4 µs, 1.10x Humming; BEST from session 18)
@@ -147,7 +147,7 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "wgmma A registers, one slab's MMA under the next's dequant)",
                                 ("sm90", "triton")),
     ("int4_moe", "triton_v22"): "v19 with the combine at 256 columns a program instead of 1024 "
-    "(v19's bits)",
+    "up to T 32 (v19's bits)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),
