@@ -49,7 +49,8 @@ def _f64(x, w, op):
 @pytest.mark.parametrize("B, N", [(1, 1), (1, 17), (3, 33)])  # rows 1, 17, 99 (two row tiles)
 def test_triton_v1_matches_float64_at_ep8_widths(op, B, N, device):
     """8 heads, dn = dv = 128, C = 512 (an EP8 rank's Kimi shapes): within bf16 rounding of the
-    float64 product, NaN-poisoned outputs all written."""
+    float64 product; q_absorb writes all of its NaN-poisoned view of the q buffer and nothing
+    past it."""
     fn = ops.op_spec(op).variant("triton_v1").load()
     g = torch.Generator(device=device).manual_seed(B * 100 + N)
     H, dn, C = 8, 128, 512
