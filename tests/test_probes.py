@@ -1,0 +1,37 @@
+"""The session-18 launch-shape probes stay runnable against the kernels they launch (the
+interpreter on CPU: no timing, every launch once): scripts/probe_rope_programs.py and
+scripts/probe_small_launches.py print one row per (kernel, rows, option) they were asked for."""
+
+import math
+
+from script_module import load
+
+
+def test_rope_probe_prints_every_rows_and_block(capsys):
+    load("probe_rope_programs").main(["--device", "cpu", "--rows", "8,16", "--blocks", "4,32",
+                                      "--seconds", "0.01"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [
+        (8, 4, 2), (8, 32, 1), (16, 4, 4), (16, 32, 1)]  # rows, rows a program, programs
+
+
+def test_rope_probe_leaves_the_kernels_default_alone():
+    # why: the probe passes block_rows a call; the engine's rope (v1's 32, v2's 4) must not
+    # change under a process that ran it
+    from workbench.kernels.dense import rope_triton_v1, rope_triton_v2
+
+    load("probe_rope_programs").main(["--device", "cpu", "--rows", "8", "--blocks", "4",
+                                      "--seconds", "0.01"])
+    assert rope_triton_v1.BLOCK_ROWS == 32 and rope_triton_v2.BLOCK_ROWS == 4
+
+
+def test_small_launch_probe_runs_every_option(capsys):
+    load("probe_small_launches").main(["--device", "cpu", "--rows", "1,3"])
+    lines = capsys.readouterr().out.splitlines()[1:]
+    seen = [(line[:14].strip(), int(line[14:20]), line[20:34].strip()) for line in lines]
+    options = {"rmsnorm": ["warps=1", "warps=2", "warps=4", "warps=8"],
+               "add_rmsnorm": ["warps=4", "warps=8", "warps=16"],
+               "moe_route": ["warps=1", "warps=2", "warps=4", "warps=8"],
+               "int4 combine": [f"BD={b}" for b in (256, 512, 1024, 2048, 4096)]}
+    assert seen == [(k, M, o) for M in (1, 3) for k, opts in options.items() for o in opts]
+    assert all(math.isnan(float(line.split()[-1])) for line in lines)  # CPU: not timed
