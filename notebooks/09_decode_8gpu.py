@@ -291,3 +291,37 @@ if s10.exists():
 else:
     view = "traces/gpu/session10/call4 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 18: the step is launches; RoPE's rows a program
+# `traces/gpu/session18/README.md` has the commands. Left: rope triton_v1's kernel µs on the
+# H200 against the (position, head) rows each program takes, at the EP8 rank's q_pe row counts
+# (`scripts/probe_rope_programs.py`, call 6): a program's time grows with its rows while more
+# programs cost nothing, so rope triton_v2 takes 4 rows a program. Right: the EP8 rank's kernel
+# ms a step at the session's start (call 2) and end (call 11: int4_moe triton_v22, rope v2,
+# rmsnorm v2 in the engine preset).
+
+# %%
+s18 = traces / "gpu/session18"
+probe, start, end = (s18 / "call6_probe_rope_programs.txt", s18 / "call2_emulate_engine.csv",
+                     s18 / "call11_emulate_engine_end.csv")
+if probe.exists() and start.exists() and end.exists():
+    rope = pd.read_csv(probe, sep=r"\s+")  # rows, BLOCK_ROWS, programs, kernel_us, graph_us
+    steps = pd.concat({"start": pd.read_csv(start), "end": pd.read_csv(end)})
+    steps = steps[steps.link == "NVLink4"].reset_index(level=0, names="when")
+    ms = steps.pivot_table(index=["C", "mode"], columns="when", values="kernel_ms")
+    assert (ms["end"] < ms["start"]).all()  # every configuration measured got faster
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
+    for rows, g in rope.groupby("rows"):
+        a1.plot(g.BLOCK_ROWS, g.kernel_us, "o-", label=f"{rows} rows")
+    a1.set_xscale("log", base=2)
+    a1.set_xlabel("(position, head) rows a program")
+    a1.set_ylabel("kernel µs (H200)")
+    a1.legend(fontsize=8)
+    ms[["start", "end"]].plot.bar(ax=a2, rot=0)
+    a2.set_xticklabels([f"C {c}\n{m}" for c, m in ms.index], fontsize=8)
+    a2.set_ylabel("EP8 rank kernel ms a step")
+    view = ms.round(2)
+else:
+    view = "traces/gpu/session18 not in this checkout"
+view
