@@ -35,3 +35,11 @@ def test_small_launch_probe_runs_every_option(capsys):
                "int4 combine": [f"BD={b}" for b in (256, 512, 1024, 2048, 4096)]}
     assert seen == [(k, M, o) for M in (1, 3) for k, opts in options.items() for o in opts]
     assert all(math.isnan(float(line.split()[-1])) for line in lines)  # CPU: not timed
+
+
+def test_profiler_link_probe_prints_the_ranges_and_their_children(capsys):
+    load("probe_profiler_links").main(["--device", "cpu"])
+    rows = capsys.readouterr().out.splitlines()[1:]
+    names = [r.split()[-1] for r in rows]
+    assert "op::linear" in names and "op::rope" in names and "aten::mm" in names
+    assert any(r.split()[-1] == "aten::matmul" and "op::linear" in r for r in rows)  # parent
