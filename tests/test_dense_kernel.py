@@ -65,14 +65,13 @@ def test_other_dtypes_and_layouts_match_the_reference(variant, device):
                                    (rmsnorm_v2, 2048)], ids=["v1", "v2", "v2-1536", "v2-2048"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_rows_are_batch_invariant_and_close_to_torch_bf16(dtype, fn, D, device):
-    rmsnorm = fn
     g = torch.Generator(device=device).manual_seed(1)
     x = torch.randn(9, D, generator=g, device=device).to(dtype)
     w = torch.randn(D, generator=g, device=device).to(dtype)
-    y = rmsnorm(x, w, EPS)
+    y = fn(x, w, EPS)
     assert y.dtype == dtype and y.shape == x.shape
     for i in (0, 4, 8):  # a row alone gives the same bits as within the batch
-        assert torch.equal(rmsnorm(x[i : i + 1], w, EPS), y[i : i + 1])
+        assert torch.equal(fn(x[i : i + 1], w, EPS), y[i : i + 1])
     # the same fp32 math as torch_bf16 in another order: bf16 outputs at most one rounding
     # apart; fp32/float64 outputs carry the fp32 differences themselves (sum order ~sqrt(D) u
     # on rsqrt, 3 roundings of x * r * w on each side: measured <= 2.1 eps_fp32, bound 4)
