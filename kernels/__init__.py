@@ -38,15 +38,15 @@ def register_all() -> list[str]:
     presets "optimized" (each mission folder's `BEST`; tree_build's folder also gives the
     walk: a token-exact loop on the GPU), "invariant" (optimized with each folder's
     `INVARIANT` version where BEST is not batch/position-invariant: DDTree's tokens are AR's
-    bit for bit on the GPU, tests/test_exact_gpu.py) and "engine" (optimized + the
-    batch-variant engine-style supporting ops of kernels/dense: what the full-size emulation
-    times). A folder whose BEST cannot run everywhere (tree_mla's Gluon kernel: sm_90 only)
+    bit for bit on the GPU, tests/test_exact_gpu.py) and "engine" (optimized with each
+    folder's batch-variant `ENGINE` version where it names one, + the engine-style supporting
+    ops of kernels/dense: what the full-size emulation times). A folder whose BEST cannot run everywhere (tree_mla's Gluon kernel: sm_90 only)
     also names PORTABLE, which a preset selects on machines without it (registry.PORTABLE)."""
     import importlib
 
     from workbench.ops.registry import PORTABLE, PRESETS
 
-    added, best, invariant = [], {}, {}
+    added, best, invariant, engine = [], {}, {}, {}
     for folder in FOLDERS:
         mod = importlib.import_module(f"{__name__}.{folder}")
         added += mod.register()
@@ -58,11 +58,13 @@ def register_all() -> list[str]:
                 best[op] = choice
         if getattr(mod, "INVARIANT", None):
             invariant[folder] = mod.INVARIANT
+        if getattr(mod, "ENGINE", None):  # batch-variant, faster: the engine preset only
+            engine[folder] = mod.ENGINE
         if getattr(mod, "PORTABLE", None):  # BEST needs hardware the interpreter lacks
             PORTABLE[folder] = mod.PORTABLE
     PRESETS["optimized"] = best
     PRESETS["invariant"] = {**best, **invariant}
     from . import dense
 
-    PRESETS["engine"] = {**best, **dense.ENGINE}
+    PRESETS["engine"] = {**best, **engine, **dense.ENGINE}
     return added

@@ -3,7 +3,7 @@ shapes of an EP8 / TP8 rank: GPU busy time of one call (attention + combine, the
 kernel intervals under PDL) per (N, P, policy), from CUDA-graph replays.
 
     PYTHONPATH=. python3 scripts/sweep_tree_mla_policy.py [--heads 8] [--rows 1,9,17,33]
-        [--prefix 1024,4096] [--version triton_v4|gluon_v13|triton_v15|triton_v16|gluon_v13_c8|...]
+        [--prefix 1024,4096] [--batch 1] [--version triton_v4|gluon_v13|triton_v15|triton_v16|gluon_v13_c8|...]
         [--policies v4,s512,...] [--csv out.csv]
 
 Why: in the emulated EP8 rank tree_mla v7 takes ~31 µs a layer at N 17, H 8, P 1024 against a
@@ -11,7 +11,8 @@ Why: in the emulated EP8 rank tree_mla v7 takes ~31 µs a layer at N 17, H 8, P 
 needs no kernel change. At 64 heads the other way round (session 13): v4's 32 splits past
 P = 2048 give N 129 x P 8192 33 parts, so [33, 8256, 512] fp32 partials (558 MB) are written
 and read back by the combine; the "long*" policies keep v4's short splits and take fewer,
-longer ones past 2048.
+longer ones past 2048. --batch (session 19): B requests of the same P a launch, for the engine
+preset's tree_mla gluon_v20, whose policy follows the launch's rows B x N.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--rows", default="1,9,17,33")
     ap.add_argument("--prefix", default="1024,4096")
+    ap.add_argument("--batch", default="1", help="requests a launch (comma list)")
     ap.add_argument("--version", choices=list(LAUNCH), default="triton_v4")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--csv", default=None)
@@ -112,24 +114,26 @@ def main() -> None:
     policies = {k: POLICIES[k] for k in a.policies.split(",")}
     dev, C, R = "cuda", 512, 64
     rows = []
-    for P in map(int, a.prefix.split(",")):
-        for N in map(int, a.rows.split(",")):
-            g = torch.Generator(device=dev).manual_seed(0)
-            q = torch.randn(1, N, a.heads, C + R, generator=g, device=dev).to(torch.bfloat16)
-            cache = torch.randn(1, P + N, C + R, generator=g, device=dev).to(torch.bfloat16)
-            pre = torch.tensor([P], device=dev)
-            anc = causal_anc_bits(N, 1, dev)
-            want = _launch(q, cache, pre, anc, 0.1447, C, False, POLICIES["v7"])[0].float()
-            for name, pol in policies.items():
-                call = functools.partial(_launch, q, cache, pre, anc, 0.1447, C, False, pol)
-                err = float((call()[0].float() - want).abs().max())  # any policy: same math
-                us, attn = time_call(call)
-                parts = num_parts(P, policy=pol)[1]
-                rows.append(dict(version=a.version, H=a.heads, N=N, P=P, policy=name,
-                                 parts=parts, busy_us=us, attn_us=attn, max_diff_vs_v7=err))
-                print(f"{a.version} H {a.heads} N {N:3d} P {P:5d} {name:8s} parts {parts:3d} "
-                      f"{us:7.2f} us (attention kernel {attn:6.2f})"
-                      f"  |diff| {err:.1e}", flush=True)
+    shapes = [(B, P, N) for B in map(int, a.batch.split(",")) for P in map(int,
+              a.prefix.split(",")) for N in map(int, a.rows.split(","))]
+    for B, P, N in shapes:
+        g = torch.Generator(device=dev).manual_seed(0)
+        q = torch.randn(B, N, a.heads, C + R, generator=g, device=dev).to(torch.bfloat16)
+        cache = torch.randn(B, P + N, C + R, generator=g, device=dev).to(torch.bfloat16)
+        pre = torch.full((B,), P, device=dev)
+        anc = causal_anc_bits(N, B, dev)
+        want = _launch(q, cache, pre, anc, 0.1447, C, False, POLICIES["v7"])[0].float()
+        for name, pol in policies.items():
+            call = functools.partial(_launch, q, cache, pre, anc, 0.1447, C, False, pol)
+            err = float((call()[0].float() - want).abs().max())  # any policy: same math
+            us, attn = time_call(call)
+            parts = num_parts(P, policy=pol)[1]
+            rows.append(dict(version=a.version, H=a.heads, B=B, N=N, P=P, policy=name,
+                             parts=parts, busy_us=us, attn_us=attn, max_diff_vs_v7=err))
+            print(f"{a.version} H {a.heads} B {B:2d} N {N:3d} P {P:5d} {name:8s} "
+                  f"parts {parts:3d} "
+                  f"{us:7.2f} us (attention kernel {attn:6.2f})"
+                  f"  |diff| {err:.1e}", flush=True)
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -1,7 +1,7 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
 triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16, triton_v17;
 gluon_v9, gluon_v10, gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13, gluon_v13_long, gluon_v14,
-gluon_v14_long and gluon_v18 on the GPU): equal to the dense-mask reference.
+gluon_v14_long, gluon_v18, gluon_v19 and gluon_v20 on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -31,6 +31,7 @@ from workbench.kernels.tree_mla import (
     gluon_v14,
     gluon_v18,
     gluon_v19,
+    gluon_v20,
     register,
     triton_v1,
     triton_v2,
@@ -58,8 +59,11 @@ GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g11_long": gluon_v11.tree_mla_gluon_long, "g12": gluon_v12.tree_mla_gluon,
          "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long,
          "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long,
-         "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon}
+         "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon,
+         "g20": gluon_v20.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
+# batch-variant by design (the engine preset's): its partition follows the launch's rows
+ENGINE_ONLY = {"g20"}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
 # BEST (gluon_v10) needs sm_90; the CPU tests exercise the presets' PORTABLE choice
@@ -448,6 +452,44 @@ def test_registered_variants():
         assert ops.get("tree_mla") is triton_v8.tree_mla_triton
 
 
+def test_gluon_v20_takes_short_parts_for_few_rows_below_32_heads():
+    # why: gluon_v20 is the engine preset's tree_mla: a launch's split policy follows its
+    # query rows (B x N) at the few-head (EP8 / TP8) widths only; 64 heads are gluon_v19
+    from workbench import ops
+    from workbench.kernels.tree_mla import ENGINE
+
+    rows = gluon_v20.SHORT_ROWS
+    assert gluon_v20.short_parts(1, 1, 8) and gluon_v20.short_parts(1, rows, 8)
+    assert gluon_v20.short_parts(rows, 1, 16)
+    assert not gluon_v20.short_parts(1, rows + 1, 8) and not gluon_v20.short_parts(2, rows, 8)
+    assert not gluon_v20.short_parts(1, 1, 32) and not gluon_v20.short_parts(1, 1, 64)
+    assert ENGINE == "gluon_v20" and ops.PRESETS["engine"]["tree_mla"] == ENGINE
+    assert ops.PRESETS["optimized"]["tree_mla"] == BEST  # token-exact presets: never v20
+    assert ops.PRESETS["invariant"]["tree_mla"] != ENGINE
+    with pytest.raises(ValueError, match=r"q: expected dtype bfloat16 or float16"):
+        gluon_v20.tree_mla_gluon(**_args(q=torch.zeros(1, 2, 4, 40),
+                                         kv_cache=torch.zeros(1, 8, 40)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, ctx", [(1, 1, 8, 4096), (8, 1, 8, 4096), (1, 8, 8, 1024),
+                                          (1, 9, 8, 8192), (4, 17, 8, 4096), (1, 1, 64, 4096)])
+def test_gpu_gluon_v20_is_its_two_launches(B, N, H, ctx):
+    # why: gluon_v20 only chooses between two launches measured and tested on their own:
+    # gluon_v18's parts and merge with gluon_v19's epilogue, or gluon_v19 itself
+    from workbench.kernels.tree_mla import triton_v7, triton_v17
+
+    case = _gpu_case(B, N, H, ctx, seed=B + N)
+    o, lse = gluon_v20.tree_mla_gluon(*case.args)
+    if gluon_v20.short_parts(B, N, H):
+        want = gluon_v11._launch(*case.args, False, triton_v7.policy_for(H), publish=True,
+                                 rcp=True, combine=triton_v17.combine_for(H))
+    else:
+        want = gluon_v19.tree_mla_gluon(*case.args)
+    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
+    assert_matches_reference(case, gluon_v20.tree_mla_gluon)
+
+
 def test_presets_select_best_where_it_runs_else_portable():
     # why: BEST (Gluon) has no interpreter: a preset must still run on a CPU box, with the
     # portable version, while an explicit request for the Gluon kernel fails by name
@@ -458,6 +500,9 @@ def test_presets_select_best_where_it_runs_else_portable():
     runs = ops.op_spec("tree_mla").variant(BEST).unavailable_reason() is None
     want = BEST if runs else PORTABLE
     for preset in ("optimized", "engine"):
+        named = ops.PRESETS[preset]["tree_mla"]
+        runs_named = ops.op_spec("tree_mla").variant(named).unavailable_reason() is None
+        want = named if runs_named else PORTABLE
         assert ops.resolve_preset(ops.PRESETS[preset])["tree_mla"] == want
         with ops.use(preset):
             assert ops.selected("tree_mla") == want
@@ -551,7 +596,7 @@ def test_gpu_no_host_sync(version):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", list(GPU_VERSIONS))
+@pytest.mark.parametrize("version", [v for v in GPU_VERSIONS if v not in ENGINE_ONLY])
 @pytest.mark.parametrize("ctx", [8192, 500])  # 500: v2 finishes every request in one launch
 def test_gpu_row_result_independent_of_rows_in_launch(version, ctx):
     # why: DESIGN.md §7 stretch: a row's result depends on its q, P_b, keys and ancestor set

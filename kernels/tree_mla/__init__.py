@@ -52,6 +52,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v19  gluon_v13 with O times one reciprocal of l a row in the epilogue (no
                per-value division: 752 fewer SASS, run once a CTA; H200: 1.5-4.3 % faster
                than gluon_v13 at the 8- and 64-head shapes benched; BEST from session 17)
+    gluon_v20  ENGINE-ONLY: gluon_v18's short parts (with v19's epilogue) for launches of at
+               most SHORT_ROWS query rows below 32 heads, gluon_v19 otherwise: the split
+               policy follows the launch's rows, so it is not batch-invariant (ENGINE below)
 
 BEST (gluon_v19) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -72,6 +75,9 @@ BEST = "gluon_v19"
 # what the presets select where BEST cannot run (Gluon has no interpreter: the CPU tests, the
 # CPU demo and notebooks): the fastest version that runs everywhere
 PORTABLE = "triton_v4"
+# the "engine" preset's version (kernels/__init__.py): a serving engine picks its splits by the
+# launch's shape, and that preset is batch-variant anyway (cuBLAS split-K by row count)
+ENGINE = "gluon_v20"
 # batch/position-invariant (keys grouped by the row's own key sequence): the "invariant"
 # preset, DDTree bitwise AR on the H200 (v5 session 4; v6, 1.1-3x faster, session 5)
 INVARIANT = "triton_v6"
@@ -102,6 +108,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "triton_v17": f"{_MOD}.triton_v17:tree_mla_triton",
         "gluon_v18": f"{_MOD}.gluon_v18:tree_mla_gluon",
         "gluon_v19": f"{_MOD}.gluon_v19:tree_mla_gluon",
+        "gluon_v20": f"{_MOD}.gluon_v20:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -183,6 +190,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "of l a row instead of a division a value: 6207 SASS instead "
                                 "of 6959, the part a short part's CTA fetches cold",
                                 ("sm90", "triton")),
+    ("tree_mla", "gluon_v20"): ("ENGINE-ONLY: gluon_v18's 128-key parts and one-round merge "
+                                "with gluon_v19's epilogue for launches of <= SHORT_ROWS query "
+                                "rows below 32 heads, gluon_v19 otherwise (the split follows "
+                                "the launch's rows: not batch-invariant)", ("sm90", "triton")),
 }
 
 
