@@ -44,7 +44,7 @@ def test_v2_split_k_sums_in_slice_order_and_resets_its_counters(device, M, N, K,
     ref = x.double() @ w.double().T
     assert ((y.double() - ref).abs() <= 2 * 2.0**-8 * ref.abs() + 1e-3).all()
     assert torch.equal(lt2.linear(x, w, tiles_for=forced), y)
-    assert int(lt2._counters(x.device, 1).abs().sum()) == 0
+    assert int(lt2.counters(x.device, 1).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("M, N, K", [(1, 2112, 7168), (17, 1536, 1536), (17, 7168, 1024),

@@ -1,5 +1,6 @@
-"""kernels/dense moe_route_triton_v1 (the "engine" preset's router) against the float64
-reference (reference/moe_route.py), through workbench.check and with explicit tie tables.
+"""kernels/dense moe_route_triton_v1 (the "engine" preset's router) and moe_route_triton_v2 (the
+router in one launch up to 32 rows) against the float64 reference (reference/moe_route.py),
+through workbench.check and with explicit tie tables.
 
 The checker NaN-fills every allocation, compares ids exactly (moe_route has no `ranked` ties
 band) and weights within the dtype-derived tolerance, and checks the inputs are untouched.
@@ -19,12 +20,20 @@ import torch
 from workbench import ops
 from workbench.check import check, failures
 from workbench.config import ModelConfig
-from workbench.kernels.dense.moe_route_triton_v1 import MAX_E, moe_route
+from workbench.kernels.dense import moe_route_triton_v1, moe_route_triton_v2
+from workbench.kernels.dense.linear_triton_v2 import counters
+from workbench.kernels.dense.moe_route_triton_v1 import MAX_E
 from workbench.kernels.dense.torch_bf16 import moe_route as moe_route_torch
 from workbench.ops.case import Case
 from workbench.reference.moe_route import moe_route as moe_route_ref
 
 SCALING = 2.827  # kimi-k2.6's routed_scaling_factor; any positive value will do
+ROUTE = {"triton_v1": moe_route_triton_v1.moe_route, "triton_v2": moe_route_triton_v2.moe_route}
+
+
+@pytest.fixture(params=list(ROUTE))
+def version(request):
+    return request.param
 
 
 def _route(T, D, E, device, seed=0, bias_std=0.02):
@@ -49,9 +58,10 @@ def test_engine_preset_runs_triton_v1_and_keeps_torch_bf16():
     assert "moe_route" not in ops.PRESETS["optimized"]  # not bitwise: engine only
 
 
-def test_ids_equal_the_reference_where_margins_are_clear(device):
+def test_ids_equal_the_reference_where_margins_are_clear(device, version):
     # why: E = 384, K = 8 as Kimi, D small for the interpreter; the precondition makes sure no
     # two of the top K + 1 choices lie within 1e-6 (fp32 sigmoid/GEMM differences are ~1e-7)
+    moe_route = ROUTE[version]
     h, w, b = _route(24, 64, 384, device, seed=5)
     want_ids, want_w = moe_route_ref(h, w, b, 8, SCALING)
     s = torch.sigmoid(torch.nn.functional.linear(h.double(), w.double())).float() + b
@@ -77,7 +87,8 @@ TIES = [
 
 @pytest.mark.parametrize("bias, k, want", TIES, ids=["max-tie", "two-levels", "zero-tie",
                                                      "all-tied", "nan-bias"])
-def test_tie_tables_lowest_index_first(bias, k, want, device):
+def test_tie_tables_lowest_index_first(bias, k, want, device, version):
+    moe_route = ROUTE[version]
     h, w, b = _tied(bias, device)
     ids, wts = moe_route(h, w, b, k, SCALING)
     assert ids.tolist() == [want] * h.shape[0]
@@ -87,10 +98,11 @@ def test_tie_tables_lowest_index_first(bias, k, want, device):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # interpreter
-def test_signed_zero_choices_tie(device):
+def test_signed_zero_choices_tie(device, version):
     # why: choice = s + bias with s = sigmoid(-200) = 0 (fp32 underflow on both sides) and a
     # bias of -0.0 or +0.0: the IEEE sum is +0.0 either way, and a -0.0 choice cannot arise
     # (s >= +0); the lowest index must win whatever the bias zero's sign
+    moe_route = ROUTE[version]
     E = 6
     h = torch.ones(3, 1, dtype=torch.bfloat16, device=device)
     w = torch.full((E, 1), -200.0, dtype=torch.bfloat16, device=device)
@@ -101,7 +113,8 @@ def test_signed_zero_choices_tie(device):
     assert torch.equal(wts, torch.zeros_like(wts))  # 0 / (0 + 1e-20): no NaN
 
 
-def test_empty_batch_and_extreme_k(device):
+def test_empty_batch_and_extreme_k(device, version):
+    moe_route = ROUTE[version]
     h, w, b = _route(0, 32, 13, device)
     ids, wts = moe_route(h, w, b, 4, SCALING)  # T = 0: no launch
     assert ids.shape == (0, 4) and ids.dtype == torch.int64 and wts.shape == (0, 4)
@@ -117,7 +130,7 @@ def test_empty_batch_and_extreme_k(device):
     torch.testing.assert_close(wts, torch.full_like(wts, SCALING))
 
 
-def test_other_layouts_and_dtypes_match_the_reference(device):
+def test_other_layouts_and_dtypes_match_the_reference(device, version):
     h, w, b = _route(7, 2 * 64, 16, device, seed=3)
     cases = [
         Case("moe_route", "column slice h", (h[:, 64:], w[:, 64:].contiguous(), b, 4, SCALING),
@@ -127,11 +140,12 @@ def test_other_layouts_and_dtypes_match_the_reference(device):
         Case("moe_route", "bf16 bias", (h, w, b.to(torch.bfloat16), 4, SCALING),
              dims=dict(T=7, D=128, E=16, K=4), why="bias dtype != fp32: upcast once"),
     ]
-    df = check("moe_route", "triton_v1", cases=cases)
+    df = check("moe_route", version, cases=cases)
     assert df["pass"].all(), failures(df)
 
 
-def test_bad_arguments_raise_naming_the_argument(device):
+def test_bad_arguments_raise_naming_the_argument(device, version):
+    moe_route = ROUTE[version]
     h, w, b = _route(2, 16, 8, device)
     with pytest.raises(ValueError, match=r"top_k: expected an int in \[1, 8\] \(E\), got 0"):
         moe_route(h, w, b, 0, SCALING)
@@ -154,11 +168,13 @@ NEAR_TIE = 2e-6  # choice units: the fp32 router GEMM's error on a logit (~1e-6 
 
 
 @pytest.mark.gpu
-def test_real_widths_match_the_reference_up_to_near_ties():
+def test_real_widths_match_the_reference_up_to_near_ties(version):
     """REAL widths on the GPU: ids equal the float64 reference's except where the reference's
     own choices sit within NEAR_TIE of its K/K+1 boundary (H200, session 7: T 544 seed 0 row
     324, margin 4.8e-7: torch_bf16, the fp32 GEMM path, picks the same other expert there);
-    weights within 1e-5 wherever the ids agree; and torch_bf16's ids on every row."""
+    weights within 1e-5 wherever the ids agree; and torch_bf16's ids on every row where the
+    logits are its cuBLAS GEMM's (triton_v1; triton_v2 above MAX_T rows)."""
+    moe_route = ROUTE[version]
     cfg = ModelConfig.preset("kimi-k2.6")
     D, E, K, sc = cfg.hidden_size, cfg.n_routed_experts, cfg.n_experts_per_tok, \
         cfg.routed_scaling_factor
@@ -168,7 +184,8 @@ def test_real_widths_match_the_reference_up_to_near_ties():
             h, w, b = _route(T, D, E, "cuda", seed=seed)
             ids, wt = moe_route(h, w, b, K, sc)
             ids_r, wt_r = moe_route_ref(h, w, b, K, sc)
-            assert torch.equal(ids, moe_route_torch(h, w, b, K, sc)[0]), (seed, T)
+            if version == "triton_v1" or T > moe_route_triton_v2.MAX_T:  # cuBLAS's logits
+                assert torch.equal(ids, moe_route_torch(h, w, b, K, sc)[0]), (seed, T)
             choice = torch.sigmoid(h.double() @ w.double().t()).float() + b  # the reference's
             same = (ids == ids_r).all(1)
             torch.testing.assert_close(wt[same], wt_r[same], rtol=1e-5, atol=1e-5)
@@ -180,3 +197,47 @@ def test_real_widths_match_the_reference_up_to_near_ties():
                 near += 1
             rows += T
     assert near <= rows // 100  # near-ties are rare: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("T, D", [(1, 1024), (17, 1024), (32, 512), (9, 200)])
+def test_v2_one_launch_is_deterministic_and_resets_its_counters(T, D, device):
+    # why: triton_v2's logits are K-slice partials summed by whichever slice arrives last, in
+    # slice order, and its top-k by whichever expert tile arrives last: two calls must agree
+    # bit for bit, match the reference's ids (clear margins checked), and leave every ticket
+    # counter at zero for the next launch or graph replay (D 200: a slice ends mid-step)
+    E, K = 384, 8
+    _, BN, BK, split, _, _ = moe_route_triton_v2.tiles(T, E, D)
+    assert split > 1 or D == 200
+    h, w, b = _route(T, D, E, device, seed=T)
+    s = torch.sigmoid(torch.nn.functional.linear(h.double(), w.double())).float() + b
+    top = s.sort(-1, descending=True).values[:, : K + 1]
+    assert (top[:, :-1] - top[:, 1:]).min() > 1e-6
+    want_ids, want_w = moe_route_ref(h, w, b, K, SCALING)
+    ids, wts = moe_route_triton_v2.moe_route(h, w, b, K, SCALING)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(wts, want_w, rtol=1e-5, atol=1e-6)
+    again = moe_route_triton_v2.moe_route(h, w, b, K, SCALING)
+    assert torch.equal(again[0], ids) and torch.equal(again[1], wts)
+    assert int(counters(h.device, E // BN + 1, pool="moe_route").abs().sum()) == 0
+
+
+def test_v2_runs_triton_v1_past_32_rows_and_for_fp32(device):
+    # why: the one-launch top-k runs in one program, so more rows (and fp32 inputs, which its
+    # bf16 MMA cannot take) go to triton_v1: a documented dispatch with v1's bits
+    for T, dt in ((moe_route_triton_v2.MAX_T + 1, torch.bfloat16), (3, torch.float32)):
+        h, w, b = _route(T, 64, 40, device, seed=T)
+        h, w = h.to(dt), w.to(dt)
+        got = moe_route_triton_v2.moe_route(h, w, b, 6, SCALING)
+        want = moe_route_triton_v1.moe_route(h, w, b, 6, SCALING)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_v2_compiles_for_sm90_without_spills():
+    # why: the one-launch router must fit its GEMM, the slice sum and the top-k in one program
+    # without spilling, with its MMAs and its four ticket atomics (two takes, two resets)
+    from sm90_compile import compile_sm90
+
+    for r in compile_sm90("from workbench.kernels.dense import moe_route_triton_v2 as v; "
+                          "out = [v.sm90_report(T, 384, 7168) for T in (1, 17, 32)]"):
+        assert r["spill"] == "0" and int(r["regs"]) <= 255, r
+        assert r["mma"] > 0 and r["atom"] == 4 and r["split"] == 8, r

@@ -39,7 +39,12 @@ fast-exp sigmoid, sum order): the "engine" preset takes it, `torch_bf16` stays i
 On the H200 its ids equal torch_bf16's at REAL widths; both differ from the float64 reference
 only at near-ties of the reference's choices (T 544: one row, margin 4.8e-7; session 7,
 scripts/diag_moe_route_tie.py); in the emulated EP8 rank it saves ~1.6 ms of kernels a step at
-C 1 (traces/gpu/session7).
+C 1 (traces/gpu/session7). `moe_route_triton_v2` (session 19) is the router in ONE launch up to
+32 rows (decode and the C 1 verify), where triton_v1 is three (cuBLAS's split-K GEMM, its
+reduce, the top-k: 10.5 µs a layer at C 1 AR for a 5.5 MB weight): a split-K GEMM over
+16-expert tiles whose last K slice sums the tile's partials in slice order (linear_triton_v2's
+ticket scheme), and whose last tile to finish picks every row's top-k by triton_v1's rule.
+Not cuBLAS's logits bits (fixed K order): engine-only like v1.
 
 `swiglu_mlp_triton_v1` (variant `triton_v1` of op swiglu_mlp) keeps the three GEMMs in cuBLAS
 and makes the five elementwise kernels between them (two fp32 casts, SiLU, product, cast back)
@@ -107,7 +112,8 @@ VARIANTS["swiglu_mlp"]["triton_v2"] = "workbench.kernels.dense.swiglu_mlp_triton
 VARIANTS["swiglu_mlp"]["triton_v3"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v3"
 VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:linear"
 VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
-VARIANTS["moe_route"]["triton_v1"] = "workbench.kernels.dense.moe_route_triton_v1:moe_route"
+VARIANTS["moe_route"].update({f"triton_v{v}": f"workbench.kernels.dense.moe_route_triton_v{v}:"
+                              "moe_route" for v in (1, 2)})
 VARIANTS["rope"] = {f"triton_v{v}": f"workbench.kernels.dense.rope_triton_v{v}:rope"
                     for v in (1, 2)}
 VARIANTS["mla_kv_write"] = {
@@ -176,6 +182,11 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("moe_route", "triton_v1"): ("router GEMM in cuBLAS (fp32 out), then one Triton program "
                                  "per token: sigmoid + bias, K rounds of max / lowest index, "
                                  "renormalised (2 kernels instead of ~9)", ("triton",)),
+    ("moe_route", "triton_v2"): ("the router in one launch up to 32 rows: split-K GEMM over "
+                                 "expert tiles, the last K slice sums its tile's partials in "
+                                 "slice order, the last tile picks the top-k (triton_v1's rule; "
+                                 "tickets reset in-kernel); triton_v1 above 32 rows",
+                                 ("triton",)),
     ("mla_q_absorb", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "
                                      "accumulate (batch-variant)", ()),
     ("mla_v_up", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "

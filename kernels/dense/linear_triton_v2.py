@@ -31,7 +31,7 @@ from torch import Tensor
 from ..drafter._common import INTERPRET, next_pow2
 from .linear_triton_v1 import MAX_ROWS, SMS, fit_smem, run
 
-_COUNTERS: dict[torch.device, Tensor] = {}
+_COUNTERS: dict[tuple[torch.device, str], Tensor] = {}
 
 
 @triton.jit
@@ -105,11 +105,13 @@ def tiles(M: int, N: int, K: int) -> Tiles:
     return Tiles(BM, BN, BK, split, 4, stages)
 
 
-def _counters(device: torch.device, n: int) -> Tensor:
-    c = _COUNTERS.get(device)
+def counters(device: torch.device, n: int, pool: str = "linear") -> Tensor:
+    """>= n zeroed int32 ticket counters on `device`, one buffer per (device, pool) (each op
+    its own pool); the kernels reset what they use, so the buffer stays zero between launches."""
+    c = _COUNTERS.get((device, pool))
     if c is None or c.numel() < n:  # grown outside any capture: first eager calls come first
         c = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[device] = c
+        _COUNTERS[(device, pool)] = c
     return c
 
 
@@ -127,7 +129,7 @@ def _launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int, tiles
     split = triton.cdiv(K, KS)  # slices that hold any K (<= t.SPLIT)
     ws = (torch.empty(split * t.BM * NP, dtype=torch.float32, device=x2.device)
           if split > 1 else y)
-    cnt = _counters(x2.device, n_tiles)
+    cnt = counters(x2.device, n_tiles)
     _splitk_kernel[(n_tiles, split)](
         x2, weight, y, ws, cnt, M, N, K, KS, x2.stride(0), x2.stride(1), weight.stride(0),
         weight.stride(1), y.stride(0), NP, SPLIT=split, BM=t.BM, BN=t.BN, BK=t.BK,

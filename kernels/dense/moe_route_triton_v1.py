@@ -72,6 +72,23 @@ def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
 
     CUDA, bf16 h and weight: the router GEMM is one bf16 cuBLAS mm with fp32 output (as
     torch_bf16); otherwise fp32 F.linear. Then one Triton launch (none when T = 0)."""
+    T, D, E = check_args(h, gate_weight, bias, top_k)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=h.device)
+    w = torch.empty(T, top_k, dtype=torch.float32, device=h.device)
+    if T == 0:
+        return ids, w
+    logits = router_logits(h, gate_weight)  # [T, E] fp32, torch_bf16's GEMM
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    b = bias.float().contiguous()  # a no-op for the model's fp32 bias
+    _moe_route_kernel[(T,)](logits, b, ids, w, E, top_k, logits.stride(0), float(scaling),
+                            BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k),
+                            num_warps=1 if E <= ONE_WARP_E else 4)
+    return ids, w
+
+
+def check_args(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int) -> tuple[int, int, int]:
+    """The op's input errors, by argument name; returns (T, D, E)."""
     _require(isinstance(h, Tensor) and h.dim() == 2 and h.is_floating_point(), "h",
              "a floating tensor [T, D]", getattr(h, "shape", type(h)))
     T, D = h.shape
@@ -89,15 +106,4 @@ def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
         _require(t.device == h.device, name, f"on {h.device} (h's device)", t.device)
     _require(h.is_cuda or INTERPRET, "h", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
              h.device)
-    ids = torch.empty(T, top_k, dtype=torch.int64, device=h.device)
-    w = torch.empty(T, top_k, dtype=torch.float32, device=h.device)
-    if T == 0:
-        return ids, w
-    logits = router_logits(h, gate_weight)  # [T, E] fp32, torch_bf16's GEMM
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    b = bias.float().contiguous()  # a no-op for the model's fp32 bias
-    _moe_route_kernel[(T,)](logits, b, ids, w, E, top_k, logits.stride(0), float(scaling),
-                            BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k),
-                            num_warps=1 if E <= ONE_WARP_E else 4)
-    return ids, w
+    return T, D, E
