@@ -1,8 +1,8 @@
 """tree_mla gluon_v20 (ENGINE-ONLY): gluon_v19's kernel with the split policy chosen per launch
-by its query rows, as a serving engine picks its splits by batch: below 32 heads a launch of at
-most SHORT_ROWS query rows (B x N: decode at small batch) runs triton_v7's 128-key parts with
-triton_v17's one-round merge (gluon_v18's launch with gluon_v19's reciprocal epilogue); every
-other launch is gluon_v19.
+by its shape, as a serving engine picks its splits by batch: below 32 heads a launch whose
+short-part programs fit one wave (B x row blocks x triton_v7's parts <= the GPU's SMs: one CTA
+an SM at 230 KB of shared memory) runs triton_v7's 128-key parts with triton_v17's one-round merge
+(gluon_v18's launch with gluon_v19's reciprocal epilogue); every other launch is gluon_v19.
 
 Why (H200): the 8-head decode attention is the emulated EP8 AR step's largest kernel after the
 int4 GEMMs, 21.9 µs a layer at P 4096 (1.33 ms of 7.24, session 18 call 11). v4's policy gives
@@ -11,8 +11,13 @@ gluon_v18's 128-key parts took the C 1 AR step from 7.46 to 6.88 ms (session 16)
 2.6x at B 32 N 9 and from N 17 (their partials and CTAs multiply with the rows). No policy by P
 and H alone serves both (the issue's batch-invariance contract), so BEST stays gluon_v19.
 
-NOT batch-invariant: a row's partition (hence its bits) depends on how many rows share the
-launch, like cuBLAS's split-K by row count in the engine preset's projections. So it is the
+The rule (session 19 call 1, `scripts/sweep_tree_mla_policy.py --batch`, H 8, P 4096, busy µs
+of gluon_v19 / short parts): every launch of one wave or less was faster short (B 1 N 1 22.9 /
+12.2, B 1 N 17 25.2 / 22.0, B 2 N 9 25.2 / 23.0, B 4 N 4 24.2 / 21.3), every larger one slower
+(B 8 N 1 24.8 / 27.7, B 4 N 9 26.0 / 42.2, B 2 N 17 25.9 / 37.8, B 16 N 17 91.5 / 254.8).
+
+NOT batch-invariant: a row's partition (hence its bits) depends on the launch's shape (and the
+GPU's SM count), like cuBLAS's split-K by row count in the engine preset's projections. So it is the
 "engine" preset's tree_mla only (`ENGINE` in this package), never "optimized" or "invariant".
 Each of its two paths is bitwise the launch it names (tests/test_tree_mla_kernel.py, GPU).
 Legend: _common.py.
@@ -20,22 +25,30 @@ Legend: _common.py.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from .gluon_v9 import BLOCK_M
 from .gluon_v11 import _launch
-from .triton_v4 import V4
-from .triton_v7 import policy_for
+from .triton_v4 import V4, num_parts
+from .triton_v7 import FEW_HEADS
 from .triton_v17 import combine_for
 
-# B x N at or below which an 8-head (< 32) launch takes the short parts. A first guess from
-# session 16's bench (B 1: N 1 and N 9 from P 8192 faster, N 17 slower, B 32 N 9 2.6x slower);
-# `scripts/sweep_tree_mla_policy.py --batch` measures it.
-SHORT_ROWS = 8
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The device's SMs (host-side properties: no sync, capture-safe)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def short_parts(B: int, N: int, H: int) -> bool:
-    """Does a launch of B requests x N rows at H heads take the short parts?"""
-    return H < 32 and B * N <= SHORT_ROWS
+def short_parts(B: int, N: int, H: int, T: int, sms: int) -> bool:
+    """Does a launch of B requests x N rows at H heads over a cache of T slots take the short
+    parts? Below 32 heads, when their working programs (row blocks x the parts of the longest
+    prefix the cache allows, T - N: the grid's other programs exit at once) fit one wave of
+    `sms` one-CTA-an-SM programs."""
+    rows = -(-N * H // BLOCK_M)
+    return H < 32 and B * rows * num_parts(max(T - N, 0), policy=FEW_HEADS)[1] <= sms
 
 
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
@@ -45,10 +58,11 @@ def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.T
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla (gluon_v9's
     inputs and errors); gluon_v18's parts and merge where `short_parts`, else gluon_v19's,
     both with the reciprocal epilogue. No host sync unless validate=True."""
-    B, N, H = q.shape[:3] if q.dim() == 4 else (0, 0, 0)  # a bad q: the launcher names it
-    if short_parts(B, N, H):
+    ok = isinstance(q, torch.Tensor) and q.dim() == 4 and q.is_cuda  # else the launcher says
+    ok = ok and isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 3
+    if ok and short_parts(*q.shape[:3], kv_cache.shape[1], sm_count(q.device)):
         return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
-                       validate, policy_for(H), publish=True, rcp=True,
-                       combine=combine_for(H))
+                       validate, FEW_HEADS, publish=True, rcp=True,
+                       combine=combine_for(q.shape[2]))
     return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
                    V4, publish=True, rcp=True)

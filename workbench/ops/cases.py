@@ -866,7 +866,7 @@ def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
                 case(13, 32, 13, 13, "K=E=13", "K = E: the full sorted order"),
                 case(6, 64, 16, 4, "strided h", "h is a stride-2 view", h=_gappy(r.normal(6, 64)))]
     E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
-    return [case(T, cfg.hidden_size, E, K, f"T={T} E={E} K={K}") for T in (1, 9, 33, 65)]
+    return [case(T, cfg.hidden_size, E, K, f"T={T} E={E} K={K}") for T in (1, 9, 17, 33, 65)]
 
 
 def _dense_roofline(in_rows: str, inner: Callable, out_itemsize=2):
