@@ -72,7 +72,11 @@ LAUNCH = {"triton_v4": triton_v4._launch,
           # gluon_v19's reciprocal epilogue: behind v4's merge, and behind v17's (gluon_v18's)
           "gluon_v19": functools.partial(gluon_v11._launch, publish=True, rcp=True),
           "gluon_v18_rcp": functools.partial(gluon_v11._launch, publish=True, rcp=True,
-                                             combine=triton_v17._launch_combine)}
+                                             combine=triton_v17._launch_combine),
+          # triton_v15's transposed attention (keys on M: 8 rows not padded to 64) behind the
+          # one-round merge: a candidate for the engine's short-part decode (gluon_v20)
+          "triton_v15_c17": functools.partial(triton_v15._launch,
+                                              combine=triton_v17._launch_combine)}
 
 
 def time_call(fn, reps: int = 20) -> tuple[float, float]:

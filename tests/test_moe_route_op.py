@@ -206,8 +206,8 @@ def test_v2_one_launch_is_deterministic_and_resets_its_counters(T, D, device):
     # bit for bit, match the reference's ids (clear margins checked), and leave every ticket
     # counter at zero for the next launch or graph replay (D 200: a slice ends mid-step)
     E, K = 384, 8
-    _, BN, BK, split, _, _ = moe_route_triton_v2.tiles(T, E, D)
-    assert split > 1 or D == 200
+    t = moe_route_triton_v2.tiles(T, E, D)
+    assert t["SPLIT"] > 1 or D == 200
     h, w, b = _route(T, D, E, device, seed=T)
     s = torch.sigmoid(torch.nn.functional.linear(h.double(), w.double())).float() + b
     top = s.sort(-1, descending=True).values[:, : K + 1]
@@ -218,7 +218,7 @@ def test_v2_one_launch_is_deterministic_and_resets_its_counters(T, D, device):
     torch.testing.assert_close(wts, want_w, rtol=1e-5, atol=1e-6)
     again = moe_route_triton_v2.moe_route(h, w, b, K, SCALING)
     assert torch.equal(again[0], ids) and torch.equal(again[1], wts)
-    assert int(counters(h.device, E // BN + 1, pool="moe_route").abs().sum()) == 0
+    assert int(counters(h.device, E // t["BN"] + 1, pool="moe_route").abs().sum()) == 0
 
 
 def test_v2_runs_triton_v1_past_32_rows_and_for_fp32(device):

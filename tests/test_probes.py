@@ -1,4 +1,4 @@
-"""The session-18 launch-shape probes stay runnable against the kernels they launch (the
+"""The session-18 and -19 probes stay runnable against the kernels they launch (the
 interpreter on CPU: no timing, every launch once): scripts/probe_rope_programs.py and
 scripts/probe_small_launches.py print one row per (kernel, rows, option) they were asked for."""
 
@@ -43,3 +43,18 @@ def test_profiler_link_probe_prints_the_ranges_and_their_children(capsys):
     names = [r.split()[-1] for r in rows]
     assert "op::linear" in names and "op::rope" in names and "aten::mm" in names
     assert any(r.split()[-1] == "aten::matmul" and "op::linear" in r for r in rows)  # parent
+
+
+def test_moe_route_phase_probe_runs_every_call_and_checks_ids(capsys):
+    # why: session 19's probe splits moe_route triton_v2's launch into its phases; each full
+    # call must still pick triton_v1's experts (clear margins at these random widths)
+    probe = load("probe_moe_route_phases")
+    probe.main(["--device", "cpu", "--rows", "1,3"])
+    lines = capsys.readouterr().out.splitlines()
+    names = ["v1", "v1 gemm", "v2", "v2 no-topk"] + [
+        f"v2 {c}{s}" for c in probe.CFGS for s in ("", " no-topk")]
+    assert [(int(line.split()[1]), line[6:28].strip()) for line in lines] == [
+        (T, n) for T in (1, 3) for n in names]
+    for line in lines:
+        want = "None" if ("no-topk" in line or "gemm" in line) else "True"
+        assert line.split()[-1] == want, line

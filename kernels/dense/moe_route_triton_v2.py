@@ -78,7 +78,7 @@ def _route_kernel(h_ptr, g_ptr, bias_ptr, ws_ptr, logit_ptr, cnt_ptr, ids_ptr, w
                   T, E, D, KS, K, s_h, s_g, scaling, NT, NP,
                   SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                   RB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                  INTERPRET: tl.constexpr):
+                  TOPK: tl.constexpr, INTERPRET: tl.constexpr):
     pid_n = tl.program_id(0)  # expert tile
     pid_k = tl.program_id(1)  # K slice
     n = pid_n * BN + tl.arange(0, BN)
@@ -112,41 +112,45 @@ def _route_kernel(h_ptr, g_ptr, bias_ptr, ws_ptr, logit_ptr, cnt_ptr, ids_ptr, w
                  mask=m_ok[:, None] & n_ok[None, :])
         tl.atomic_xchg(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
         tl.debug_barrier()  # the tile's logits are written before the tiles' ticket
-        if tl.atomic_add(cnt_ptr + NT, 1, sem="acq_rel") == NT - 1:  # the last expert tile
-            tl.debug_barrier()
-            for r0 in range(0, T, RB):
-                _topk_rows(logit_ptr, bias_ptr, ids_ptr, w_ptr, r0, T, E, K, scaling,
-                           RB, BLOCK_E, BLOCK_K)
-            tl.atomic_xchg(cnt_ptr + NT, 0)
+        if TOPK:  # (off: the GEMM phases alone, for scripts/probe_moe_route_phases.py)
+            if tl.atomic_add(cnt_ptr + NT, 1, sem="acq_rel") == NT - 1:  # the last tile
+                tl.debug_barrier()
+                for r0 in range(0, T, RB):
+                    _topk_rows(logit_ptr, bias_ptr, ids_ptr, w_ptr, r0, T, E, K, scaling,
+                               RB, BLOCK_E, BLOCK_K)
+                tl.atomic_xchg(cnt_ptr + NT, 0)
 
 
-def tiles(T: int, E: int, D: int) -> tuple[int, int, int, int, int, int]:
-    """(BM, BN, BK, SPLIT, warps, stages): BM covers T (16 / 32); BN 16 (E / 16 expert tiles:
-    24 at Kimi's 384); SPLIT the most K slices (<= 16) that keep >= 2 BK steps a slice and the
-    grid within ~2 programs an SM."""
+def tiles(T: int, E: int, D: int, BN: int = 16, BK: int = 128, RB: int = RB, warps: int = 4,
+          max_split: int = 16) -> dict:
+    """{BM, BN, BK, SPLIT, RB, warps, stages}: BM covers T (16 / 32); BN 16 (E / 16 expert
+    tiles: 24 at Kimi's 384); SPLIT the most K slices (<= max_split) that keep >= 2 BK steps a
+    slice and the grid within ~2 programs an SM. The keywords are a probe's overrides."""
     BM = max(16, next_pow2(min(T, MAX_T)))
-    BN, BK = 16, max(16, min(128, next_pow2(D)))
+    BK = max(16, min(BK, next_pow2(D)))
     n_tiles, split = triton.cdiv(E, BN), 1
     while (n_tiles * split * 2 <= 2 * SMS and triton.cdiv(D, 2 * split) >= 2 * BK
-           and split < 16):
+           and split < max_split):
         split *= 2
     BK, stages = fit_smem(BM, BN, BK, 4)
-    return BM, BN, BK, split, 4, stages
+    return dict(BM=BM, BN=BN, BK=BK, SPLIT=split, RB=RB, warps=warps, stages=stages)
 
 
-def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
-              scaling: float) -> tuple[Tensor, Tensor]:
+def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling: float,
+              cfg: dict | None = None, topk: bool = True) -> tuple[Tensor, Tensor]:
     """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); gate_weight [E, D], bias [E] (the
     "moe_route" op's contract and errors: triton_v1's checks run first). One launch for bf16 /
-    fp16 h and weight with T <= MAX_T, else triton_v1."""
+    fp16 h and weight with T <= MAX_T, else triton_v1. cfg: `tiles` overrides; topk=False:
+    the GEMM phases only (ids / weights left unwritten), both for probes."""
     T, D, E = moe_route_triton_v1.check_args(h, gate_weight, bias, top_k)
     if not (1 <= T <= MAX_T and h.dtype in (torch.bfloat16, torch.float16)
             and gate_weight.dtype == h.dtype):
         return moe_route_triton_v1.moe_route(h, gate_weight, bias, top_k, scaling)
     h = h if h.stride(1) == 1 else h.contiguous()
     gate_weight = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
-    BM, BN, BK, split, warps, stages = tiles(T, E, D)
-    KS = triton.cdiv(triton.cdiv(D, split), BK) * BK  # whole BK steps a slice
+    t = tiles(T, E, D, **(cfg or {}))
+    BM, BN, BK = t["BM"], t["BN"], t["BK"]
+    KS = triton.cdiv(triton.cdiv(D, t["SPLIT"]), BK) * BK  # whole BK steps a slice
     split = triton.cdiv(D, KS)  # slices that hold any K
     NT = triton.cdiv(E, BN)
     NP = NT * BN
@@ -159,9 +163,9 @@ def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
     b = bias.float().contiguous()  # a no-op for the model's fp32 bias
     _route_kernel[(NT, split)](
         h, gate_weight, b, ws, logits, cnt, ids, w, T, E, D, KS, top_k, h.stride(0),
-        gate_weight.stride(0), float(scaling), NT, NP, SPLIT=split, BM=BM, BN=BN, BK=BK, RB=RB,
-        BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), INTERPRET=INTERPRET,
-        num_warps=warps, num_stages=stages)
+        gate_weight.stride(0), float(scaling), NT, NP, SPLIT=split, BM=BM, BN=BN, BK=BK,
+        RB=t["RB"], BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), TOPK=topk,
+        INTERPRET=INTERPRET, num_warps=t["warps"], num_stages=t["stages"])
     return ids, w
 
 
@@ -175,19 +179,19 @@ def sm90_report(T: int, E: int, D: int) -> dict:
 
     from .._sm90 import ptxas_stats
 
-    BM, BN, BK, split, warps, stages = tiles(T, E, D)
+    t = tiles(T, E, D)
     names = ("h_ptr g_ptr bias_ptr ws_ptr logit_ptr cnt_ptr ids_ptr w_ptr T E D KS K s_h s_g "
              "scaling NT NP").split()
     types = ["*bf16", "*bf16", "*fp32", "*fp32", "*fp32", "*i32", "*i64", "*fp32",
              *["i32"] * 7, "fp32", "i32", "i32"]
-    consts = dict(SPLIT=split, BM=BM, BN=BN, BK=BK, RB=RB, BLOCK_E=next_pow2(E), BLOCK_K=8,
-                  INTERPRET=False)
+    consts = dict(SPLIT=t["SPLIT"], BM=t["BM"], BN=t["BN"], BK=t["BK"], RB=t["RB"],
+                  BLOCK_E=next_pow2(E), BLOCK_K=8, TOPK=True, INTERPRET=False)
     sig = dict(zip(names, types)) | {k: "constexpr" for k in consts}
     k = triton.compile(ASTSource(fn=_route_kernel, signature=sig, constexprs=consts),
                        target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, num_stages=stages))
+                       options=dict(num_warps=t["warps"], num_stages=t["stages"]))
     ptx = k.asm["ptx"]
     regs, spill = ptxas_stats(ptx)
-    return dict(regs=regs, spill=spill, smem=k.metadata.shared, split=split,
+    return dict(regs=regs, spill=spill, smem=k.metadata.shared, split=t["SPLIT"],
                 mma=len(re.findall(r"\bw?gmma\.mma_async|\bmma\.sync", ptx)),
                 atom=len(re.findall(r"\batom\.", ptx)))
