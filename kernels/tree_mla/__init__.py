@@ -52,9 +52,10 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v19  gluon_v13 with O times one reciprocal of l a row in the epilogue (no
                per-value division: 752 fewer SASS, run once a CTA; H200: 1.5-4.3 % faster
                than gluon_v13 at the 8- and 64-head shapes benched; BEST from session 17)
-    gluon_v20  ENGINE-ONLY: gluon_v18's short parts (with v19's epilogue) for launches of at
-               most SHORT_ROWS query rows below 32 heads, gluon_v19 otherwise: the split
-               policy follows the launch's rows, so it is not batch-invariant (ENGINE below)
+    gluon_v20  ENGINE-ONLY: gluon_v18's short parts (with v19's epilogue) below 32 heads where
+               their programs fit one wave of the GPU, gluon_v19 otherwise: the split
+               follows the launch's shape, so it is not batch-invariant (ENGINE below; H200:
+               EP8 C 1 AR step 6.56 vs 7.22 ms, C 1 DDTree-16 15.49 vs 15.82)
 
 BEST (gluon_v19) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -191,9 +192,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "of 6959, the part a short part's CTA fetches cold",
                                 ("sm90", "triton")),
     ("tree_mla", "gluon_v20"): ("ENGINE-ONLY: gluon_v18's 128-key parts and one-round merge "
-                                "with gluon_v19's epilogue for launches of <= SHORT_ROWS query "
-                                "rows below 32 heads, gluon_v19 otherwise (the split follows "
-                                "the launch's rows: not batch-invariant)", ("sm90", "triton")),
+                                "with gluon_v19's epilogue below 32 heads where their programs "
+                                "fit one wave of the GPU, gluon_v19 otherwise (the split "
+                                "follows the launch's shape: not batch-invariant)",
+                                ("sm90", "triton")),
 }
 
 
