@@ -23,7 +23,7 @@ from workbench.reference.int4_moe import int4_moe
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
-            "triton_v19", "triton_v22")
+            "triton_v19", "triton_v22", "triton_v23")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -87,7 +87,8 @@ def test_edge_cases_match_reference(version):
              "triton_v9": (9,), "triton_v10": (10,), "triton_v11": (11,),
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
-             "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,)}
+             "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
+             "triton_v23": (23,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -97,7 +98,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
                                      "triton_v13", "triton_v14", "triton_v15",
                                      "triton_v16", "triton_v17", "triton_v18",
-                                     "triton_v19", "triton_v22"])
+                                     "triton_v19", "triton_v22", "triton_v23"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -1039,6 +1040,61 @@ def test_v22_is_v19_bit_for_bit_gpu(real_experts, skew):
         x, ids, w = _real_inputs(cfg, T, 800 + T, skew)
         assert _bits_equal(triton_v22.int4_moe_triton(x, ids, w, ex),
                            triton_v19.int4_moe_triton(x, ids, w, ex)), T
+
+
+# ---------------------------------------------------------------- v23: gate/up splits at decode
+def test_v23_tiles():
+    # why: v23 changes only gate/up's K splits at the 64-row decode tiles (a 528-program
+    # target: four CTAs an SM), so a hinted EP8 rank's decode gets 7 splits of 4 K tiles
+    # instead of 4 of 7; where the rule gives v22's splits the tiles are v22's
+    from workbench.kernels.int4_moe import triton_v22, triton_v23
+
+    rank = triton_v23.tiles(1, 8, 48, 7168, 2048, slots=1)
+    assert (rank["BN"], rank["KS1"], rank["TPS1"], rank["KS2"], rank["TPS2"]) == (64, 7, 4, 2, 4)
+    for T, E, slots in ((1, 384, None), (8, 48, 8), (9, 384, None), (17, 48, 17),
+                        (512, 384, None)):
+        assert triton_v23.tiles(T, 8, E, 7168, 2048, slots) == triton_v22.tiles(
+            T, 8, E, 7168, 2048, slots), (T, slots)
+
+
+@pytest.mark.parametrize("T, hint", [(1, 8), (3, None)])
+def test_v23_decode_splits_match_reference(monkeypatch, T, hint):
+    # why: more gate/up splits at the decode tiles (a partial per split, NaN-filled first,
+    # summed by the SiLU): at T 1 with 8 expected slots on 8 N tiles v22 splits D 2048's 8 K
+    # tiles 4 ways, v23 8; unhinted at T 3 the tiles are v22's and so are the bits
+    from workbench.kernels.int4_moe import triton_v22, triton_v23
+
+    _poisoned_buffers(monkeypatch)
+    E, D, I, K = 8, 2048, 256, 8
+    ex = _experts(E, D, I, seed=230 + T)
+    ids, w = _routing(T, E, K, seed=230 + T)
+    t22, t23 = (v.tiles(T, K, E, D, I, hint) for v in (triton_v22, triton_v23))
+    assert (t23["KS1"], t22["KS1"]) == ((8, 4) if hint else (t22["KS1"],) * 2), (t22, t23)
+    x = torch.randn(T, D).bfloat16()
+    out = triton_v23.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), int4_moe(x, ids, w, ex).float(), rtol=2e-2, atol=2e-2)
+    if hint is None:
+        assert _bits_equal(out, triton_v22.int4_moe_triton(x, ids, w, ex))
+
+
+@pytest.mark.gpu
+def test_v23_hinted_rank_decode_gpu(real_experts):
+    # why: the C 1 AR step's MoE call (one token on an EP8 rank, hint 1) at Kimi widths: v23's
+    # 7 gate/up splits against the reference, and v22's bits on all 384 experts at T 1
+    from workbench.kernels.int4_moe import triton_v22, triton_v23
+
+    ex, cfg = real_experts
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    for seed in (0, 1, 2, 3):
+        x, ids, w = _real_inputs(cfg, 1, 960 + seed, 0.0)
+        assert _bits_equal(triton_v23.int4_moe_triton(x, ids, w, ex),
+                           triton_v22.int4_moe_triton(x, ids, w, ex)), seed
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        out = triton_v23.int4_moe_triton(x, here, w, ex48, expected_slots=1)
+        ref = int4_moe(x, here, w, ex48)
+        assert not out.isnan().any()
+        assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2), seed
 
 
 # ---------------------------------------------------------------- v17: epilogues on the GEMMs

@@ -32,6 +32,7 @@ from workbench.kernels.tree_mla import (
     gluon_v18,
     gluon_v19,
     gluon_v20,
+    gluon_v21,
     register,
     triton_v1,
     triton_v2,
@@ -60,10 +61,10 @@ GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long,
          "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long,
          "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon,
-         "g20": gluon_v20.tree_mla_gluon}
+         "g20": gluon_v20.tree_mla_gluon, "g21": gluon_v21.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # batch-variant by design (the engine preset's): its partition follows the launch's rows
-ENGINE_ONLY = {"g20"}
+ENGINE_ONLY = {"g20", "g21"}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
 # BEST (gluon_v10) needs sm_90; the CPU tests exercise the presets' PORTABLE choice
@@ -474,6 +475,34 @@ def test_gluon_v20_takes_short_parts_for_few_rows_below_32_heads():
     with pytest.raises(ValueError, match=r"q: expected dtype bfloat16 or float16"):
         gluon_v20.tree_mla_gluon(**_args(q=torch.zeros(1, 2, 4, 40),
                                          kv_cache=torch.zeros(1, 8, 40)))
+
+
+def test_gluon_v21_takes_the_transposed_decode_for_one_row_block_in_one_wave():
+    # why: gluon_v21's third launch (triton_v15's 16-row blocks under 64-key parts) is for
+    # requests whose rows fit one block; 65 parts at a 4096-key prefix, 129 at 8192, so 132
+    # SMs hold B 2 at P 4096 and B 1 at P 8192 in one wave
+    yes = [(1, 1, 8, 4097), (2, 1, 8, 4097), (1, 2, 8, 4098), (1, 1, 8, 8193), (8, 1, 8, 1025)]
+    no = [(3, 1, 8, 4097), (1, 3, 8, 4099), (2, 1, 8, 8193), (1, 1, 64, 1025), (9, 1, 8, 1025)]
+    assert all(gluon_v21.decode_parts(*s, sms=132) for s in yes)
+    assert not any(gluon_v21.decode_parts(*s, sms=132) for s in no)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, ctx", [(1, 1, 8, 4096), (2, 1, 8, 4096), (4, 1, 8, 1024),
+                                          (1, 2, 8, 8192), (3, 1, 8, 4096), (1, 9, 8, 4096)])
+def test_gpu_gluon_v21_is_its_three_launches(B, N, H, ctx):
+    # why: gluon_v21 only adds a launch measured on its own (triton_v15's attention under
+    # 64-key parts with triton_v17's merge) in front of gluon_v20
+    case = _gpu_case(B, N, H, ctx, seed=B + N)
+    q, cache = case.args[:2]
+    o, lse = gluon_v21.tree_mla_gluon(*case.args)
+    if gluon_v21.decode_parts(B, N, H, cache.shape[1], sms=gluon_v20.sm_count(q.device)):
+        want = triton_v15._launch(*case.args, False, gluon_v21.DECODE,
+                                  combine=triton_v17._launch_combine)
+    else:
+        want = gluon_v20.tree_mla_gluon(*case.args)
+    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
+    assert_matches_reference(case, gluon_v21.tree_mla_gluon)
 
 
 @pytest.mark.gpu

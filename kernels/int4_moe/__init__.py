@@ -57,6 +57,8 @@ Versions (README.md has the design and the version log), each with the contract 
                T 1 91.1 vs v19's 81.4 µs, a measured negative)
     triton_v22 v19 with the combine at 256 columns a program instead of 1024 up to T 32
                (v19's bits; H200: T 1 80.1 vs 81.4 µs, 1.10x Humming; BEST from session 18)
+    triton_v23 v22 with gate/up's K splits at the 64-row decode tiles sized for four CTAs an
+               SM (a hinted EP8 rank's decode: 7 splits of 4 K tiles instead of 4 of 7)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -71,7 +73,7 @@ BEST = "triton_v22"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23)}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -148,6 +150,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 ("sm90", "triton")),
     ("int4_moe", "triton_v22"): "v19 with the combine at 256 columns a program instead of 1024 "
     "up to T 32 (v19's bits)",
+    ("int4_moe", "triton_v23"): "v22 with gate/up's K splits at the 64-row decode tiles sized for "
+    "four CTAs an SM (528 programs) instead of two",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

@@ -40,11 +40,12 @@ from .triton_v11 import tiles as _tiles_v11
 TARGET_PROGRAMS = 264  # two CTAs an SM on the H200's 132: 168 registers, 61.5 KB each
 
 
-def split(k_tiles: int, programs_per_split: int, ws_per_split: int) -> tuple[int, int]:
+def split(k_tiles: int, programs_per_split: int, ws_per_split: int,
+          target: int = TARGET_PROGRAMS) -> tuple[int, int]:
     """(KS, TPS) for a GEMM of k_tiles K tiles whose one-split grid has programs_per_split
-    programs: the most splits that keep the grid within TARGET_PROGRAMS, v3's normalisation
+    programs: the most splits that keep the grid within `target` programs, v3's normalisation
     and workspace cap."""
-    ks = max(1, min(k_tiles, TARGET_PROGRAMS // max(1, programs_per_split),
+    ks = max(1, min(k_tiles, target // max(1, programs_per_split),
                     WS_BYTES // max(1, ws_per_split)))
     return normalised_split(k_tiles, ks)
 
@@ -55,11 +56,13 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return c | splits(c["BN"], T, K, E, D, I, slots)
 
 
-def splits(BN: int, T: int, K: int, E: int, D: int, I: int, slots: int | None) -> dict:
-    """The rule above for BN-row N tiles: {KS1, TPS1, KS2, TPS2}."""
+def splits(BN: int, T: int, K: int, E: int, D: int, I: int, slots: int | None,
+           target1: int = TARGET_PROGRAMS) -> dict:
+    """The rule above for BN-row N tiles: {KS1, TPS1, KS2, TPS2}; target1: the gate/up grid's
+    program target (triton_v23: four CTAs an SM at the 64-row decode tiles)."""
     S = T * K
     A = max(1, min(E, S if slots is None else slots))  # active experts expected
-    ks1, tps1 = split(triton.cdiv(D, KT), 2 * triton.cdiv(I, BN) * A, S * 2 * I * 4)
+    ks1, tps1 = split(triton.cdiv(D, KT), 2 * triton.cdiv(I, BN) * A, S * 2 * I * 4, target1)
     ks2, tps2 = split(triton.cdiv(I, KT), triton.cdiv(D, BN) * A, S * D * 4)
     return dict(KS1=ks1, TPS1=tps1, KS2=ks2, TPS2=tps2)
 

@@ -56,6 +56,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                their programs fit one wave of the GPU, gluon_v19 otherwise: the split
                follows the launch's shape, so it is not batch-invariant (ENGINE below; H200:
                EP8 C 1 AR step 6.56 vs 7.22 ms, C 1 DDTree-16 15.49 vs 15.82)
+    gluon_v21  ENGINE-ONLY: gluon_v20 with triton_v15's transposed attention under 64-key
+               parts (v17's merge) where a request's rows fit one 16-row block and the
+               programs one wave (8-head decode at small batch)
 
 BEST (gluon_v19) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -110,6 +113,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v18": f"{_MOD}.gluon_v18:tree_mla_gluon",
         "gluon_v19": f"{_MOD}.gluon_v19:tree_mla_gluon",
         "gluon_v20": f"{_MOD}.gluon_v20:tree_mla_gluon",
+        "gluon_v21": f"{_MOD}.gluon_v21:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -195,6 +199,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "with gluon_v19's epilogue below 32 heads where their programs "
                                 "fit one wave of the GPU, gluon_v19 otherwise (the split "
                                 "follows the launch's shape: not batch-invariant)",
+                                ("sm90", "triton")),
+    ("tree_mla", "gluon_v21"): ("ENGINE-ONLY: gluon_v20 plus triton_v15's transposed attention "
+                                "under 64-key parts with triton_v17's merge where N H <= 16 and "
+                                "the programs fit one wave (8-head decode at small batch)",
                                 ("sm90", "triton")),
 }
 
