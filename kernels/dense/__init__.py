@@ -44,7 +44,15 @@ C 1 (traces/gpu/session7). `moe_route_triton_v2` (session 19) is the router in O
 reduce, the top-k: 10.5 µs a layer at C 1 AR for a 5.5 MB weight): a split-K GEMM over
 16-expert tiles whose last K slice sums the tile's partials in slice order (linear_triton_v2's
 ticket scheme), and whose last tile to finish picks every row's top-k by triton_v1's rule.
-Not cuBLAS's logits bits (fixed K order): engine-only like v1.
+Not cuBLAS's logits bits (fixed K order): engine-only like v1. Measured (session 19, H200,
+traces/gpu/session19): **slower**, a measured negative kept out of the engine preset. Kernel
+µs at T 1 / 9 / 17 (REAL bench, 3 rounds): 13.4 / 27.3 / 36.5 against v1's 9.9 / 10.3 / 10.3
+(EP8 C 1 DDTree-16 step +1.6 ms). `scripts/probe_moe_route_phases.py` (call 3) splits it: the
+split-K GEMM with its slice sums alone is 5.3-5.9 µs (cuBLAS's GEMM 5.5-5.9 before its reduce),
+and the top-k in one program costs ~5-6 µs a step of 4-8 rows (v1's one warp a row takes ~3.5
+µs for any T, its rows in parallel programs): K rounds of two reductions over [rows, 512]
+tiles that Triton spreads over the warps, a barrier each. What it would take: the GEMM phase
+kept, and the selection in parallel programs again (a second launch) or one warp a row.
 
 `swiglu_mlp_triton_v1` (variant `triton_v1` of op swiglu_mlp) keeps the three GEMMs in cuBLAS
 and makes the five elementwise kernels between them (two fp32 casts, SiLU, product, cast back)

@@ -17,12 +17,15 @@ One launch, grid (expert tiles, K slices), linear_triton_v2's split-K scheme twi
    as +inf; the unbiased scores renormalised), and resets the counters so the next launch (or
    CUDA-graph replay) finds them zero.
 
-Rows beyond MAX_T (32: decode and the C 1 verify; the top-k runs in one program, a guess of
-~0.1 µs a row) and inputs that are not bf16/fp16 run triton_v1 (documented dispatch by shape, as
+Rows beyond MAX_T (32: decode and the C 1 verify; the top-k runs in one program) and inputs that are not bf16/fp16 run triton_v1 (documented dispatch by shape, as
 cuBLAS switches kernels by row count). The counters live in one int32 buffer per device, so two
 launches may not run concurrently on different streams (the engine issues them on one).
 Numerics: fp32 logits in a fixed K order (not cuBLAS's bits): engine-only, like triton_v1; ids
 equal the reference's wherever choices are a few fp32 ulps apart.
+Measured (H200, session 19, traces/gpu/session19): a NEGATIVE. Kernel µs at T 1 / 9 / 17: 13.4
+/ 27.3 / 36.5 against triton_v1's 9.9 / 10.3 / 10.3. The GEMM phases alone are 5.3-5.9 µs
+(`scripts/probe_moe_route_phases.py`, TOPK off), the one-program top-k ~5-6 µs a step of RB
+rows: kept registered as the measured negative, not in the engine preset.
 Legend: T rows (tokens), D hidden, E experts, K top-k, SPLIT K slices of KS, BM / BN tiles.
 """
 
