@@ -1,5 +1,6 @@
-"""kernels/dense linear_triton_v1 (the skinny decode GEMM) and triton_v2 (the same with split-K in
-one launch) against the float64 reference through
+"""kernels/dense linear_triton_v1 (the skinny decode GEMM), triton_v2 (the same with split-K in
+one launch) and triton_v3 (v2's kernel on session 10's best decode tiles up to 16 rows, cuBLAS
+above) against the float64 reference through
 workbench.check (NaN-filled output, dtype-derived tolerance, inputs untouched): the registry's
 EDGE cases here (it is not in a preset yet, so tests/test_equivalence.py's default run does not
 take it), the dispatch rule (> 64 rows or non-bf16/fp16 inputs: torch_bf16's cuBLAS GEMM),
@@ -15,6 +16,7 @@ from workbench import ops
 from workbench.check import check, failures
 from workbench.kernels.dense import linear_triton_v1 as lt
 from workbench.kernels.dense import linear_triton_v2 as lt2
+from workbench.kernels.dense import linear_triton_v3 as lt3
 from workbench.kernels.dense.torch_bf16 import linear as linear_torch
 
 
@@ -23,7 +25,7 @@ def test_registered_with_its_dispatch_described():
     assert "triton" in v.needs and "torch_bf16" in v.description
 
 
-@pytest.mark.parametrize("variant", ["triton_v1", "triton_v2"])
+@pytest.mark.parametrize("variant", ["triton_v1", "triton_v2", "triton_v3"])
 def test_edge_cases_match_the_reference(device, variant):
     df = check("linear", variant, shapes="edge", seeds=2, device=device)
     assert len(df) >= 8 and df["pass"].all(), failures(df)
@@ -53,6 +55,33 @@ def test_v2_tiles_fill_the_gpu_with_whole_k_steps(M, N, K):
     t = lt2.tiles(M, N, K)
     assert t.BM >= min(M, lt.MAX_ROWS) and 16 <= t.BN <= 64 and 1 <= t.SPLIT <= 16
     assert t.SPLIT == 1 or -(-K // t.SPLIT) >= 2 * t.BK  # a slice is >= 2 K steps
+
+
+@pytest.mark.parametrize("name, N, K, best", [
+    ("q_a | kv_a", 2112, 7168, (64, 256, 4)), ("o", 7168, 1024, (64, 128, 1)),
+    ("q_b", 1536, 1536, (16, 256, 1)), ("gate | up", 512, 7168, (32, 128, 8)),
+    ("down", 7168, 256, (64, 128, 1))])
+def test_v3_tiles_are_the_sweeps_best_at_decode(name, N, K, best):
+    # why: v3's rule is session 10's sweep read back (traces/gpu/session10/sweep_linear.csv:
+    # the fastest (BN, BK, SPLIT) at 1 and 9 rows for each EP8-rank projection)
+    for M in (1, 9, 16):
+        t = lt3.tiles(M, N, K)
+        assert (t.BM, t.BN, t.BK, t.SPLIT) == (16, *best), (name, M, t)
+
+
+def test_v3_runs_cublas_past_16_rows(device, monkeypatch):
+    calls = []
+    monkeypatch.setattr(lt3.torch_bf16, "linear", lambda x, w: calls.append(x.shape) or
+                        linear_torch(x, w))
+    w = torch.randn(8, 32, device=device).to(torch.bfloat16)
+    lt3.linear(torch.randn(17, 32, device=device).to(torch.bfloat16), w)
+    lt3.linear(torch.randn(2, 9, 32, device=device).to(torch.bfloat16), w)  # 18 rows
+    assert calls == [(17, 32), (2, 9, 32)]
+    y = lt3.linear(torch.randn(2, 8, 32, device=device).to(torch.bfloat16), w)  # 16: kernel
+    assert len(calls) == 2 and y.shape == (2, 8, 8)
+    with pytest.raises(ValueError, match=r"weight: expected \[N, 32\], got \(8, 31\)"):
+        lt3.linear(torch.randn(3, 32, device=device).to(torch.bfloat16),
+                   torch.zeros(8, 31, device=device, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("M, N, K", [(1, 40, 24), (17, 2112, 96), (64, 33, 300)])
@@ -87,6 +116,12 @@ def test_bad_arguments_raise_naming_the_argument(device):
 @pytest.mark.gpu
 def test_real_widths_match_the_reference():
     df = check("linear", "triton_v1", shapes="real", seeds=2, device="cuda")
+    assert df["pass"].all(), failures(df)
+
+
+@pytest.mark.gpu
+def test_v3_real_widths_match_the_reference():
+    df = check("linear", "triton_v3", shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)
 
 

@@ -118,8 +118,10 @@ VARIANTS["rmsnorm"]["triton_v2"] = "workbench.kernels.dense.rmsnorm_triton_v2:rm
 VARIANTS["swiglu_mlp"]["triton_v1"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp"
 VARIANTS["swiglu_mlp"]["triton_v2"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v2"
 VARIANTS["swiglu_mlp"]["triton_v3"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v3"
+VARIANTS["swiglu_mlp"]["triton_v4"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v4"
 VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:linear"
 VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
+VARIANTS["linear"]["triton_v3"] = "workbench.kernels.dense.linear_triton_v3:linear"
 VARIANTS["moe_route"].update({f"triton_v{v}": f"workbench.kernels.dense.moe_route_triton_v{v}:"
                               "moe_route" for v in (1, 2)})
 VARIANTS["rope"] = {f"triton_v{v}": f"workbench.kernels.dense.rope_triton_v{v}:rope"
@@ -177,6 +179,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                   "split-K up to 64 rows)", ("triton",)),
     ("swiglu_mlp", "triton_v3"): ("triton_v1 with its GEMMs on linear triton_v2 (split-K in "
                                   "one launch up to 64 rows)", ("triton",)),
+    ("swiglu_mlp", "triton_v4"): ("triton_v1 with its GEMMs on linear triton_v3 (the sweep's "
+                                  "decode tiles up to 16 rows, cuBLAS above)", ("triton",)),
     ("linear", "triton_v1"): ("skinny Triton GEMM for <= 64 rows: BN output columns a program "
                               "over all of K, no split-K, one launch; more rows or non-bf16/"
                               "fp16 inputs run torch_bf16's cuBLAS GEMM", ("triton",)),
@@ -184,6 +188,9 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                               "a column tile sums the fp32 partials in slice order (ticket "
                               "counter, reset in-kernel: graph-safe, deterministic)",
                               ("triton",)),
+    ("linear", "triton_v3"): ("triton_v2's kernel on session 10's best decode tiles (BN, SPLIT, "
+                              "BK by shape) up to 16 rows; torch_bf16's cuBLAS GEMM above (the "
+                              "verify's rows)", ("triton",)),
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),

@@ -9,7 +9,9 @@ fp32 math on the bf16 GEMM outputs, rounded once to the activation dtype, as tor
 rounds. Not bitwise torch_bf16 (Triton's exp in
 the sigmoid): engine-only, within the reference's dtype-derived tolerance.
 `swiglu_mlp_v2` (variant triton_v2) runs the same steps with the GEMMs on linear_triton_v1,
-`swiglu_mlp_v3` (variant triton_v3) on linear_triton_v2 (split-K in one launch).
+`swiglu_mlp_v3` (variant triton_v3) on linear_triton_v2 (split-K in one launch),
+`swiglu_mlp_v4` (variant triton_v4) on linear_triton_v3 (v2's kernel on the sweep's decode
+tiles up to 16 rows, cuBLAS above).
 Legend: M rows, D hidden, F width.
 """
 
@@ -79,5 +81,13 @@ def swiglu_mlp_v3(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     """triton_v3: v1 with its GEMMs on linear_triton_v2 (split-K in one launch for <= 64 rows,
     cuBLAS above): the EP8 rank's shared expert is [T, 7168] x [512, 7168] then K = 256."""
     from .linear_triton_v2 import linear
+
+    return swiglu_mlp(x, gate, up, down, gemm=linear)
+
+
+def swiglu_mlp_v4(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """triton_v4: v1 with its GEMMs on linear_triton_v3 (v2's split-K kernel on session 10's
+    best decode tiles up to 16 rows, cuBLAS above)."""
+    from .linear_triton_v3 import linear
 
     return swiglu_mlp(x, gate, up, down, gemm=linear)
