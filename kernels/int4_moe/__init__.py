@@ -58,7 +58,8 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v22 v19 with the combine at 256 columns a program instead of 1024 up to T 32
                (v19's bits; H200: T 1 80.1 vs 81.4 µs, 1.10x Humming; BEST from session 18)
     triton_v23 v22 with gate/up's K splits at the 64-row decode tiles sized for four CTAs an
-               SM (a hinted EP8 rank's decode: 7 splits of 4 K tiles instead of 4 of 7)
+               SM (a hinted EP8 rank's decode: 7 splits of 4 K tiles instead of 4 of 7;
+               H200: the EP8 C 1 AR step no faster, 6.23 vs 6.19 ms: a measured negative)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.

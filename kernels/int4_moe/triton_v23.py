@@ -10,6 +10,8 @@ four CTAs an SM (session 17), so that grid is half a wave. 7 gate/up splits (448
 K tiles) took 28.4-29.6 µs against 29.7-31.6 at 4 (down at 1-3 splits; single 0.25 s timings,
 ±5 µs between neighbours). On all 384 experts at T 1 (8 active) and at hint 17 the rule gives
 v22's splits (one), where the sweep's best was v22's own.
+Measured in the EP8 step (session 19 call 4): NOT faster (C 1 AR 6.23 vs 6.19 ms of kernels; the
+GEMMs 1074 vs 1067 µs a step, the SiLU that sums the splits 146 vs 122): a measured negative.
 Numerics: another fp32 association of gate/up's K run where the splits differ (hinted decode):
 within the harness tolerance of the reference, not v22's bits there; v22's bits elsewhere.
 Dimension legend: v16's.
