@@ -325,3 +325,43 @@ if probe.exists() and start.exists() and end.exists():
 else:
     view = "traces/gpu/session18 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 19: the engine's decode attention follows the launch's shape
+# `traces/gpu/session19/README.md` has the commands. Left: one 8-head tree_mla call at P 4096 (busy
+# µs, `scripts/sweep_tree_mla_policy.py --batch`) by (B, N): gluon_v19 (v4's 8 parts of 512
+# keys, BEST: batch-invariant), the short parts gluon_v20 takes where they fit one wave, and the
+# transposed 64-key-part decode gluon_v21 adds for N H <= 16. Right: the EP8 rank's kernel ms a
+# step with the engine preset's tree_mla at gluon_v19, gluon_v20 and gluon_v21.
+
+# %%
+s19 = traces / "gpu/session19"
+sweeps = {"gluon_v19": ("call1_sweep_g19_v4.csv", "v4"),
+          "short parts (v20)": ("call1_sweep_g18rcp_v7.csv", "v7"),
+          "transposed, 64-key (v21)": ("call3_sweep_t15c17_v7_s64.csv", "s64")}
+steps = {"gluon_v19": "call1_emulate_engine_g19.csv", "gluon_v20": "call2_emulate_engine_g20wave.csv",
+         "gluon_v21": "call4_emulate_engine_g21.csv"}
+if all((s19 / f).exists() for f, _ in sweeps.values()) and all(
+        (s19 / f).exists() for f in steps.values()):
+    busy = pd.concat({k: pd.read_csv(s19 / f).query("policy == @pol")
+                      for k, (f, pol) in sweeps.items()}).reset_index(level=0, names="launch")
+    busy = busy[(busy.P == 4096) & (busy.B <= 2)]
+    table = busy.pivot_table(index=["B", "N"], columns="launch", values="busy_us")
+    assert table.loc[(1, 1)].idxmin() == "transposed, 64-key (v21)"  # decode: v21's launch
+    runs = pd.concat({k: pd.read_csv(s19 / f) for k, f in steps.items()})
+    runs = runs.reset_index(level=0, names="tree_mla").query("link == 'NVLink4'")
+    ms = runs.pivot_table(index=["C", "mode"], columns="tree_mla", values="kernel_ms")
+    assert ms.loc[(1, "AR"), "gluon_v21"] < ms.loc[(1, "AR"), "gluon_v19"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
+    table.plot.bar(ax=a1, rot=0)
+    a1.set_xticklabels([f"B {b}\nN {n}" for b, n in table.index], fontsize=8)
+    a1.set_ylabel("busy µs, one call (H200, H 8, P 4096)")
+    a1.legend(fontsize=8)
+    ms.plot.bar(ax=a2, rot=0)
+    a2.set_xticklabels([f"C {c}\n{m}" for c, m in ms.index], fontsize=8)
+    a2.set_ylabel("EP8 rank kernel ms a step")
+    a2.legend(fontsize=8)
+    view = pd.concat({"busy µs": table.round(1)}, axis=1)
+else:
+    view = "traces/gpu/session19 not in this checkout"
+view
