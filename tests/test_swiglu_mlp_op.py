@@ -23,10 +23,12 @@ def _w(g, *s, dtype=torch.bfloat16):
     return (torch.randn(*s, generator=g, device=g.device) * s[-1] ** -0.5).to(dtype)
 
 
-def test_engine_preset_runs_triton_v1_and_keeps_torch_bf16():
+def test_engine_preset_runs_triton_v4_and_keeps_torch_bf16():
+    # why: session 19 (H200, EP8 step): v1's SiLU launch with its GEMMs on linear triton_v3
     spec = ops.op_spec("swiglu_mlp")
-    assert ops.PRESETS["engine"]["swiglu_mlp"] == "triton_v1"
-    assert "torch_bf16" in spec.variants and "triton" in spec.variant("triton_v1").needs
+    assert ops.PRESETS["engine"]["swiglu_mlp"] == "triton_v4"
+    assert ops.PRESETS["engine"]["linear"] == "triton_v3"
+    assert "torch_bf16" in spec.variants and "triton" in spec.variant("triton_v4").needs
 
 
 def test_other_dtypes_and_layouts_match_the_reference(device):

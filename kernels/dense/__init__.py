@@ -82,6 +82,16 @@ default tiles at 33-64 rows asked for 256 KB of shared memory (BM = BN = 64, BK 
 stages) and raised OutOfResources on the H200: v1 and v2 now fit their stages and K step to
 sm_90's 227 KB (`linear_triton_v1.fit_smem`).
 
+`linear_triton_v3` (session 19) is v2's kernel on the tiles session 10's sweep found best at 1-9
+rows, as a rule of the shape (BN by N and K, SPLIT for one wave of programs, BK by the slice's
+length), for up to 16 rows; more rows (the verify) run cuBLAS. Measured (session 19 call 5,
+traces/gpu/session19): REAL bench kernel µs at 1 / 9 rows, v3 vs cuBLAS: q_a | kv_a 11.1 / 11.2
+vs 12.2 / 12.4, q_b 4.8 / 4.7 vs 5.8 / 4.8, o 5.8 / 6.0 vs 6.0 / 5.9, the shared expert's gate |
+up 6.2 vs 6.4 and down 3.7 vs 4.0 at 1 row; in the EP8 step with `swiglu_mlp_triton_v4` (v1's
+SiLU launch with its GEMMs on linear v3) the kernels took 6.11 / 15.51 / 10.15 / 30.33 ms
+against 6.24 / 15.55 / 10.42 / 30.36 (C 1 AR, C 1 DDTree-16, C 8 AR, C 8 DDTree-16): the engine
+preset takes both from session 19.
+
 `mla_proj_triton_v1` (variant `triton_v1` of ops mla_q_absorb and mla_v_up) is the absorbed-MLA
 per-head products as one Triton kernel instead of torch.bmm: one program per (head, output
 columns, row tile) walks the whole contraction (v_up reads W_UV transposed in place), fp32
@@ -209,7 +219,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
 }
 # the "engine" preset's part from this folder
 ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v2", "rope": "triton_v2",
-          "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v1",
+          "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v4",
+          "linear": "triton_v3",
           "mla_kv_write": "triton_v1", "ep_combine": "triton_v1",
           "add_rmsnorm": "triton_v1"}
 
