@@ -12,7 +12,10 @@ needs no kernel change. At 64 heads the other way round (session 13): v4's 32 sp
 P = 2048 give N 129 x P 8192 33 parts, so [33, 8256, 512] fp32 partials (558 MB) are written
 and read back by the combine; the "long*" policies keep v4's short splits and take fewer,
 longer ones past 2048. --batch (session 19): B requests of the same P a launch, for the engine
-preset's tree_mla gluon_v20, whose policy follows the launch's rows B x N.
+preset's tree_mla gluon_v20, whose policy follows the launch's rows B x N. --merges (session
+19): the merge's tiles instead of the policies ("RxCxCH": triton_v8's combine kernel at BLOCK_R
+R, BLOCK_C C, CH parts a round, one round where the grid's parts fit CH), behind the version's
+attention under the first of --policies.
 """
 
 from __future__ import annotations
@@ -79,6 +82,24 @@ LAUNCH = {"triton_v4": triton_v4._launch,
                                               combine=triton_v17._launch_combine)}
 
 
+def merge_launcher(R: int, C: int, CH: int):
+    """A `combine` hook (triton_v4._launch's signature) running triton_v8's merge kernel on
+    R rows x C columns a program, CH parts a round (one round where G <= CH)."""
+
+    def launch(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, Cw, CP, consts, use_pdl,
+               pdl):
+        import triton
+
+        from workbench.kernels.tree_mla import _common
+
+        triton_v8._combine_kernel[(triton.cdiv(M, R), CP // C, o_part.shape[0])](
+            prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=Cw,
+            CP=CP, BLOCK_R=R, BLOCK_C=C, NP=_common.next_pow2(G), CH=CH, **consts,
+            USE_PDL=use_pdl, ONE_ROUND=G <= CH, num_warps=4, **pdl)
+
+    return launch
+
+
 def time_call(fn, reps: int = 20) -> tuple[float, float]:
     """(median busy µs of one call, median µs of its first kernel alone: the attention, the
     rest being the combine's tail past it) over `reps` profiled graph replays."""
@@ -112,10 +133,16 @@ def main() -> None:
     ap.add_argument("--batch", default="1", help="requests a launch (comma list)")
     ap.add_argument("--version", choices=list(LAUNCH), default="triton_v4")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--merges", default=None, help='merge tiles "RxCxCH,..." (see above)')
     ap.add_argument("--csv", default=None)
     a = ap.parse_args()
     _launch = LAUNCH[a.version]
     policies = {k: POLICIES[k] for k in a.policies.split(",")}
+    launches = {name: (_launch, pol) for name, pol in policies.items()}
+    if a.merges:  # the first policy, one merge hook each
+        name0, pol0 = next(iter(policies.items()))
+        launches = {f"{name0}/{m}": (functools.partial(_launch, combine=merge_launcher(
+            *map(int, m.split("x")))), pol0) for m in a.merges.split(",")}
     dev, C, R = "cuda", 512, 64
     rows = []
     shapes = [(B, P, N) for B in map(int, a.batch.split(",")) for P in map(int,
@@ -127,8 +154,8 @@ def main() -> None:
         pre = torch.full((B,), P, device=dev)
         anc = causal_anc_bits(N, B, dev)
         want = _launch(q, cache, pre, anc, 0.1447, C, False, POLICIES["v7"])[0].float()
-        for name, pol in policies.items():
-            call = functools.partial(_launch, q, cache, pre, anc, 0.1447, C, False, pol)
+        for name, (launch, pol) in launches.items():
+            call = functools.partial(launch, q, cache, pre, anc, 0.1447, C, False, pol)
             err = float((call()[0].float() - want).abs().max())  # any policy: same math
             us, attn = time_call(call)
             parts = num_parts(P, policy=pol)[1]
