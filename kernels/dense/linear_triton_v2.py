@@ -35,9 +35,11 @@ _COUNTERS: dict[tuple[torch.device, str], Tensor] = {}
 
 
 @triton.jit
-def _splitk_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk,
-                   s_ym, NP, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr, INTERPRET: tl.constexpr):
+def slice_tile(x_ptr, w_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk, BM: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr):
+    """This program's fp32 [BM, BN] product of x's rows 0..BM-1 and w's rows (output columns)
+    of tile program_id(0) over K slice program_id(1) (KS inputs): (acc, m, n, m_ok, n_ok).
+    Shared with moe_route_triton_v2's router GEMM."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
@@ -58,22 +60,39 @@ def _splitk_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KS, s_xm, s_xk
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
         else:
             acc += tl.dot(x, tl.trans(w))
+    return acc, m, n, m_ok, n_ok
+
+
+@triton.jit
+def sum_slices(ws_ptr, tile, stride, SPLIT: tl.constexpr):
+    """The SPLIT fp32 partials of `tile` (slice s at ws_ptr + s * stride) summed in slice
+    order 0..SPLIT-1. .cg: from L2, never a stale L1 line (an earlier replay's last program on
+    this SM may have cached these addresses)."""
+    tot = tl.load(ws_ptr + tile, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLIT):
+        tot += tl.load(ws_ptr + s * stride + tile, cache_modifier=".cg")
+    return tot
+
+
+@triton.jit
+def _splitk_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk,
+                   s_ym, NP, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, INTERPRET: tl.constexpr):
+    acc, m, n, m_ok, n_ok = slice_tile(x_ptr, w_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk, BM,
+                                       BN, BK, INTERPRET)
+    pid_n = tl.program_id(0)
     y = y_ptr + m.to(tl.int64)[:, None] * s_ym + n[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
     else:
         tile = m[:, None] * NP + n[None, :]  # [BM, BN] inside one slice's [BM, NP] partial
-        tl.store(ws_ptr + pid_k * BM * NP + tile, acc)
+        tl.store(ws_ptr + tl.program_id(1) * BM * NP + tile, acc)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         if ticket == SPLIT - 1:  # the last slice to arrive: sum all of them in slice order
             tl.debug_barrier()
-            # .cg: from L2, never a stale L1 line (an earlier replay's last program on this SM
-            # may have cached these addresses)
-            tot = tl.load(ws_ptr + tile, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT):
-                tot += tl.load(ws_ptr + s * BM * NP + tile, cache_modifier=".cg")
+            tot = sum_slices(ws_ptr, tile, BM * NP, SPLIT)
             tl.store(y, tot.to(y_ptr.dtype.element_ty), mask=out_ok)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
 

@@ -39,7 +39,7 @@ from torch import Tensor
 from ..drafter._common import INTERPRET, next_pow2
 from . import moe_route_triton_v1
 from .linear_triton_v1 import SMS, fit_smem
-from .linear_triton_v2 import counters
+from .linear_triton_v2 import counters, slice_tile, sum_slices
 
 MAX_T = 32  # rows a launch takes here: the top-k of a row block runs in one program
 RB = 8  # rows a top-k step: a [RB, BLOCK_E] tile, two rows a warp
@@ -83,35 +83,16 @@ def _moe_route_fused_kernel(h_ptr, g_ptr, bias_ptr, ws_ptr, logit_ptr, cnt_ptr, 
                             BK: tl.constexpr, RB: tl.constexpr, BLOCK_E: tl.constexpr,
                             BLOCK_K: tl.constexpr, TOPK: tl.constexpr, INTERPRET: tl.constexpr):
     # (named apart from int4_moe's `_route_kernel`: the step's kernel tables go by name)
-    pid_n = tl.program_id(0)  # expert tile
-    pid_k = tl.program_id(1)  # K slice
-    n = pid_n * BN + tl.arange(0, BN)
-    m = tl.arange(0, BM)  # every row: T <= BM
-    kk = tl.arange(0, BK)
-    n_ok, m_ok = n < E, m < T
-    h_rows = h_ptr + m.to(tl.int64)[:, None] * s_h
-    g_rows = g_ptr + n.to(tl.int64)[:, None] * s_g
-    k_lo = pid_k * KS
-    k_hi = tl.minimum(k_lo + KS, D)
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        k = k0 + kk
-        k_ok = k < k_hi
-        x = tl.load(h_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(g_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if INTERPRET:  # the interpreter's bf16 dot is wrong (DESIGN.md §10): exact in fp32
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
-        else:
-            acc += tl.dot(x, tl.trans(w))
+    acc, m, n, m_ok, n_ok = slice_tile(h_ptr, g_ptr, T, E, D, KS, s_h, 1, s_g, 1, BM, BN, BK,
+                                       INTERPRET)  # expert tile program_id(0), K slice (1)
+    pid_n = tl.program_id(0)
     tile = m[:, None] * NP + n[None, :]  # [BM, BN] inside one slice's [BM, NP] partial
-    tl.store(ws_ptr + pid_k * BM * NP + tile, acc)
+    tl.store(ws_ptr + tl.program_id(1) * BM * NP + tile, acc)
     tl.debug_barrier()  # every thread's partial is written before the ticket is taken
     # counters: NT per expert tile (its K slices), then one for the tiles
     if tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:  # the last K slice
         tl.debug_barrier()
-        tot = tl.load(ws_ptr + tile, cache_modifier=".cg")
-        for s in tl.static_range(1, SPLIT):
-            tot += tl.load(ws_ptr + s * BM * NP + tile, cache_modifier=".cg")
+        tot = sum_slices(ws_ptr, tile, BM * NP, SPLIT)
         tl.store(logit_ptr + m.to(tl.int64)[:, None] * E + n[None, :], tot,
                  mask=m_ok[:, None] & n_ok[None, :])
         tl.atomic_xchg(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
