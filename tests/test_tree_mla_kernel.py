@@ -33,6 +33,7 @@ from workbench.kernels.tree_mla import (
     gluon_v19,
     gluon_v20,
     gluon_v21,
+    gluon_v22,
     register,
     triton_v1,
     triton_v2,
@@ -61,10 +62,11 @@ GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g13": gluon_v13.tree_mla_gluon, "g13_long": gluon_v13.tree_mla_gluon_long,
          "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long,
          "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon,
-         "g20": gluon_v20.tree_mla_gluon, "g21": gluon_v21.tree_mla_gluon}
+         "g20": gluon_v20.tree_mla_gluon, "g21": gluon_v21.tree_mla_gluon,
+         "g22": gluon_v22.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # batch-variant by design (the engine preset's): its partition follows the launch's rows
-ENGINE_ONLY = {"g20", "g21"}
+ENGINE_ONLY = {"g20", "g21", "g22"}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
 # BEST (gluon_v10) needs sm_90; the CPU tests exercise the presets' PORTABLE choice
@@ -485,6 +487,41 @@ def test_gluon_v21_takes_the_transposed_decode_for_one_row_block_in_one_wave():
     no = [(3, 1, 8, 4097), (1, 3, 8, 4099), (2, 1, 8, 8193), (1, 1, 64, 1025), (9, 1, 8, 1025)]
     assert all(gluon_v21.decode_parts(*s, sms=132) for s in yes)
     assert not any(gluon_v21.decode_parts(*s, sms=132) for s in no)
+
+
+@pytest.mark.parametrize("P, parts", [(700, 11), (4200, 67)])
+def test_gluon_v22_merge_matches_reference(P, parts):
+    # why: gluon_v22's merge (triton_v8's kernel on 8 x 32 tiles, one round of <= 64 parts;
+    # v17's past 64) behind v4's Triton attention under 64-key parts, on the interpreter: a
+    # few parts and more than one round's worth
+    pol = triton_v4.Policy(short_upto=2048, short_len=64, long_min=64, max_splits=128)
+    assert triton_v4.num_parts(P, policy=pol)[1] == parts
+    case = make_case((P, P - 9), random_parents(3, torch.Generator().manual_seed(P)), H=4,
+                     C=64, R=16, seed=P)
+    assert_matches_reference(case, lambda *a: triton_v4._launch(*a, False, pol,
+                                                                combine=gluon_v22.merge))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, ctx", [(1, 1, 8, 4096), (1, 17, 8, 4096), (2, 9, 8, 4096),
+                                          (1, 9, 8, 8192), (4, 9, 8, 4096), (1, 1, 64, 1024)])
+def test_gpu_gluon_v22_is_its_three_launches(B, N, H, ctx):
+    # why: gluon_v22 changes only the short-part launch's merge (gluon_v22.merge)
+    from workbench.kernels.tree_mla import triton_v7
+
+    case = _gpu_case(B, N, H, ctx, seed=B + N)
+    q, cache = case.args[:2]
+    o, lse = gluon_v22.tree_mla_gluon(*case.args)
+    shape = (B, N, H, cache.shape[1], gluon_v20.sm_count(q.device))
+    if gluon_v21.decode_parts(*shape):
+        want = gluon_v21.decode_launch(*case.args, False)
+    elif gluon_v20.short_parts(*shape):
+        want = gluon_v11._launch(*case.args, False, triton_v7.FEW_HEADS, publish=True,
+                                 rcp=True, combine=gluon_v22.merge)
+    else:
+        want = gluon_v19.tree_mla_gluon(*case.args)
+    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
+    assert_matches_reference(case, gluon_v22.tree_mla_gluon)
 
 
 @pytest.mark.gpu

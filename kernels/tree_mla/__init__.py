@@ -59,6 +59,8 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v21  ENGINE-ONLY: gluon_v20 with triton_v15's transposed attention under 64-key
                parts (v17's merge) where a request's rows fit one 16-row block and the
                programs one wave (8-head decode at small batch)
+    gluon_v22  ENGINE-ONLY: gluon_v21 with the short-part launch's merge at 8 rows x 32
+               columns a program, one round of up to 64 parts (v17's: 8 x 8, 128)
 
 BEST (gluon_v19) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -116,6 +118,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v19": f"{_MOD}.gluon_v19:tree_mla_gluon",
         "gluon_v20": f"{_MOD}.gluon_v20:tree_mla_gluon",
         "gluon_v21": f"{_MOD}.gluon_v21:tree_mla_gluon",
+        "gluon_v22": f"{_MOD}.gluon_v22:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -205,6 +208,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "gluon_v21"): ("ENGINE-ONLY: gluon_v20 plus triton_v15's transposed attention "
                                 "under 64-key parts with triton_v17's merge where N H <= 16 and "
                                 "the programs fit one wave (8-head decode at small batch)",
+                                ("sm90", "triton")),
+    ("tree_mla", "gluon_v22"): ("ENGINE-ONLY: gluon_v21 with its short-part launch merged on 8 "
+                                "rows x 32 columns a program, one round of <= 64 parts "
+                                "(triton_v8's kernel; v17's tile past 64 parts)",
                                 ("sm90", "triton")),
 }
 
