@@ -339,7 +339,8 @@ s19 = traces / "gpu/session19"
 sweeps = {"gluon_v19": ("call1_sweep_g19_v4.csv", "v4"),
           "short parts (v20)": ("call1_sweep_g18rcp_v7.csv", "v7"),
           "transposed, 64-key (v21)": ("call3_sweep_t15c17_v7_s64.csv", "s64")}
-steps = {"gluon_v19": "call1_emulate_engine_g19.csv", "gluon_v20": "call2_emulate_engine_g20wave.csv",
+steps = {"gluon_v19": "call1_emulate_engine_g19.csv",
+         "gluon_v20": "call2_emulate_engine_g20wave.csv",
          "gluon_v21": "call4_emulate_engine_g21.csv"}
 if all((s19 / f).exists() for f, _ in sweeps.values()) and all(
         (s19 / f).exists() for f in steps.values()):

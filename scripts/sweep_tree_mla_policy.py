@@ -3,8 +3,9 @@ shapes of an EP8 / TP8 rank: GPU busy time of one call (attention + combine, the
 kernel intervals under PDL) per (N, P, policy), from CUDA-graph replays.
 
     PYTHONPATH=. python3 scripts/sweep_tree_mla_policy.py [--heads 8] [--rows 1,9,17,33]
-        [--prefix 1024,4096] [--batch 1] [--version triton_v4|gluon_v13|triton_v15|triton_v16|gluon_v13_c8|...]
-        [--policies v4,s512,...] [--csv out.csv]
+        [--prefix 1024,4096] [--batch 1]
+        [--version triton_v4|gluon_v13|triton_v15|triton_v16|gluon_v13_c8|...]
+        [--policies v4,s512,...] [--merges 8x8x128,...] [--csv out.csv]
 
 Why: in the emulated EP8 rank tree_mla v7 takes ~31 µs a layer at N 17, H 8, P 1024 against a
 0.4 µs floor (traces/gpu/session8); the policy (keys per split, parts) is the one knob that

@@ -1,7 +1,8 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
 triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16, triton_v17;
-gluon_v9, gluon_v10, gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13, gluon_v13_long, gluon_v14,
-gluon_v14_long, gluon_v18, gluon_v19 and gluon_v20 on the GPU): equal to the dense-mask reference.
+gluon_v9, gluon_v10, gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13,
+gluon_v13_long, gluon_v14, gluon_v14_long, gluon_v18, gluon_v19 and the engine-only gluon_v20,
+gluon_v21, gluon_v22 on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay

@@ -17,8 +17,9 @@ One launch, grid (expert tiles, K slices), linear_triton_v2's split-K scheme twi
    as +inf; the unbiased scores renormalised), and resets the counters so the next launch (or
    CUDA-graph replay) finds them zero.
 
-Rows beyond MAX_T (32: decode and the C 1 verify; the top-k runs in one program) and inputs that are not bf16/fp16 run triton_v1 (documented dispatch by shape, as
-cuBLAS switches kernels by row count). The counters live in one int32 buffer per device, so two
+Rows beyond MAX_T (32: decode and the C 1 verify; the top-k runs in one program) and inputs
+that are not bf16/fp16 run triton_v1 (documented dispatch by shape, as cuBLAS switches kernels
+by row count). The counters live in one int32 buffer per device, so two
 launches may not run concurrently on different streams (the engine issues them on one).
 Numerics: fp32 logits in a fixed K order (not cuBLAS's bits): engine-only, like triton_v1; ids
 equal the reference's wherever choices are a few fp32 ulps apart.

@@ -1,8 +1,9 @@
 """tree_mla gluon_v20 (ENGINE-ONLY): gluon_v19's kernel with the split policy chosen per launch
 by its shape, as a serving engine picks its splits by batch: below 32 heads a launch whose
 short-part programs fit one wave (B x row blocks x triton_v7's parts <= the GPU's SMs: one CTA
-an SM at 230 KB of shared memory) runs triton_v7's 128-key parts with triton_v17's one-round merge
-(gluon_v18's launch with gluon_v19's reciprocal epilogue); every other launch is gluon_v19.
+an SM at 230 KB of shared memory) runs triton_v7's 128-key parts with triton_v17's one-round
+merge (gluon_v18's launch with gluon_v19's reciprocal epilogue); every other launch is
+gluon_v19.
 
 Why (H200): the 8-head decode attention is the emulated EP8 AR step's largest kernel after the
 int4 GEMMs, 21.9 µs a layer at P 4096 (1.33 ms of 7.24, session 18 call 11). v4's policy gives
@@ -17,8 +18,9 @@ of gluon_v19 / short parts): every launch of one wave or less was faster short (
 (B 8 N 1 24.8 / 27.7, B 4 N 9 26.0 / 42.2, B 2 N 17 25.9 / 37.8, B 16 N 17 91.5 / 254.8).
 
 NOT batch-invariant: a row's partition (hence its bits) depends on the launch's shape (and the
-GPU's SM count), like cuBLAS's split-K by row count in the engine preset's projections. So it is the
-"engine" preset's tree_mla only (`ENGINE` in this package), never "optimized" or "invariant".
+GPU's SM count), like cuBLAS's split-K by row count in the engine preset's projections. So it
+is an "engine" preset's tree_mla only (`ENGINE` in this package: gluon_v21 / v22 build on it),
+never "optimized" or "invariant".
 Each of its two paths is bitwise the launch it names (tests/test_tree_mla_kernel.py, GPU).
 Legend: _common.py.
 """
