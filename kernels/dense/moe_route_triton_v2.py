@@ -19,10 +19,11 @@ One launch, grid (expert tiles, K slices), linear_triton_v2's split-K scheme twi
 
 Rows beyond MAX_T (32: decode and the C 1 verify; the top-k runs in one program) and inputs
 that are not bf16/fp16 run triton_v1 (documented dispatch by shape, as cuBLAS switches kernels
-by row count). The counters live in one int32 buffer per device, so two
-launches may not run concurrently on different streams (the engine issues them on one).
+by row count). The counters live in one int32 buffer per device, so two launches may not run
+concurrently on different streams (the engine issues them on one).
 Numerics: fp32 logits in a fixed K order (not cuBLAS's bits): engine-only, like triton_v1; ids
-equal the reference's wherever choices are a few fp32 ulps apart.
+equal the reference's wherever the choices at the K / K+1 boundary are more than a few fp32
+ulps apart.
 Measured (H200, session 19, traces/gpu/session19): a NEGATIVE. Kernel µs at T 1 / 9 / 17: 13.4
 / 27.3 / 36.5 against triton_v1's 9.9 / 10.3 / 10.3. The GEMM phases alone are 5.3-5.9 µs
 (`scripts/probe_moe_route_phases.py`, TOPK off), the one-program top-k ~5-6 µs a step of RB
@@ -42,7 +43,7 @@ from . import moe_route_triton_v1
 from .linear_triton_v1 import SMS, fit_smem
 from .linear_triton_v2 import counters, slice_tile, sum_slices
 
-MAX_T = 32  # rows a launch takes here: the top-k of a row block runs in one program
+MAX_T = 32  # rows a launch takes here: the top-k of all rows runs in one program
 RB = 8  # rows a top-k step: a [RB, BLOCK_E] tile, two rows a warp
 
 
