@@ -472,7 +472,7 @@ def test_gluon_v20_takes_short_parts_for_few_rows_below_32_heads():
             (1, 1, 32, 4097), (1, 1, 64, 4097), (3, 9, 8, 4105)]
     assert all(gluon_v20.short_parts(*s, sms=132) for s in short)
     assert not any(gluon_v20.short_parts(*s, sms=132) for s in long)
-    assert ENGINE == "gluon_v21" and ops.PRESETS["engine"]["tree_mla"] == ENGINE
+    assert ENGINE == "gluon_v22" and ops.PRESETS["engine"]["tree_mla"] == ENGINE
     assert ops.PRESETS["optimized"]["tree_mla"] == BEST  # token-exact presets: never v20
     assert ops.PRESETS["invariant"]["tree_mla"] != ENGINE
     with pytest.raises(ValueError, match=r"q: expected dtype bfloat16 or float16"):

@@ -83,9 +83,10 @@ BEST = "gluon_v19"
 PORTABLE = "triton_v4"
 # the "engine" preset's version (kernels/__init__.py): a serving engine picks its splits by the
 # launch's shape, and that preset is batch-variant anyway (cuBLAS split-K by row count).
-# gluon_v21 from session 19 (H200, EP8 emulation, C 1 AR: 6.19 ms of kernels against gluon_v20's
-# 6.56 and gluon_v19's 7.22; the decode attention 6.8 against 11.6 and 22.3 µs a layer)
-ENGINE = "gluon_v21"
+# gluon_v22 from session 19 (H200, EP8 emulation: C 1 AR 6.08 ms of kernels against gluon_v20's
+# 6.56 and gluon_v19's 7.22, the decode attention 6.8 against 11.6 and 22.3 µs a layer (v21's
+# launch); C 1 DDTree-16 15.47 against gluon_v21's 15.74, the merges 527 against 782 µs a step)
+ENGINE = "gluon_v22"
 # batch/position-invariant (keys grouped by the row's own key sequence): the "invariant"
 # preset, DDTree bitwise AR on the H200 (v5 session 4; v6, 1.1-3x faster, session 5)
 INVARIANT = "triton_v6"
