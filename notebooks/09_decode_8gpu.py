@@ -332,7 +332,9 @@ view
 # µs, `scripts/sweep_tree_mla_policy.py --batch`) by (B, N): gluon_v19 (v4's 8 parts of 512
 # keys, BEST: batch-invariant), the short parts gluon_v20 takes where they fit one wave, and the
 # transposed 64-key-part decode gluon_v21 adds for N H <= 16. Right: the EP8 rank's kernel ms a
-# step with the engine preset's tree_mla at gluon_v19, gluon_v20 and gluon_v21.
+# step through the session: the engine preset with tree_mla gluon_v19 (call 1), gluon_v20
+# (call 2), gluon_v21 (call 4), then gluon_v22 with linear triton_v3 / swiglu_mlp triton_v4
+# (call 7: the preset at the session's end).
 
 # %%
 s19 = traces / "gpu/session19"
@@ -341,7 +343,8 @@ sweeps = {"gluon_v19": ("call1_sweep_g19_v4.csv", "v4"),
           "transposed, 64-key (v21)": ("call3_sweep_t15c17_v7_s64.csv", "s64")}
 steps = {"gluon_v19": "call1_emulate_engine_g19.csv",
          "gluon_v20": "call2_emulate_engine_g20wave.csv",
-         "gluon_v21": "call4_emulate_engine_g21.csv"}
+         "gluon_v21": "call4_emulate_engine_g21.csv",
+         "gluon_v22, linear v3": "call7_emulate_engine_g22.csv"}
 if all((s19 / f).exists() for f, _ in sweeps.values()) and all(
         (s19 / f).exists() for f in steps.values()):
     busy = pd.concat({k: pd.read_csv(s19 / f).query("policy == @pol")
@@ -352,7 +355,11 @@ if all((s19 / f).exists() for f, _ in sweeps.values()) and all(
     runs = pd.concat({k: pd.read_csv(s19 / f) for k, f in steps.items()})
     runs = runs.reset_index(level=0, names="tree_mla").query("link == 'NVLink4'")
     ms = runs.pivot_table(index=["C", "mode"], columns="tree_mla", values="kernel_ms")
+    ms = ms[list(steps)]  # in the session's order
     assert ms.loc[(1, "AR"), "gluon_v21"] < ms.loc[(1, "AR"), "gluon_v19"]
+    end, start = ms["gluon_v22, linear v3"], ms["gluon_v19"]
+    assert (end.loc[1] < start.loc[1]).all()  # C 1: every mode faster
+    assert (end <= start + 0.3).all()  # elsewhere within the runs' spread (~0.2-0.3 ms)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
     table.plot.bar(ax=a1, rot=0)
     a1.set_xticklabels([f"B {b}\nN {n}" for b, n in table.index], fontsize=8)
