@@ -11,6 +11,7 @@ top-k's rows cost ~12 µs a step of RB rows, and T 1 is slower too. Rows:
   v1 gemm       its router GEMM alone (torch_bf16.router_logits)
   v2            triton_v2 as the op runs it
   v2 no-topk    the split-K GEMM and the slice sums only (TOPK off)
+  v3            triton_v3 (v2's GEMM at 32-expert tiles, then v1's selection kernel)
   v2 <cfg>      tile overrides (moe_route_triton_v2.tiles keywords), with and without top-k
 `--device cpu` runs every call once under TRITON_INTERPRET=1 (a smoke test, no timing).
 """
@@ -25,6 +26,7 @@ import torch
 from workbench.bench import time_calls
 from workbench.kernels.dense import moe_route_triton_v1 as v1
 from workbench.kernels.dense import moe_route_triton_v2 as v2
+from workbench.kernels.dense import moe_route_triton_v3 as v3
 from workbench.kernels.dense.torch_bf16 import router_logits
 
 CFGS = {"BN32": dict(BN=32), "BK256": dict(BK=256), "split4": dict(max_split=4),
@@ -57,7 +59,8 @@ def main(argv=None) -> int:
         calls = {"v1": functools.partial(v1.moe_route, h, gw, bias, K, sc),
                  "v1 gemm": functools.partial(router_logits, h, gw),
                  "v2": functools.partial(v2.moe_route, h, gw, bias, K, sc),
-                 "v2 no-topk": functools.partial(v2.moe_route, h, gw, bias, K, sc, topk=False)}
+                 "v2 no-topk": functools.partial(v2.moe_route, h, gw, bias, K, sc, topk=False),
+                 "v3": functools.partial(v3.moe_route, h, gw, bias, K, sc)}
         for name, cfg in CFGS.items():
             calls[f"v2 {name}"] = functools.partial(v2.moe_route, h, gw, bias, K, sc, cfg=cfg)
             calls[f"v2 {name} no-topk"] = functools.partial(v2.moe_route, h, gw, bias, K, sc,

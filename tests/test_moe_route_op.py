@@ -1,5 +1,6 @@
-"""kernels/dense moe_route_triton_v1 (the "engine" preset's router) and moe_route_triton_v2 (the
-router in one launch up to 32 rows) against the float64 reference (reference/moe_route.py),
+"""kernels/dense moe_route_triton_v1 (the "engine" preset's router), moe_route_triton_v2 (the
+router in one launch up to 32 rows) and moe_route_triton_v3 (v2's GEMM, v1's selection) against
+the float64 reference (reference/moe_route.py),
 through workbench.check and with explicit tie tables.
 
 The checker NaN-fills every allocation, compares ids exactly (moe_route has no `ranked` ties
@@ -20,7 +21,7 @@ import torch
 from workbench import ops
 from workbench.check import check, failures
 from workbench.config import ModelConfig
-from workbench.kernels.dense import moe_route_triton_v1, moe_route_triton_v2
+from workbench.kernels.dense import moe_route_triton_v1, moe_route_triton_v2, moe_route_triton_v3
 from workbench.kernels.dense.linear_triton_v2 import counters
 from workbench.kernels.dense.moe_route_triton_v1 import MAX_E
 from workbench.kernels.dense.torch_bf16 import moe_route as moe_route_torch
@@ -28,7 +29,8 @@ from workbench.ops.case import Case
 from workbench.reference.moe_route import moe_route as moe_route_ref
 
 SCALING = 2.827  # kimi-k2.6's routed_scaling_factor; any positive value will do
-ROUTE = {"triton_v1": moe_route_triton_v1.moe_route, "triton_v2": moe_route_triton_v2.moe_route}
+ROUTE = {"triton_v1": moe_route_triton_v1.moe_route, "triton_v2": moe_route_triton_v2.moe_route,
+         "triton_v3": moe_route_triton_v3.moe_route}
 
 
 @pytest.fixture(params=list(ROUTE))
@@ -241,3 +243,18 @@ def test_v2_compiles_for_sm90_without_spills():
                           "out = [v.sm90_report(T, 384, 7168) for T in (1, 17, 32)]"):
         assert r["spill"] == "0" and int(r["regs"]) <= 255, r
         assert r["mma"] > 0 and r["atom"] == 4 and r["split"] == 8, r
+
+
+@pytest.mark.parametrize("T", [1, 17, moe_route_triton_v2.MAX_T + 1])
+def test_v3_is_v1s_selection_on_v2s_logits(T, device):
+    # why: v3 composes two measured pieces: v2's GEMM phases (logits summed in slice order) at
+    # 32-expert tiles, then v1's selection kernel; past MAX_T rows it is v1's launch
+    h, w, b = _route(T, 512, 384, device, seed=300 + T)
+    ids, wts = moe_route_triton_v3.moe_route(h, w, b, 8, SCALING)
+    if T <= moe_route_triton_v2.MAX_T:
+        logits = moe_route_triton_v2.launch(h, w, b, 8, SCALING, moe_route_triton_v3.GEMM_TILES,
+                                            topk=False)[2]
+        want = moe_route_triton_v1.select(logits, b, 8, SCALING)
+    else:
+        want = moe_route_triton_v1.moe_route(h, w, b, 8, SCALING)
+    assert torch.equal(ids, want[0]) and torch.equal(wts, want[1])

@@ -51,7 +51,7 @@ def test_moe_route_phase_probe_runs_every_call_and_checks_ids(capsys):
     probe = load("probe_moe_route_phases")
     probe.main(["--device", "cpu", "--rows", "1,3"])
     lines = capsys.readouterr().out.splitlines()
-    names = ["v1", "v1 gemm", "v2", "v2 no-topk"] + [
+    names = ["v1", "v1 gemm", "v2", "v2 no-topk", "v3"] + [
         f"v2 {c}{s}" for c in probe.CFGS for s in ("", " no-topk")]
     assert [(int(line.split()[1]), line[6:28].strip()) for line in lines] == [
         (T, n) for T in (1, 3) for n in names]

@@ -53,6 +53,9 @@ and the top-k in one program costs ~5-6 µs a step of 4-8 rows (v1's one warp a 
 µs for any T, its rows in parallel programs): K rounds of two reductions over [rows, 512]
 tiles that Triton spreads over the warps, a barrier each. What it would take: the GEMM phase
 kept, and the selection in parallel programs again (a second launch) or one warp a row.
+`moe_route_triton_v3` (session 19, CPU-tested, not yet timed: `scripts/gpu_plans/session20_a.tsv`)
+is that: v2's GEMM phases at 32-expert tiles (5.3 / 5.3 / 6.7 µs at T 1 / 9 / 17 in the probe),
+then v1's selection kernel on their logits; two launches instead of v1's three.
 
 `swiglu_mlp_triton_v1` (variant `triton_v1` of op swiglu_mlp) keeps the three GEMMs in cuBLAS
 and makes the five elementwise kernels between them (two fp32 casts, SiLU, product, cast back)
@@ -133,7 +136,7 @@ VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:line
 VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
 VARIANTS["linear"]["triton_v3"] = "workbench.kernels.dense.linear_triton_v3:linear"
 VARIANTS["moe_route"].update({f"triton_v{v}": f"workbench.kernels.dense.moe_route_triton_v{v}:"
-                              "moe_route" for v in (1, 2)})
+                              "moe_route" for v in (1, 2, 3)})
 VARIANTS["rope"] = {f"triton_v{v}": f"workbench.kernels.dense.rope_triton_v{v}:rope"
                     for v in (1, 2)}
 VARIANTS["mla_kv_write"] = {
@@ -211,6 +214,10 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                  "expert tiles, the last K slice sums its tile's partials in "
                                  "slice order, the last tile picks the top-k (triton_v1's rule; "
                                  "tickets reset in-kernel); triton_v1 above 32 rows",
+                                 ("triton",)),
+    ("moe_route", "triton_v3"): ("triton_v2's split-K router GEMM (32-expert tiles) without its "
+                                 "top-k, then triton_v1's selection kernel: two launches "
+                                 "instead of v1's three; triton_v1 above 32 rows",
                                  ("triton",)),
     ("mla_q_absorb", "torch_bf16"): ("one batched cuBLAS GEMM over the heads, bf16 in/out, fp32 "
                                      "accumulate (batch-variant)", ()),

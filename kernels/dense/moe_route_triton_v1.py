@@ -73,13 +73,20 @@ def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
     CUDA, bf16 h and weight: the router GEMM is one bf16 cuBLAS mm with fp32 output (as
     torch_bf16); otherwise fp32 F.linear. Then one Triton launch (none when T = 0)."""
     T, D, E = check_args(h, gate_weight, bias, top_k)
-    ids = torch.empty(T, top_k, dtype=torch.int64, device=h.device)
-    w = torch.empty(T, top_k, dtype=torch.float32, device=h.device)
     if T == 0:
-        return ids, w
-    logits = router_logits(h, gate_weight)  # [T, E] fp32, torch_bf16's GEMM
+        return (torch.empty(0, top_k, dtype=torch.int64, device=h.device),
+                torch.empty(0, top_k, dtype=torch.float32, device=h.device))
+    return select(router_logits(h, gate_weight), bias, top_k, scaling)  # torch_bf16's GEMM
+
+
+def select(logits: Tensor, bias: Tensor, top_k: int, scaling: float) -> tuple[Tensor, Tensor]:
+    """The selection kernel on fp32 logits [T >= 1, E] (checked inputs): (ids, weights), one
+    program a row. Shared with moe_route_triton_v3 (its logits from its own GEMM)."""
+    T, E = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
     b = bias.float().contiguous()  # a no-op for the model's fp32 bias
     _moe_route_kernel[(T,)](logits, b, ids, w, E, top_k, logits.stride(0), float(scaling),
                             BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k),

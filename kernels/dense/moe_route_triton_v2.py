@@ -130,9 +130,25 @@ def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling:
     fp16 h and weight with T <= MAX_T, else triton_v1. cfg: `tiles` overrides; topk=False:
     the GEMM phases only (ids / weights left unwritten), both for probes."""
     T, D, E = moe_route_triton_v1.check_args(h, gate_weight, bias, top_k)
-    if not (1 <= T <= MAX_T and h.dtype in (torch.bfloat16, torch.float16)
-            and gate_weight.dtype == h.dtype):
+    if not runs_here(h, gate_weight):
         return moe_route_triton_v1.moe_route(h, gate_weight, bias, top_k, scaling)
+    return launch(h, gate_weight, bias, top_k, scaling, cfg, topk)[:2]
+
+
+def runs_here(h: Tensor, gate_weight: Tensor) -> bool:
+    """Does this kernel take the (checked) call? 1 <= T <= MAX_T rows of bf16 / fp16, the
+    weight in h's dtype; everything else is triton_v1's (also for moe_route_triton_v3)."""
+    return (1 <= h.shape[0] <= MAX_T and h.dtype in (torch.bfloat16, torch.float16)
+            and gate_weight.dtype == h.dtype)
+
+
+def launch(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling: float,
+           cfg: dict | None = None, topk: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """The one launch on checked bf16 / fp16 inputs with 1 <= T <= MAX_T: (ids, weights,
+    logits fp32 [T, E]); topk=False leaves ids / weights unwritten (moe_route_triton_v3 picks
+    them from the logits in a launch of its own)."""
+    T, D = h.shape
+    E = gate_weight.shape[0]
     h = h if h.stride(1) == 1 else h.contiguous()
     gate_weight = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
     t = tiles(T, E, D, **(cfg or {}))
@@ -153,7 +169,7 @@ def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling:
         gate_weight.stride(0), float(scaling), NT, NP, SPLIT=split, BM=BM, BN=BN, BK=BK,
         RB=t["RB"], BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), TOPK=topk,
         INTERPRET=INTERPRET, num_warps=t["warps"], num_stages=t["stages"])
-    return ids, w
+    return ids, w, logits
 
 
 def sm90_report(T: int, E: int, D: int) -> dict:
