@@ -596,3 +596,51 @@ def test_local_expert_ids_table_equals_the_arithmetic():
             assert got.dtype == dt and torch.equal(got, want)
             assert torch.equal(local_expert_ids(x, group, E_loc, ep), want)  # cached path
     assert (torch.device("cpu"), torch.int32, 3, E_loc, ep) in _LOCAL_IDS
+
+
+def test_emulation_op_table_charges_the_step_to_registry_ops(tmp_path):
+    """--op-table (session 19): one more profiled eager call with every registry op in a range
+    of its own; on CPU each op's CPU time, the rows written per configuration, and the main
+    table (kernel_ms) untouched by the ranges."""
+    import pandas as pd
+
+    from workbench.dist.emulate import main
+
+    csv, ops_csv = tmp_path / "e.csv", tmp_path / "ops.csv"
+    assert main(["--preset", "tiny-dist", "--layouts", "ep8", "--batches", "1",
+                 "--budgets", "ar,8", "--ctx", "32", "--repeats", "1", "--device", "cpu",
+                 "--csv", str(csv), "--op-table", str(ops_csv)]) == 0
+    table, ops_ = pd.read_csv(csv), pd.read_csv(ops_csv)
+    assert "op_list" not in table.columns and (table.kernel_ms > 0).all()
+    assert set(ops_["mode"]) == {"AR", "DDTree-8"} and (ops_.us > 0).all()
+    ar = ops_[ops_["mode"] == "AR"].set_index("op")
+    layers = CFG.num_layers
+    assert ar.loc["tree_mla", "calls"] == layers and ar.loc["rope", "calls"] == layers
+    assert ar.loc["int4_moe", "calls"] == layers - CFG.first_k_dense
+    assert "tree_build" in set(ops_[ops_["mode"] == "DDTree-8"].op)
+
+
+def test_op_kernel_times_charge_each_kernel_to_its_innermost_range():
+    """The GPU join of op_kernel_times on synthetic profiler events (no GPU here): a kernel
+    inside two nested op ranges goes to the inner one, one outside every range to "(glue)",
+    other annotations are neither ranges nor kernels, and ranges are counted as calls."""
+    from types import SimpleNamespace as NS
+
+    from workbench.loopbench import op_kernel_times
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(name, s, e, dev=cuda, ann=False):
+        return NS(name=name, device_type=dev, time_range=NS(start=s, end=e),
+                  is_user_annotation=ann)
+
+    events = [ev("op::moe", 0, 100, ann=True), ev("op::linear", 10, 30, ann=True),
+              ev("gemm", 12, 20), ev("gemm", 21, 29), ev("combine", 40, 50),
+              ev("glue_add", 110, 113), ev("moe", 0, 100, ann=True),  # a phase annotation
+              ev("op::rope", 200, 205, ann=True), ev("rope_k", 201, 204),
+              ev("op::moe", 0, 120, dev=cpu), ev("zero", 130, 130)]
+    per = op_kernel_times(NS(events=lambda: events), cuda=True)
+    assert per == {"moe": [1, 10.0], "linear": [1, 16.0], "rope": [1, 3.0],
+                   "(glue)": [0, 3.0]}
+    cpu_per = op_kernel_times(NS(events=lambda: events), cuda=False)
+    assert cpu_per == {"moe": [1, 120.0]}

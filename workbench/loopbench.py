@@ -262,6 +262,63 @@ def kernel_times(prof, cuda: bool) -> dict[str, list]:
     return per
 
 
+OP_RANGE = "op::"  # the record_function name prefix of `op_ranges`
+
+
+@contextlib.contextmanager
+def op_ranges():
+    """While active every registry op call runs inside record_function("op::<name>"), so a
+    profiler run sees which op launched each kernel (`op_kernel_times`). Not for timed runs:
+    on the GPU each range is also a device-side annotation spanning its kernels and the gaps
+    between them, which `busy_us` would count (session 18 call 12)."""
+    from torch.profiler import record_function
+
+    from workbench.ops.registry import wrapping
+
+    def wrap(name, fn):
+        def call(*args, **kw):
+            with record_function(OP_RANGE + name):
+                return fn(*args, **kw)
+        return call
+
+    with wrapping(wrap):
+        yield
+
+
+def op_kernel_times(prof, cuda: bool) -> dict[str, list]:
+    """{op: [calls, µs]} of a profiler run under `op_ranges`. GPU: every kernel's device time
+    charged to the innermost device-side "op::<name>" range holding it (the ranges sit on the
+    GPU timeline around their own kernels: session 19 call 1's probe), kernels outside every
+    range to "(glue)"; calls = the op's ranges. CPU: each op range's CPU time (nested op
+    ranges count in both). A graph replay's kernels carry no ranges: profile an eager call."""
+    dev = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    ranges, kernels = [], []
+    for e in prof.events():
+        if e.device_type != dev or e.time_range.end <= e.time_range.start:
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        if e.name.startswith(OP_RANGE):
+            ranges.append((*span, e.name[len(OP_RANGE):]))
+        elif cuda and not getattr(e, "is_user_annotation", False):
+            kernels.append(span)
+    per: dict[str, list] = {}
+    for start, end, name in ranges:
+        acc = per.setdefault(name, [0, 0.0])
+        acc[0] += 1
+        if not cuda:
+            acc[1] += end - start
+    ranges.sort()
+    for ks, ke in kernels:  # the innermost range that holds the kernel (ranges start first)
+        best = None
+        for rs, re_, name in ranges:
+            if rs > ks:
+                break
+            if ke <= re_ and (best is None or re_ - rs < best[1] - best[0]):
+                best = (rs, re_, name)
+        per.setdefault(best[2] if best else "(glue)", [0, 0.0])[1] += ke - ks
+    return per
+
+
 def busy_us(prof) -> float:
     """Microseconds the GPU ran at least one kernel or copy in a finished torch.profiler run:
     the union of their intervals. Unlike `kernel_times`' sum, kernels that overlap count once

@@ -210,11 +210,32 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
             "kernels": [(k, v[0], v[1]) for k, v in ranked]}
 
 
+def _op_time(fn, comm: StandInComm, device) -> dict:
+    """One more eager call of fn() under torch.profiler with every registry op in a range of
+    its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs)]}, largest first, "(glue)" for
+    the kernels between ops. A pass of its own: the ranges' device-side annotations must not
+    reach `_kernel_time`'s busy time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from workbench.loopbench import op_kernel_times, op_ranges
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    comm.log.sync()
+    with op_ranges(), profile(activities=acts) as prof:
+        fn()
+        comm.log.sync()
+    per = op_kernel_times(prof, cuda)
+    return {"ops": sorted(((k, n, us) for k, (n, us) in per.items()), key=lambda r: -r[2])}
+
+
 @torch.no_grad()
 def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: int,
-            budget: int | None, repeats: int = 3, seed: int = 0) -> dict:
+            budget: int | None, repeats: int = 3, seed: int = 0,
+            op_table: bool = False) -> dict:
     """One decode step of `batch` requests at context `ctx`: AR (budget None) or DDTree
-    (draft -> tree build -> verify). Returns compute seconds per phase, wall, comm log."""
+    (draft -> tree build -> verify). Returns compute seconds per phase, wall, comm log;
+    op_table: also the step's kernel time by registry op (`_op_time`, one more call)."""
     from workbench.reference.tree_build import topk_logprobs
 
     dev, cfg = model.device, model.cfg
@@ -236,7 +257,8 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
         wall = _timed(ar_step, comm, repeats)
         out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
         floors = rank_floors(model, drafter, batch, None, ctx, seen["routing"])
-        return {**out, **_kernel_time(ar_step, comm, dev), **_floor_cols(floors)}
+        ops_ = _op_time(ar_step, comm, dev) if op_table else {}
+        return {**out, **_kernel_time(ar_step, comm, dev), **_floor_cols(floors), **ops_}
     dcache = drafter.new_cache(batch, ctx + n + 1)
     for t in dcache:
         for layer in t:
@@ -263,8 +285,9 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     draft = _kernel_time(lambda: drafter.draft_override(None, model, dcache, bonus, prefix, k),
                          comm, dev)  # the draft forward's share of the kernel sum
     floors = rank_floors(model, drafter, batch, budget, ctx, seen["routing"])
+    ops_ = _op_time(step, comm, dev) if op_table else {}
     return {**out, **_kernel_time(step, comm, dev), "draft_kernel_s": draft["kernel_s"],
-            **_floor_cols(floors)}
+            **_floor_cols(floors), **ops_}
 
 
 def _floor_cols(floors: dict) -> dict:
@@ -350,14 +373,15 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "x_floor": (kernel + comm_s) / meas["floor_s"] if meas.get("floor_s") else math.nan,
             "floor_tokens_per_s": batch * tau / meas["floor_s"] if meas.get("floor_s") else math.nan,
             "kernel_tokens_per_s": batch * tau / (kernel + comm_s),
-            "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", [])}
+            "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", []),
+            "op_list": meas.get("ops", [])}
 
 
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
-            ep_dispatch: str = "local"):
+            ep_dispatch: str = "local", op_table: bool = False):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -368,7 +392,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     kernels: an ops.use selection (e.g. {"int4_moe": "triton_v2"}). The emulated engine hands
     the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
     engine does, so the optimized kernels run on it; the CPU proof path keeps ACC partials.
-    on_rows(rows) is called after every configuration (a long run cut short keeps its table)."""
+    on_rows(rows) is called after every configuration (a long run cut short keeps its table).
+    op_table: each row's "op_list" holds the step's kernel time by registry op (one more
+    profiled eager call a configuration)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -380,7 +406,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             for b in budgets:
                 with ops.use(kernels), op_activations(torch.bfloat16), \
                         moe_dispatch(ep_dispatch):
-                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed)
+                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
                 for link in links:
                     rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
@@ -414,6 +440,9 @@ def main(argv=None) -> int:
     p.add_argument("--csv", help="write the table here")
     p.add_argument("--kernel-table", help="write every configuration's kernels here (CSV: "
                    "layout, C, mode, kernel, calls, us), largest first")
+    p.add_argument("--op-table", help="write every configuration's kernel time by registry op "
+                   "here (CSV: layout, C, mode, op, calls, us; '(glue)': kernels between ops), "
+                   "from one more profiled eager call with the ops in profiler ranges")
     p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
                    "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
     p.add_argument("--ep-dispatch", default="local", choices=EP_DISPATCH,
@@ -434,14 +463,20 @@ def main(argv=None) -> int:
 
     def save(rows):  # the table so far, with the run's provenance on every row
         if a.csv:
-            pd.DataFrame([{**{k: v for k, v in r.items() if k != "kernel_list"}, **meta}
-                          for r in rows]).to_csv(a.csv, index=False)
+            pd.DataFrame([{**{k: v for k, v in r.items() if k not in ("kernel_list", "op_list")},
+                           **meta} for r in rows]).to_csv(a.csv, index=False)
         if a.kernel_table:
             seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
             pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], "kernel": k,
                            "calls": n, "us": us, **meta}
                           for key, r in seen.items() for k, n, us in r["kernel_list"]]
                          ).to_csv(a.kernel_table, index=False)
+        if a.op_table:
+            seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
+            pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], "op": k,
+                           "calls": n, "us": us, **meta}
+                          for key, r in seen.items() for k, n, us in r["op_list"]]
+                         ).to_csv(a.op_table, index=False)
 
     links = (NVLINK4, PCIE5)
     if a.measured_link:
@@ -451,7 +486,7 @@ def main(argv=None) -> int:
     rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
-                   on_rows=save, ep_dispatch=a.ep_dispatch)
+                   on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table))
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",
