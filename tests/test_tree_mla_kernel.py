@@ -503,64 +503,37 @@ def test_gluon_v22_merge_matches_reference(P, parts):
                                                                 combine=gluon_v22.merge))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("B, N, H, ctx", [(1, 1, 8, 4096), (1, 17, 8, 4096), (2, 9, 8, 4096),
-                                          (1, 9, 8, 8192), (4, 9, 8, 4096), (1, 1, 64, 1024)])
-def test_gpu_gluon_v22_is_its_three_launches(B, N, H, ctx):
-    # why: gluon_v22 changes only the short-part launch's merge (gluon_v22.merge)
-    from workbench.kernels.tree_mla import triton_v7
-
-    case = _gpu_case(B, N, H, ctx, seed=B + N)
-    q, cache = case.args[:2]
-    o, lse = gluon_v22.tree_mla_gluon(*case.args)
-    shape = (B, N, H, cache.shape[1], gluon_v20.sm_count(q.device))
-    if gluon_v21.decode_parts(*shape):
-        want = gluon_v21.decode_launch(*case.args, False)
-    elif gluon_v20.short_parts(*shape):
-        want = gluon_v11._launch(*case.args, False, triton_v7.FEW_HEADS, publish=True,
-                                 rcp=True, combine=gluon_v22.merge)
-    else:
-        want = gluon_v19.tree_mla_gluon(*case.args)
-    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
-    assert_matches_reference(case, gluon_v22.tree_mla_gluon)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B, N, H, ctx", [(1, 1, 8, 4096), (2, 1, 8, 4096), (4, 1, 8, 1024),
-                                          (1, 2, 8, 8192), (3, 1, 8, 4096), (1, 9, 8, 4096)])
-def test_gpu_gluon_v21_is_its_three_launches(B, N, H, ctx):
-    # why: gluon_v21 only adds a launch measured on its own (triton_v15's attention under
-    # 64-key parts with triton_v17's merge) in front of gluon_v20
-    case = _gpu_case(B, N, H, ctx, seed=B + N)
-    q, cache = case.args[:2]
-    o, lse = gluon_v21.tree_mla_gluon(*case.args)
-    if gluon_v21.decode_parts(B, N, H, cache.shape[1], sms=gluon_v20.sm_count(q.device)):
-        want = triton_v15._launch(*case.args, False, gluon_v21.DECODE,
-                                  combine=triton_v17._launch_combine)
-    else:
-        want = gluon_v20.tree_mla_gluon(*case.args)
-    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
-    assert_matches_reference(case, gluon_v21.tree_mla_gluon)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B, N, H, ctx", [(1, 1, 8, 4096), (8, 1, 8, 4096), (1, 17, 8, 4096),
-                                          (2, 9, 8, 1024), (4, 17, 8, 4096), (1, 1, 64, 4096)])
-def test_gpu_gluon_v20_is_its_two_launches(B, N, H, ctx):
-    # why: gluon_v20 only chooses between two launches measured and tested on their own:
-    # gluon_v18's parts and merge with gluon_v19's epilogue, or gluon_v19 itself
+def _engine_launch(version, case, B, N, H):
+    """What the launch an engine-only version names for this shape returns, run directly."""
     from workbench.kernels.tree_mla import triton_v7, triton_v17
 
-    case = _gpu_case(B, N, H, ctx, seed=B + N)
-    o, lse = gluon_v20.tree_mla_gluon(*case.args)
     q, cache = case.args[:2]
-    if gluon_v20.short_parts(B, N, H, cache.shape[1], sms=gluon_v20.sm_count(q.device)):
-        want = gluon_v11._launch(*case.args, False, triton_v7.policy_for(H), publish=True,
-                                 rcp=True, combine=triton_v17.combine_for(H))
-    else:
-        want = gluon_v19.tree_mla_gluon(*case.args)
+    shape = (B, N, H, cache.shape[1], gluon_v20.sm_count(q.device))
+    if version in ("g21", "g22") and gluon_v21.decode_parts(*shape):
+        return triton_v15._launch(*case.args, False, gluon_v21.DECODE,
+                                  combine=triton_v17._launch_combine)
+    if gluon_v20.short_parts(*shape):
+        merge = gluon_v22.merge if version == "g22" else triton_v17.combine_for(H)
+        return gluon_v11._launch(*case.args, False, triton_v7.FEW_HEADS, publish=True,
+                                 rcp=True, combine=merge)
+    return gluon_v19.tree_mla_gluon(*case.args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", sorted(ENGINE_ONLY))
+@pytest.mark.parametrize("B, N, H, ctx", [
+    (1, 1, 8, 4096), (2, 1, 8, 4096), (3, 1, 8, 4096), (8, 1, 8, 4096), (4, 1, 8, 1024),
+    (1, 2, 8, 8192), (1, 9, 8, 4096), (1, 17, 8, 4096), (2, 9, 8, 1024), (4, 17, 8, 4096),
+    (1, 1, 64, 4096)])
+def test_gpu_engine_versions_are_the_launches_they_name(version, B, N, H, ctx):
+    # why: gluon_v20 / v21 / v22 only choose, by shape, between launches measured and tested
+    # on their own (gluon_v19; the short parts with v17's merge, or v22's; v21's transposed
+    # decode): each call's bits are the named launch's, and the reference's within tolerance
+    case = _gpu_case(B, N, H, ctx, seed=B + N)
+    o, lse = GLUON[version](*case.args)
+    want = _engine_launch(version, case, B, N, H)
     assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
-    assert_matches_reference(case, gluon_v20.tree_mla_gluon)
+    assert_matches_reference(case, GLUON[version])
 
 
 def test_presets_select_best_where_it_runs_else_portable():

@@ -465,18 +465,14 @@ def main(argv=None) -> int:
         if a.csv:
             pd.DataFrame([{**{k: v for k, v in r.items() if k not in ("kernel_list", "op_list")},
                            **meta} for r in rows]).to_csv(a.csv, index=False)
-        if a.kernel_table:
-            seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
-            pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], "kernel": k,
-                           "calls": n, "us": us, **meta}
-                          for key, r in seen.items() for k, n, us in r["kernel_list"]]
-                         ).to_csv(a.kernel_table, index=False)
-        if a.op_table:
-            seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
-            pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], "op": k,
-                           "calls": n, "us": us, **meta}
-                          for key, r in seen.items() for k, n, us in r["op_list"]]
-                         ).to_csv(a.op_table, index=False)
+        for path, col, field in ((a.kernel_table, "kernel", "kernel_list"),
+                                 (a.op_table, "op", "op_list")):
+            if path:  # one configuration's rows once (the links repeat them)
+                seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
+                pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], col: k,
+                               "calls": n, "us": us, **meta}
+                              for key, r in seen.items() for k, n, us in r[field]]
+                             ).to_csv(path, index=False)
 
     links = (NVLINK4, PCIE5)
     if a.measured_link:
