@@ -40,8 +40,9 @@ def register_all() -> list[str]:
     `INVARIANT` version where BEST is not batch/position-invariant: DDTree's tokens are AR's
     bit for bit on the GPU, tests/test_exact_gpu.py) and "engine" (optimized with each
     folder's batch-variant `ENGINE` version where it names one, + the engine-style supporting
-    ops of kernels/dense: what the full-size emulation times). A folder whose BEST cannot run everywhere (tree_mla's Gluon kernel: sm_90 only)
-    also names PORTABLE, which a preset selects on machines without it (registry.PORTABLE)."""
+    ops of kernels/dense: what the full-size emulation times). A folder whose BEST cannot run
+    everywhere (tree_mla's Gluon kernel: sm_90 only) also names PORTABLE, which a preset
+    selects on machines without it (registry.PORTABLE)."""
     import importlib
 
     from workbench.ops.registry import PORTABLE, PRESETS

@@ -15,6 +15,10 @@ engine preset. This version takes exactly those best tiles, as a rule of the sha
 16 / 1 / 256; gate | up [512, 7168]: 32 / 8 / 128; down [7168, 256]: 64 / 1 / 128: the sweep's
 best at 1 and 9 rows.) More than DECODE_ROWS rows run cuBLAS: a dispatch by shape, as cuBLAS's
 own kernel choice (engine-only, batch-variant; not bitwise cuBLAS or the reference).
+Measured (session 19 call 5, REAL bench, kernel µs at 1 row, v3 / cuBLAS): q_a | kv_a 11.1 /
+12.2, q_b 4.8 / 5.8, o 5.8 / 6.0, gate | up 6.2 / 6.4, down 3.7 / 4.0; the EP8 step's kernels
+with swiglu_mlp triton_v4 on it 6.11 / 10.15 ms at C 1 / C 8 AR against 6.24 / 10.42: the
+engine preset's linear from session 19.
 Legend: M rows, K in features, N out features.
 """
 
