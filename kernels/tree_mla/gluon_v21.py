@@ -8,7 +8,7 @@ Why (H200, session 19 call 3, `scripts/sweep_tree_mla_policy.py --batch`, H 8, P
 µs of one call): at B 1 N 1 triton_v15's attention with 64-key parts and v17's merge takes
 **8.8 µs** against gluon_v20's short parts' 12.1 (gluon_v18's attention under 64-key parts:
 10.7); at B 2 N 1 11.5 against 12.9. From N 9 its 16-row blocks re-read every key tile once a
-block (B 1 N 9: 22.4 against 17.6) and gluon_v20's launches stay.
+block (session 15's finding; B 1 N 9: 22.4 against 17.6) and gluon_v20's launches stay.
 
 NOT batch-invariant (as gluon_v20): the engine preset's, never a token-exact preset's. Each
 path is bitwise the launch it names (tests/test_tree_mla_kernel.py).

@@ -5,11 +5,12 @@ the transposed decode launch, v17's merge as in gluon_v21.
 
 Why (H200, session 19 call 6, `scripts/sweep_tree_mla_policy.py --merges`, H 8, P 4096, 33
 parts, busy µs of one call, v17's 8x8x128 / 8x32x64): B 1 N 17 21.7 / **17.4**, B 2 N 9 22.9 /
-**18.1**, B 1 N 9 17.6 / **16.2**, B 1 N 1 12.1 / 11.9, B 2 N 1 12.9 / 12.7. v17's tile loads
-each part's rows as 32-byte runs in 64 programs a row block (1088 at N 17) and sums 128 parts
-(95 of them masked zeros) a program; 32 columns make 128-byte runs in a quarter of the
-programs, and 64 parts a round half the summed zeros. Behind triton_v15's 65 parts (decode)
-v17's one round stays best (8.8 against 10.9 µs: 8x32x64 takes two passes there).
+**18.1**, B 1 N 9 17.6 / **16.2**, B 1 N 1 12.1 / 11.9, B 2 N 1 12.9 / 12.7. A hypothesis
+for why (not profiled): v17's tile loads each part's rows as 32-byte runs in 64 programs a row
+block (1088 at N 17) and sums 128 parts (95 of them masked zeros) a program; 32 columns make
+128-byte runs in a quarter of the programs, and 64 parts a round half the summed zeros. Behind
+triton_v15's 65 parts (decode) v17's one round stays best (8.8 against 10.9 µs: 8x32x64 takes
+two passes there).
 
 NOT batch-invariant (as gluon_v20 / v21): the engine preset's. Each launch is bitwise the
 launch it names (tests/test_tree_mla_kernel.py).
