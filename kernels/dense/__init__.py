@@ -50,8 +50,9 @@ traces/gpu/session19): **slower**, a measured negative kept out of the engine pr
 (EP8 C 1 DDTree-16 step +1.6 ms). `scripts/probe_moe_route_phases.py` (call 3) splits it: the
 split-K GEMM with its slice sums alone is 5.3-5.9 µs (cuBLAS's GEMM 5.5-5.9 before its reduce),
 and the top-k in one program costs ~5-6 µs a step of 4-8 rows (v1's one warp a row takes ~3.5
-µs for any T, its rows in parallel programs): K rounds of two reductions over [rows, 512]
-tiles that Triton spreads over the warps, a barrier each. What it would take: the GEMM phase
+µs for any T, its rows in parallel programs); a hypothesis for why (not profiled): K rounds of
+two reductions over [rows, 512] tiles that Triton spreads over the warps, a barrier each. What
+it would take: the GEMM phase
 kept, and the selection in parallel programs again (a second launch) or one warp a row.
 `moe_route_triton_v3` (session 19, CPU-tested, not yet timed: `scripts/gpu_plans/session20_a.tsv`)
 is that: v2's GEMM phases at 32-expert tiles (5.3 / 5.3 / 6.7 µs at T 1 / 9 / 17 in the probe),
