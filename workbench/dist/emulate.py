@@ -183,6 +183,25 @@ def _timed(fn, comm: StandInComm, repeats: int):
     return statistics.median(walls)
 
 
+def _profiled(fn, comm: StandInComm, device, ranges: bool = False):
+    """(prof, cuda): one call of fn() under torch.profiler (CPU activity, and CUDA's on a
+    GPU), the comm log synced before and inside; ranges: every registry op in a profiler
+    range of its own (`loopbench.op_ranges`)."""
+    import contextlib
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from workbench.loopbench import op_ranges
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    comm.log.sync()
+    with op_ranges() if ranges else contextlib.nullcontext(), profile(activities=acts) as prof:
+        fn()
+        comm.log.sync()
+    return prof, cuda
+
+
 def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
     """One more call of fn() under torch.profiler: the time the GPU was busy with its kernels
     (`kernel_s`: the union of their intervals, so kernels that overlap under PDL count once;
@@ -191,16 +210,9 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
     at full size); a CUDA graph of the step would replay in about the busy time, so this is
     the emulated rank's graph-replay estimate. The comm
     log of this call is not used (read the timed calls' log before). CPU: the ops' self time."""
-    from torch.profiler import ProfilerActivity, profile
-
     from workbench.loopbench import busy_us, kernel_times
 
-    cuda = torch.device(device).type == "cuda"
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    comm.log.sync()
-    with profile(activities=acts) as prof:
-        fn()
-        comm.log.sync()
+    prof, cuda = _profiled(fn, comm, device)
     per = kernel_times(prof, cuda)
     ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
     total = sum(v[1] for v in per.values()) * 1e-6
@@ -215,17 +227,9 @@ def _op_time(fn, comm: StandInComm, device) -> dict:
     its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs)]}, largest first, "(glue)" for
     the kernels between ops. A pass of its own: the ranges' device-side annotations must not
     reach `_kernel_time`'s busy time."""
-    from torch.profiler import ProfilerActivity, profile
+    from workbench.loopbench import op_kernel_times
 
-    from workbench.loopbench import op_kernel_times, op_ranges
-
-    cuda = torch.device(device).type == "cuda"
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    comm.log.sync()
-    with op_ranges(), profile(activities=acts) as prof:
-        fn()
-        comm.log.sync()
-    per = op_kernel_times(prof, cuda)
+    per = op_kernel_times(*_profiled(fn, comm, device, ranges=True))
     return {"ops": sorted(((k, n, us) for k, (n, us) in per.items()), key=lambda r: -r[2])}
 
 
