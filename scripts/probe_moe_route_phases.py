@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from workbench.bench import time_calls
+from workbench.bench import kernel_us
 from workbench.kernels.dense import moe_route_triton_v1 as v1
 from workbench.kernels.dense import moe_route_triton_v2 as v2
 from workbench.kernels.dense import moe_route_triton_v3 as v3
@@ -31,15 +31,6 @@ from workbench.kernels.dense.torch_bf16 import router_logits
 
 CFGS = {"BN32": dict(BN=32), "BK256": dict(BK=256), "split4": dict(max_split=4),
         "RB4": dict(RB=4), "RB16": dict(RB=16), "warps8": dict(warps=8)}
-
-
-def _us(fn, dev: str, seconds: float) -> float:
-    """Kernel µs of fn() (graph-replayed; NaN on CPU, where it only runs)."""
-    if dev == "cpu":
-        fn()
-        return float("nan")
-    t = time_calls(lambda: fn(), [((), {})], dev, seconds, "on")
-    return t.kernel_us if t.kernel_us is not None else t.us
 
 
 def main(argv=None) -> int:
@@ -71,7 +62,7 @@ def main(argv=None) -> int:
                 same = bool(torch.equal(fn()[0], want))  # clear margins here: v1's ids
             else:
                 same = None
-            print(f"T {T:3d} {name:<22} {_us(fn, dev, a.seconds):7.2f} us  ids==v1 {same}",
+            print(f"T {T:3d} {name:<22} {kernel_us(fn, dev, a.seconds):7.2f} us  ids==v1 {same}",
                   flush=True)
     return 0
 

@@ -23,7 +23,7 @@ import argparse
 import torch
 import triton
 
-from workbench.bench import time_calls
+from workbench.bench import kernel_us
 from workbench.kernels.dense.add_rmsnorm_triton_v1 import _add_rmsnorm_kernel
 from workbench.kernels.dense.moe_route_triton_v1 import _moe_route_kernel
 from workbench.kernels.drafter._common import INTERPRET, next_pow2
@@ -31,18 +31,10 @@ from workbench.kernels.drafter._fused import _rmsnorm_kernel
 from workbench.kernels.int4_moe.triton_v3 import _combine_kernel
 
 
-def _launch(kernel, grid: tuple, args: tuple, kw: dict) -> None:
-    kernel[grid](*args, **kw)
-
-
 def _time(kernel, grid: tuple, args: tuple, kw: dict, dev: str, seconds: float) -> float:
     """Kernel µs of kernel[grid](*args, **kw) (graph-replayed timing; NaN on CPU, where the
     launch only runs)."""
-    if dev == "cpu":
-        _launch(kernel, grid, args, kw)
-        return float("nan")
-    t = time_calls(_launch, [((kernel, grid, args, kw), {})], dev, seconds, "on")
-    return t.kernel_us if t.kernel_us is not None else t.us
+    return kernel_us(lambda: kernel[grid](*args, **kw), dev, seconds)
 
 
 def main(argv=None) -> int:

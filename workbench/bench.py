@@ -244,6 +244,16 @@ def _capture(calls) -> list:
     return graphs
 
 
+def kernel_us(fn, device: str, budget_s: float) -> float:
+    """A probe's kernel µs of fn(): `time_calls`' kernel time of graph replays (the replay µs
+    where none was measured); on a CPU fn runs once (a smoke test) and the answer is NaN."""
+    if not str(device).startswith("cuda"):
+        fn()
+        return float("nan")
+    t = time_calls(lambda: fn(), [((), {})], device, budget_s, "on")
+    return t.kernel_us if t.kernel_us is not None else t.us
+
+
 def time_calls(fn, arg_sets: list[tuple[tuple, dict]], device: str, budget_s: float = 2.0,
                graph: str = "auto", flush_bytes: int = 0, max_iter: int = 200) -> Timing:
     """Median/p20/p80 of fn(*args, **kwargs) rotating over arg_sets [(args, kwargs), ...].
