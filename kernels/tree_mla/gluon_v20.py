@@ -31,11 +31,12 @@ import functools
 
 import torch
 
+from . import gluon_v19
 from .gluon_v9 import BLOCK_M
 from .gluon_v11 import _launch
-from .triton_v4 import V4, num_parts
+from .triton_v4 import num_parts
 from .triton_v7 import FEW_HEADS
-from .triton_v17 import combine_for
+from .triton_v17 import _launch_combine
 
 
 @functools.cache
@@ -53,6 +54,28 @@ def short_parts(B: int, N: int, H: int, T: int, sms: int) -> bool:
     return H < 32 and B * rows * num_parts(max(T - N, 0), policy=FEW_HEADS)[1] <= sms
 
 
+def shapes_decide(q, kv_cache, kv_lora_rank) -> bool:
+    """May a shape rule pick the launch? Inputs the Gluon launches refuse (fp32, C not a power
+    of two, not CUDA, ...) go to gluon_v19's launch, which names them: one contract whichever
+    launch a shape picks (gluon_v21 / v22 too)."""
+    ok = isinstance(q, torch.Tensor) and q.dim() == 4 and q.is_cuda
+    ok = ok and q.dtype in (torch.bfloat16, torch.float16) and isinstance(kv_lora_rank, int)
+    ok = ok and kv_lora_rank > 0 and kv_lora_rank & (kv_lora_rank - 1) == 0
+    return ok and isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 3
+
+
+def launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+           combine=_launch_combine):
+    """The short parts (gluon_v18's with gluon_v19's epilogue, merged by `combine`: v17's, or
+    gluon_v22's) where `short_parts`, else gluon_v19."""
+    if shapes_decide(q, kv_cache, kv_lora_rank) and short_parts(
+            *q.shape[:3], kv_cache.shape[1], sm_count(q.device)):
+        return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
+                       validate, FEW_HEADS, publish=True, rcp=True, combine=combine)
+    return gluon_v19.tree_mla_gluon(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
+                                    kv_lora_rank, validate=validate)
+
+
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
                    anc_bits: torch.Tensor, softmax_scale: float, kv_lora_rank: int, *,
                    validate: bool = False):
@@ -60,11 +83,4 @@ def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.T
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla (gluon_v9's
     inputs and errors); gluon_v18's parts and merge where `short_parts`, else gluon_v19's,
     both with the reciprocal epilogue. No host sync unless validate=True."""
-    ok = isinstance(q, torch.Tensor) and q.dim() == 4 and q.is_cuda  # else the launcher says
-    ok = ok and isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 3
-    if ok and short_parts(*q.shape[:3], kv_cache.shape[1], sm_count(q.device)):
-        return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
-                       validate, FEW_HEADS, publish=True, rcp=True,
-                       combine=combine_for(q.shape[2]))
-    return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-                   V4, publish=True, rcp=True)
+    return launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate)

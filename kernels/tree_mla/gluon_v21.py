@@ -35,20 +35,22 @@ def decode_parts(B: int, N: int, H: int, T: int, sms: int) -> bool:
     return N * H <= triton_v15.ROWS and B * num_parts(max(T - N, 0), policy=DECODE)[1] <= sms
 
 
-def shapes_decide(q, kv_cache, kv_lora_rank) -> bool:
-    """May a shape rule pick the launch? Inputs the Gluon launches refuse (fp32, C not a power
-    of two, not CUDA, ...) go to gluon_v20's launches, which name them: one contract whichever
-    launch a shape picks."""
-    ok = isinstance(q, torch.Tensor) and q.dim() == 4 and q.is_cuda
-    ok = ok and q.dtype in (torch.bfloat16, torch.float16) and isinstance(kv_lora_rank, int)
-    ok = ok and kv_lora_rank > 0 and kv_lora_rank & (kv_lora_rank - 1) == 0
-    return ok and isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 3
-
-
 def decode_launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate):
     """The third launch: triton_v15's attention under DECODE with triton_v17's merge."""
     return triton_v15._launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
                               validate, DECODE, combine=_launch_combine)
+
+
+def launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+           combine=_launch_combine):
+    """`decode_launch` where `decode_parts`, else gluon_v20's launches with its short parts
+    merged by `combine` (gluon_v22 passes its own)."""
+    if gluon_v20.shapes_decide(q, kv_cache, kv_lora_rank) and decode_parts(
+            *q.shape[:3], kv_cache.shape[1], gluon_v20.sm_count(q.device)):
+        return decode_launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
+                             validate)
+    return gluon_v20.launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
+                            validate, combine)
 
 
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
@@ -58,9 +60,4 @@ def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.T
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla (the launched
     version's inputs and errors); `decode_parts`: triton_v15's attention under DECODE with
     triton_v17's merge, else gluon_v20. No host sync unless validate=True."""
-    if shapes_decide(q, kv_cache, kv_lora_rank) and decode_parts(
-            *q.shape[:3], kv_cache.shape[1], gluon_v20.sm_count(q.device)):
-        return decode_launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
-                             validate)
-    return gluon_v20.tree_mla_gluon(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
-                                    kv_lora_rank, validate=validate)
+    return launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate)

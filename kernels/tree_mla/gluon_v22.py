@@ -22,9 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import _common, gluon_v19, gluon_v20, gluon_v21
-from .gluon_v11 import _launch
-from .triton_v7 import FEW_HEADS
+from . import _common, gluon_v21
 from .triton_v8 import _combine_kernel
 from .triton_v17 import _launch_combine
 
@@ -49,16 +47,7 @@ def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.T
                    validate: bool = False):
     """q [B, N, H, C+R], kv_cache [B, T, C+R], prefix_lens [B], anc_bits [B, N, W] int64
     -> (o_lat [B, N, H, C] q.dtype, lse [B, N, H] fp32), as reference.tree_mla (the launched
-    version's inputs and errors): gluon_v21's decode launch where `gluon_v21.decode_parts`,
-    the short parts with `merge` where `gluon_v20.short_parts`, else gluon_v19. No host sync
-    unless validate=True."""
-    if gluon_v21.shapes_decide(q, kv_cache, kv_lora_rank):
-        shape = (*q.shape[:3], kv_cache.shape[1], gluon_v20.sm_count(q.device))
-        if gluon_v21.decode_parts(*shape):
-            return gluon_v21.decode_launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
-                                           kv_lora_rank, validate)
-        if gluon_v20.short_parts(*shape):
-            return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
-                           validate, FEW_HEADS, publish=True, rcp=True, combine=merge)
-    return gluon_v19.tree_mla_gluon(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
-                                    kv_lora_rank, validate=validate)
+    version's inputs and errors): gluon_v21's launches with the short parts merged by `merge`.
+    No host sync unless validate=True."""
+    return gluon_v21.launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
+                            validate, combine=merge)
