@@ -86,19 +86,7 @@ LAUNCH = {"triton_v4": triton_v4._launch,
 def merge_launcher(R: int, C: int, CH: int):
     """A `combine` hook (triton_v4._launch's signature) running triton_v8's merge kernel on
     R rows x C columns a program, CH parts a round (one round where G <= CH)."""
-
-    def launch(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, Cw, CP, consts, use_pdl,
-               pdl):
-        import triton
-
-        from workbench.kernels.tree_mla import _common
-
-        triton_v8._combine_kernel[(triton.cdiv(M, R), CP // C, o_part.shape[0])](
-            prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=Cw,
-            CP=CP, BLOCK_R=R, BLOCK_C=C, NP=_common.next_pow2(G), CH=CH, **consts,
-            USE_PDL=use_pdl, ONE_ROUND=G <= CH, num_warps=4, **pdl)
-
-    return launch
+    return functools.partial(triton_v17.launch_merge, R, C, CH)
 
 
 def time_call(fn, reps: int = 20) -> tuple[float, float]:

@@ -20,11 +20,9 @@ Legend: _common.py.
 from __future__ import annotations
 
 import torch
-import triton
 
-from . import _common, gluon_v21
-from .triton_v8 import _combine_kernel
-from .triton_v17 import _launch_combine
+from . import gluon_v21
+from .triton_v17 import _launch_combine, launch_merge
 
 MERGE_ROWS, MERGE_COLS, MERGE_PARTS = 8, 32, 64  # the merge's tile and parts a round
 
@@ -33,13 +31,10 @@ def merge(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts, use_p
     """The short-part launch's merge (gluon_v11._launch's `combine` hook): triton_v8's kernel
     on MERGE_ROWS x MERGE_COLS tiles in one round of MERGE_PARTS where G fits it (and CP is
     whole tiles), else v17's."""
+    args = (prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts, use_pdl, pdl)
     if G > MERGE_PARTS or CP % MERGE_COLS:
-        return _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts,
-                               use_pdl, pdl)
-    _combine_kernel[(triton.cdiv(M, MERGE_ROWS), CP // MERGE_COLS, o_part.shape[0])](
-        prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=C, CP=CP,
-        BLOCK_R=MERGE_ROWS, BLOCK_C=MERGE_COLS, NP=_common.next_pow2(G), CH=MERGE_PARTS,
-        **consts, USE_PDL=use_pdl, ONE_ROUND=True, num_warps=4, **pdl)
+        return _launch_combine(*args)
+    launch_merge(MERGE_ROWS, MERGE_COLS, MERGE_PARTS, *args)  # one round: G <= MERGE_PARTS
 
 
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,

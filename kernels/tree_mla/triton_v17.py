@@ -42,13 +42,22 @@ CHUNK = 128  # parts a load round: every policy in use (<= 65 parts) in one
 # COMBINE_ROWS, COMBINE_COLS, CHUNK and the 4 warps fix the reduction tree: never from B or M
 
 
+def launch_merge(R: int, BC: int, CH: int, prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C,
+                 CP, consts, use_pdl, pdl):
+    """triton_v8's merge kernel on R rows x BC columns a program, CH parts a round (one round
+    where the grid's G parts fit CH): v17's merge at (8, 8, 128), gluon_v22's at (8, 32, 64),
+    the policy sweep's `--merges`."""
+    _combine_kernel[(triton.cdiv(M, R), CP // BC, o_part.shape[0])](
+        prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=C, CP=CP,
+        BLOCK_R=R, BLOCK_C=BC, NP=_common.next_pow2(G), CH=CH, **consts, USE_PDL=use_pdl,
+        ONE_ROUND=G <= CH, num_warps=4, **pdl)
+
+
 def _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts, use_pdl,
                     pdl):
     """v17's merge launch (the `combine` hook of triton_v4._launch and gluon_v11._launch)."""
-    _combine_kernel[(triton.cdiv(M, COMBINE_ROWS), CP // COMBINE_COLS, o_part.shape[0])](
-        prefix_lens, o_part, l_part, o_lat, lse, prefix_lens.stride(0), T, M, G, C=C, CP=CP,
-        BLOCK_R=COMBINE_ROWS, BLOCK_C=COMBINE_COLS, NP=_common.next_pow2(G), CH=CHUNK,
-        **consts, USE_PDL=use_pdl, ONE_ROUND=G <= CHUNK, num_warps=4, **pdl)
+    launch_merge(COMBINE_ROWS, COMBINE_COLS, CHUNK, prefix_lens, o_part, l_part, o_lat, lse, T,
+                 M, G, C, CP, consts, use_pdl, pdl)
 
 
 def combine_for(H: int):
