@@ -66,14 +66,20 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, s_xm, s_xk, s_wn, s_wk, s_ym,
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+def widest_bn(N: int, groups: int = 1, max_bn: int = 128, programs: int = SMS) -> int:
+    """The widest BN of 16, 32, .. max_bn whose groups x ceil(N / BN) column tiles still number
+    >= `programs` (16 when none does). linear v1 / v2 and mla_proj v1 size their tiles by it."""
+    BN = 16
+    while BN < max_bn and groups * triton.cdiv(N, 2 * BN) >= programs:
+        BN *= 2
+    return BN
+
+
 def tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
     """(BM, BN, BK): the row tile covers M (16 / 32 / 64), BN the widest of 16..128 that still
     gives >= SMS programs (16 when none does), BK 256 (less for short K)."""
     BM = max(16, next_pow2(min(M, MAX_ROWS)))
-    BN = 16
-    while BN < 128 and triton.cdiv(N, 2 * BN) >= SMS:
-        BN *= 2
-    return BM, BN, max(16, min(256, next_pow2(K)))
+    return BM, widest_bn(N), max(16, min(256, next_pow2(K)))
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:

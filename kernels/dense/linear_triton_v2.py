@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..drafter._common import INTERPRET, next_pow2
-from .linear_triton_v1 import MAX_ROWS, SMS, fit_smem, run
+from .linear_triton_v1 import MAX_ROWS, SMS, fit_smem, run, widest_bn
 
 _COUNTERS: dict[tuple[torch.device, str], Tensor] = {}
 
@@ -111,9 +111,7 @@ def tiles(M: int, N: int, K: int) -> Tiles:
     SPLIT so that tiles x slices reach ~2 programs an SM with >= 2 BK steps a slice; 4 stages
     where they fit in shared memory (3 at BM = BN = 64)."""
     BM = max(16, next_pow2(min(M, MAX_ROWS)))
-    BN = 16
-    while BN < 64 and triton.cdiv(N, 2 * BN) >= SMS // 2:
-        BN *= 2
+    BN = widest_bn(N, max_bn=64, programs=SMS // 2)
     BK = max(16, min(256, next_pow2(K)))
     n_tiles = triton.cdiv(N, BN)
     split = 1

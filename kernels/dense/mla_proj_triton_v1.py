@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..drafter._common import INTERPRET, _require, next_pow2
 from . import torch_bf16
-from .linear_triton_v1 import SMS
+from .linear_triton_v1 import widest_bn
 
 MAX_BM = 64  # rows a program; more rows take more row tiles (the weight tile re-read from L2)
 
@@ -69,10 +69,7 @@ def tiles(R: int, H: int, O: int, K: int) -> tuple[int, int, int]:
     16..128 that still gives >= SMS programs over heads x column tiles (16 when none does), BK
     the whole K up to 128."""
     BM = max(16, next_pow2(min(R, MAX_BM)))
-    BN = 16
-    while BN < 128 and H * triton.cdiv(O, 2 * BN) >= SMS:
-        BN *= 2
-    return BM, BN, max(16, min(128, next_pow2(K)))
+    return BM, widest_bn(O, groups=H), max(16, min(128, next_pow2(K)))
 
 
 def _heads_gemm(x: Tensor, w: Tensor, y: Tensor, s_wk: int, s_wo: int, O: int) -> None:
