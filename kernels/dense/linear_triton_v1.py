@@ -96,6 +96,17 @@ def _launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int) -> No
         num_warps=4, num_stages=stages)
 
 
+def kernel_takes(x: Tensor, w: Tensor) -> bool:
+    """bf16 / fp16 activations with weights of the same dtype (anything else is the ACC proof
+    path, which the callers hand to cuBLAS); then x must be on CUDA (or interpreted), named
+    otherwise. Shared with mla_proj_triton_v1."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
+        return False
+    _require(x.is_cuda or INTERPRET, "x", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
+             x.device)
+    return True
+
+
 def run(x: Tensor, weight: Tensor, launch) -> Tensor:
     """The linear op around a kernel `launch(x2 [M, K], weight, y [M, N], M, N, K)` (M, N, K
     >= 1): the argument checks, the cuBLAS dispatch (> MAX_ROWS rows, non-bf16/fp16 inputs),
@@ -108,11 +119,8 @@ def run(x: Tensor, weight: Tensor, launch) -> Tensor:
     _require(weight.device == x.device, "weight", f"on {x.device} (x's device)", weight.device)
     x2 = x.reshape(-1, K)
     M, N = x2.shape[0], weight.shape[0]
-    if (M > MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16)
-            or weight.dtype != x.dtype):
+    if M > MAX_ROWS or not kernel_takes(x, weight):
         return torch_bf16.linear(x, weight)  # compute-shaped or ACC rows: cuBLAS (docstring)
-    _require(x.is_cuda or INTERPRET, "x", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
-             x.device)
     # under the interpreter fp32 -> bf16 stores truncate (drafter/_common): there the kernel
     # writes fp32 and torch rounds (round-to-nearest-even, as cvt.rn does on the GPU)
     y = torch.empty(M, N, dtype=torch.float32 if INTERPRET else x.dtype, device=x.device)

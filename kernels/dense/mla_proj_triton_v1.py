@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..drafter._common import INTERPRET, _require, next_pow2
 from . import torch_bf16
-from .linear_triton_v1 import widest_bn
+from .linear_triton_v1 import kernel_takes, widest_bn
 
 MAX_BM = 64  # rows a program; more rows take more row tiles (the weight tile re-read from L2)
 
@@ -100,15 +100,6 @@ def _check(x: Tensor, w: Tensor, xname: str, wname: str, k_dim: int) -> None:
     _require(w.device == x.device, wname, f"on {x.device} ({xname}'s device)", w.device)
 
 
-def _triton_ok(x: Tensor, w: Tensor) -> bool:
-    """bf16/fp16 activations with weights of the same dtype; anything else is the ACC path."""
-    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
-        return False
-    _require(x.is_cuda or INTERPRET, "x", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",
-             x.device)
-    return True
-
-
 def _rows(t: Tensor) -> Tensor:
     B, N, H, K = t.shape
     return t.reshape(B * N, H, K)  # a view whenever B and N merge (the model's slices do)
@@ -118,7 +109,7 @@ def mla_q_absorb(q_nope: Tensor, w_uk: Tensor, out: Tensor | None = None) -> Ten
     """q_nope [B, N, H, dn] x W_UK [H, dn, C] -> [B, N, H, C] in q_nope.dtype (torch_bf16's
     contract, `out=` included: a [B, N, H, C] view with unit stride along C, written in place)."""
     _check(q_nope, w_uk, "q_nope", "w_uk", 1)
-    if not _triton_ok(q_nope, w_uk):
+    if not kernel_takes(q_nope, w_uk):
         return torch_bf16.mla_q_absorb(q_nope, w_uk, out=out)
     B, N, H, _ = q_nope.shape
     C = w_uk.shape[2]
@@ -152,7 +143,7 @@ def mla_v_up(o_lat: Tensor, w_uv: Tensor) -> Tensor:
     """o_lat [B, N, H, C] x W_UV [H, dv, C]^T -> contiguous [B, N, H, dv] in o_lat.dtype
     (torch_bf16's contract)."""
     _check(o_lat, w_uv, "o_lat", "w_uv", 2)
-    if not _triton_ok(o_lat, w_uv):
+    if not kernel_takes(o_lat, w_uv):
         return torch_bf16.mla_v_up(o_lat, w_uv)
     B, N, H, _ = o_lat.shape
     dv = w_uv.shape[1]
