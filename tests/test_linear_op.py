@@ -1,6 +1,6 @@
 """kernels/dense linear_triton_v1 (the skinny decode GEMM), triton_v2 (the same with split-K in
-one launch) and triton_v3 (v2's kernel on session 10's best decode tiles up to 16 rows, cuBLAS
-above) against the float64 reference through
+one launch), triton_v3 (v2's kernel on session 10's best decode tiles up to 16 rows, cuBLAS
+above) and triton_v4 (v2's split-K with the operands swapped for wgmma) against the float64 reference through
 workbench.check (NaN-filled output, dtype-derived tolerance, inputs untouched): the registry's
 EDGE cases here (it is not in a preset yet, so tests/test_equivalence.py's default run does not
 take it), the dispatch rule (> 64 rows or non-bf16/fp16 inputs: torch_bf16's cuBLAS GEMM),
@@ -17,6 +17,7 @@ from workbench.check import check, failures
 from workbench.kernels.dense import linear_triton_v1 as lt
 from workbench.kernels.dense import linear_triton_v2 as lt2
 from workbench.kernels.dense import linear_triton_v3 as lt3
+from workbench.kernels.dense import linear_triton_v4 as lt4
 from workbench.kernels.dense.torch_bf16 import linear as linear_torch
 
 
@@ -25,27 +26,29 @@ def test_registered_with_its_dispatch_described():
     assert "triton" in v.needs and "torch_bf16" in v.description
 
 
-@pytest.mark.parametrize("variant", ["triton_v1", "triton_v2", "triton_v3"])
+@pytest.mark.parametrize("variant", ["triton_v1", "triton_v2", "triton_v3", "triton_v4"])
 def test_edge_cases_match_the_reference(device, variant):
     df = check("linear", variant, shapes="edge", seeds=2, device=device)
     assert len(df) >= 8 and df["pass"].all(), failures(df)
 
 
+@pytest.mark.parametrize("mod, bn", [(lt2, 16), (lt4, 64)], ids=["v2", "v4"])
 @pytest.mark.parametrize("M, N, K, split", [(1, 40, 4096, 8), (17, 200, 1000, 3), (64, 33, 520, 2),
-                                            (5, 70, 96, 16)])
-def test_v2_split_k_sums_in_slice_order_and_resets_its_counters(device, M, N, K, split):
+                                            (5, 70, 96, 16), (31, 130, 700, 4)])
+def test_split_k_sums_in_slice_order_and_resets_its_counters(device, mod, bn, M, N, K, split):
     """Forced K slices (the last one short; more slices than K has BK steps): the result is the
     unsplit one up to fp32 summation order (one bf16 rounding), a second call gives the same
-    bits (the sum order does not follow arrival order), and every ticket counter is back at 0."""
+    bits (the sum order does not follow arrival order), and every ticket counter is back at 0.
+    v4 (swap-AB) writes its [BN, BM] tile transposed: rows and columns past M / N masked."""
     g = torch.Generator(device=device).manual_seed(M + N + K)
     x = torch.randn(M, K, generator=g, device=device).to(torch.bfloat16)
     w = (torch.randn(N, K, generator=g, device=device) * K**-0.5).to(torch.bfloat16)
     bm = 16 if M <= 16 else 64
-    forced = lambda *_: lt2.Tiles(bm, 16, 64, split, 4, 2)  # noqa: E731
-    y = lt2.linear(x, w, tiles_for=forced)
+    forced = lambda *_: lt2.Tiles(bm, bn, 64, split, 4, 2)  # noqa: E731
+    y = mod.linear(x, w, tiles_for=forced)
     ref = x.double() @ w.double().T
     assert ((y.double() - ref).abs() <= 2 * 2.0**-8 * ref.abs() + 1e-3).all()
-    assert torch.equal(lt2.linear(x, w, tiles_for=forced), y)
+    assert torch.equal(mod.linear(x, w, tiles_for=forced), y)
     assert int(lt2.counters(x.device, 1).abs().sum()) == 0
 
 
@@ -55,6 +58,29 @@ def test_v2_tiles_fill_the_gpu_with_whole_k_steps(M, N, K):
     t = lt2.tiles(M, N, K)
     assert t.BM >= min(M, lt.MAX_ROWS) and 16 <= t.BN <= 64 and 1 <= t.SPLIT <= 16
     assert t.SPLIT == 1 or -(-K // t.SPLIT) >= 2 * t.BK  # a slice is >= 2 K steps
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 2112, 7168), (17, 1536, 1536), (17, 7168, 1024),
+                                     (33, 512, 7168), (64, 7168, 256)])
+def test_v4_tiles_are_one_wave_of_whole_k_steps(M, N, K):
+    t = lt4.tiles(M, N, K)
+    assert t.BM >= M and t.BM in (16, 32, 64) and t.BN == 64 and 1 <= t.SPLIT <= 16
+    assert -(-N // t.BN) * t.SPLIT <= lt.SMS
+    assert t.SPLIT == 1 or -(-K // t.SPLIT) >= 2 * t.BK  # a slice is >= 2 K steps
+
+
+def test_v4_compiles_to_pipelined_wgmma_sm90():
+    # why: the point of v4 is the swapped operands: 64 output columns on the wgmma's M at any
+    # row tile (v2's 16 / 32-row tiles are mma.sync), its K tiles in flight by cp.async, and
+    # no spills at the EP8 rank's decode shapes (1 / 17 / 33 rows)
+    from sm90_compile import compile_sm90
+
+    shapes = [(1, 2112, 7168), (17, 7168, 1024), (17, 1536, 1536), (33, 512, 7168)]
+    reports = compile_sm90("from workbench.kernels.dense import linear_triton_v4 as v; "
+                           f"out = [v.sm90_report(*s) for s in {shapes}]")
+    for s, r in zip(shapes, reports):
+        assert r["spill"] == "0" and int(r["regs"]) <= 128, (s, r)
+        assert r["wgmma"] > 0 and r["mma_sync"] == 0 and r["cp_async"] > 0, (s, r)
 
 
 @pytest.mark.parametrize("name, N, K, best", [
@@ -126,17 +152,18 @@ def test_v3_real_widths_match_the_reference():
 
 
 @pytest.mark.gpu
-def test_v2_real_widths_and_graph_replay():
-    df = check("linear", "triton_v2", shapes="real", seeds=2, device="cuda")
+@pytest.mark.parametrize("variant, mod", [("triton_v2", lt2), ("triton_v4", lt4)])
+def test_split_k_real_widths_and_graph_replay(variant, mod):
+    df = check("linear", variant, shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(17, 7168, generator=g, device="cuda").to(torch.bfloat16)
     w = (torch.randn(2112, 7168, generator=g, device="cuda") * 7168**-0.5).to(torch.bfloat16)
-    assert lt2.tiles(17, 2112, 7168).SPLIT > 1
-    eager = lt2.linear(x, w)
+    assert mod.tiles(17, 2112, 7168).SPLIT > 1
+    eager = mod.linear(x, w)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = lt2.linear(x, w)
+        out = mod.linear(x, w)
     for _ in range(3):  # the counters reset in-kernel: every replay sums every slice once
         graph.replay()
         torch.cuda.synchronize()
@@ -162,8 +189,9 @@ def test_tiles_fit_shared_memory_at_every_row_count(N, K):
     for M in range(1, lt.MAX_ROWS + 1):
         BM, BN, BK = lt.tiles(M, N, K)
         BK1, st1 = lt.fit_smem(BM, BN, BK, 4)
-        t = lt2.tiles(M, N, K)
-        for bm, bn, bk, st in ((BM, BN, BK1, st1), (t.BM, t.BN, t.BK, t.stages)):
+        t, t4 = lt2.tiles(M, N, K), lt4.tiles(M, N, K)
+        for bm, bn, bk, st in ((BM, BN, BK1, st1), (t.BM, t.BN, t.BK, t.stages),
+                               (t4.BM, t4.BN, t4.BK, t4.stages)):
             assert (bm + bn) * bk * 2 * st <= lt.SMEM_BYTES and st >= 2 and bk >= 16
         assert t.stages == 4 or t.BM + t.BN > 96  # only the widest tiles give up a stage
 

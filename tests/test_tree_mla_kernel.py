@@ -35,6 +35,7 @@ from workbench.kernels.tree_mla import (
     gluon_v20,
     gluon_v21,
     gluon_v22,
+    gluon_v23,
     register,
     triton_v1,
     triton_v2,
@@ -64,10 +65,10 @@ GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long,
          "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon,
          "g20": gluon_v20.tree_mla_gluon, "g21": gluon_v21.tree_mla_gluon,
-         "g22": gluon_v22.tree_mla_gluon}
+         "g22": gluon_v22.tree_mla_gluon, "g23": gluon_v23.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # batch-variant by design (the engine preset's): its partition follows the launch's rows
-ENGINE_ONLY = {"g20", "g21", "g22"}
+ENGINE_ONLY = {"g20", "g21", "g22", "g23"}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
 # BEST (gluon_v10) needs sm_90; the CPU tests exercise the presets' PORTABLE choice
@@ -490,17 +491,19 @@ def test_gluon_v21_takes_the_transposed_decode_for_one_row_block_in_one_wave():
     assert not any(gluon_v21.decode_parts(*s, sms=132) for s in no)
 
 
-@pytest.mark.parametrize("P, parts", [(700, 11), (4200, 67)])
-def test_gluon_v22_merge_matches_reference(P, parts):
+@pytest.mark.parametrize("merge, P, parts", [
+    ("v22", 700, 11), ("v22", 4200, 67), ("v23", 700, 11), ("v23", 8192, 129)])
+def test_gluon_v22_and_v23_merges_match_reference(merge, P, parts):
     # why: gluon_v22's merge (triton_v8's kernel on 8 x 32 tiles, one round of <= 64 parts;
-    # v17's past 64) behind v4's Triton attention under 64-key parts, on the interpreter: a
-    # few parts and more than one round's worth
+    # v17's past 64) and gluon_v23's decode merge (4 x 32 tiles, 128 parts a round) behind
+    # v4's Triton attention under 64-key parts, on the interpreter: a few parts and more than
+    # one round's worth
     pol = triton_v4.Policy(short_upto=2048, short_len=64, long_min=64, max_splits=128)
     assert triton_v4.num_parts(P, policy=pol)[1] == parts
     case = make_case((P, P - 9), random_parents(3, torch.Generator().manual_seed(P)), H=4,
                      C=64, R=16, seed=P)
-    assert_matches_reference(case, lambda *a: triton_v4._launch(*a, False, pol,
-                                                                combine=gluon_v22.merge))
+    fn = gluon_v22.merge if merge == "v22" else gluon_v23.decode_merge
+    assert_matches_reference(case, lambda *a: triton_v4._launch(*a, False, pol, combine=fn))
 
 
 def _engine_launch(version, case, B, N, H):
@@ -509,11 +512,11 @@ def _engine_launch(version, case, B, N, H):
 
     q, cache = case.args[:2]
     shape = (B, N, H, cache.shape[1], gluon_v20.sm_count(q.device))
-    if version in ("g21", "g22") and gluon_v21.decode_parts(*shape):
-        return triton_v15._launch(*case.args, False, gluon_v21.DECODE,
-                                  combine=triton_v17._launch_combine)
+    if version in ("g21", "g22", "g23") and gluon_v21.decode_parts(*shape):
+        merge = gluon_v23.decode_merge if version == "g23" else triton_v17._launch_combine
+        return triton_v15._launch(*case.args, False, gluon_v21.DECODE, combine=merge)
     if gluon_v20.short_parts(*shape):
-        merge = gluon_v22.merge if version == "g22" else triton_v17.combine_for(H)
+        merge = gluon_v22.merge if version in ("g22", "g23") else triton_v17.combine_for(H)
         return gluon_v11._launch(*case.args, False, triton_v7.FEW_HEADS, publish=True,
                                  rcp=True, combine=merge)
     return gluon_v19.tree_mla_gluon(*case.args)
@@ -526,9 +529,9 @@ def _engine_launch(version, case, B, N, H):
     (1, 2, 8, 8192), (1, 9, 8, 4096), (1, 17, 8, 4096), (2, 9, 8, 1024), (4, 17, 8, 4096),
     (1, 1, 64, 4096)])
 def test_gpu_engine_versions_are_the_launches_they_name(version, B, N, H, ctx):
-    # why: gluon_v20 / v21 / v22 only choose, by shape, between launches measured and tested
-    # on their own (gluon_v19; the short parts with v17's merge, or v22's; v21's transposed
-    # decode): each call's bits are the named launch's, and the reference's within tolerance
+    # why: gluon_v20 / v21 / v22 / v23 only choose, by shape, between launches measured and
+    # tested on their own (gluon_v19; the short parts with v17's merge, or v22's; v21's
+    # transposed decode with v17's merge, or v23's): each call's bits are the named launch's, and the reference's within tolerance
     case = _gpu_case(B, N, H, ctx, seed=B + N)
     o, lse = GLUON[version](*case.args)
     want = _engine_launch(version, case, B, N, H)

@@ -136,6 +136,8 @@ VARIANTS["swiglu_mlp"]["triton_v4"] = "workbench.kernels.dense.swiglu_mlp_triton
 VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:linear"
 VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
 VARIANTS["linear"]["triton_v3"] = "workbench.kernels.dense.linear_triton_v3:linear"
+VARIANTS["linear"]["triton_v4"] = "workbench.kernels.dense.linear_triton_v4:linear"
+VARIANTS["swiglu_mlp"]["triton_v5"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v5"
 VARIANTS["moe_route"].update({f"triton_v{v}": f"workbench.kernels.dense.moe_route_triton_v{v}:"
                               "moe_route" for v in (1, 2, 3)})
 VARIANTS["rope"] = {f"triton_v{v}": f"workbench.kernels.dense.rope_triton_v{v}:rope"
@@ -205,6 +207,12 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("linear", "triton_v3"): ("triton_v2's kernel on session 10's best decode tiles (BN, SPLIT, "
                               "BK by shape) up to 16 rows; torch_bf16's cuBLAS GEMM above (the "
                               "verify's rows)", ("triton",)),
+    ("linear", "triton_v4"): ("triton_v2's split-K in one launch with the operands swapped: "
+                              "64 output columns on the wgmma's M, the rows (16 / 32 / 64) on "
+                              "its N, up to 64 rows; torch_bf16's cuBLAS GEMM above",
+                              ("triton",)),
+    ("swiglu_mlp", "triton_v5"): ("triton_v1 with its GEMMs on linear triton_v4 (swap-AB "
+                                  "split-K up to 64 rows)", ("triton",)),
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),

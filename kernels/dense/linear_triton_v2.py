@@ -135,10 +135,14 @@ def counters(device: torch.device, n: int, pool: str = "linear") -> Tensor:
 def linear(x: Tensor, weight: Tensor, tiles_for=tiles) -> Tensor:
     """x [..., K] @ weight [N, K]^T -> [..., N] in x.dtype (the "linear" op's contract; checks
     and cuBLAS dispatch as triton_v1). `tiles_for(M, N, K) -> Tiles` (a sweep passes its own)."""
-    return run(x, weight, functools.partial(_launch, tiles_for=tiles_for))
+    return run(x, weight, functools.partial(launch, tiles_for=tiles_for))
 
 
-def _launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int, tiles_for) -> None:
+def launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int, tiles_for,
+           kernel=None) -> None:
+    """One launch of `kernel` (this file's _splitk_kernel, or a twin with its arguments:
+    linear_triton_v4's) on tiles_for(M, N, K): the workspace, the counters, the grid."""
+    kernel = kernel or _splitk_kernel
     t = tiles_for(M, N, K)
     n_tiles = triton.cdiv(N, t.BN)
     NP = n_tiles * t.BN
@@ -147,7 +151,7 @@ def _launch(x2: Tensor, weight: Tensor, y: Tensor, M: int, N: int, K: int, tiles
     ws = (torch.empty(split * t.BM * NP, dtype=torch.float32, device=x2.device)
           if split > 1 else y)
     cnt = counters(x2.device, n_tiles)
-    _splitk_kernel[(n_tiles, split)](
+    kernel[(n_tiles, split)](
         x2, weight, y, ws, cnt, M, N, K, KS, x2.stride(0), x2.stride(1), weight.stride(0),
         weight.stride(1), y.stride(0), NP, SPLIT=split, BM=t.BM, BN=t.BN, BK=t.BK,
         INTERPRET=INTERPRET, num_warps=t.warps, num_stages=t.stages)

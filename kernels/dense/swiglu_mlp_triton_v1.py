@@ -11,7 +11,8 @@ the sigmoid): engine-only, within the reference's dtype-derived tolerance.
 `swiglu_mlp_v2` (variant triton_v2) runs the same steps with the GEMMs on linear_triton_v1,
 `swiglu_mlp_v3` (variant triton_v3) on linear_triton_v2 (split-K in one launch),
 `swiglu_mlp_v4` (variant triton_v4) on linear_triton_v3 (v2's kernel on the sweep's decode
-tiles up to 16 rows, cuBLAS above).
+tiles up to 16 rows, cuBLAS above), `swiglu_mlp_v5` (variant triton_v5) on linear_triton_v4
+(v2's split-K with the operands swapped for wgmma, up to 64 rows).
 Legend: M rows, D hidden, F width.
 """
 
@@ -89,5 +90,13 @@ def swiglu_mlp_v4(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     """triton_v4: v1 with its GEMMs on linear_triton_v3 (v2's split-K kernel on session 10's
     best decode tiles up to 16 rows, cuBLAS above)."""
     from .linear_triton_v3 import linear
+
+    return swiglu_mlp(x, gate, up, down, gemm=linear)
+
+
+def swiglu_mlp_v5(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """triton_v5: v1 with its GEMMs on linear_triton_v4 (swap-AB split-K up to 64 rows, cuBLAS
+    above)."""
+    from .linear_triton_v4 import linear
 
     return swiglu_mlp(x, gate, up, down, gemm=linear)

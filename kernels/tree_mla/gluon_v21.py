@@ -35,20 +35,22 @@ def decode_parts(B: int, N: int, H: int, T: int, sms: int) -> bool:
     return N * H <= triton_v15.ROWS and B * num_parts(max(T - N, 0), policy=DECODE)[1] <= sms
 
 
-def decode_launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate):
-    """The third launch: triton_v15's attention under DECODE with triton_v17's merge."""
+def decode_launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
+                  combine=_launch_combine):
+    """The third launch: triton_v15's attention under DECODE merged by `combine` (triton_v17's
+    merge; gluon_v23 passes its own)."""
     return triton_v15._launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
-                              validate, DECODE, combine=_launch_combine)
+                              validate, DECODE, combine=combine)
 
 
 def launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-           combine=_launch_combine):
-    """`decode_launch` where `decode_parts`, else gluon_v20's launches with its short parts
-    merged by `combine` (gluon_v22 passes its own)."""
+           combine=_launch_combine, decode_combine=_launch_combine):
+    """`decode_launch` merged by `decode_combine` where `decode_parts`, else gluon_v20's
+    launches with its short parts merged by `combine` (gluon_v22 / v23 pass their own)."""
     if gluon_v20.shapes_decide(q, kv_cache, kv_lora_rank) and decode_parts(
             *q.shape[:3], kv_cache.shape[1], gluon_v20.sm_count(q.device)):
         return decode_launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
-                             validate)
+                             validate, decode_combine)
     return gluon_v20.launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
                             validate, combine)
 
