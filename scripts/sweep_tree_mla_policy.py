@@ -16,7 +16,10 @@ longer ones past 2048. --batch (session 19): B requests of the same P a launch, 
 preset's tree_mla gluon_v20, whose policy follows the launch's rows B x N. --merges (session
 19): the merge's tiles instead of the policies ("RxCxCH": triton_v8's combine kernel at BLOCK_R
 R, BLOCK_C C, CH parts a round, one round where the grid's parts fit CH), behind the version's
-attention under the first of --policies.
+attention under the first of --policies. Policies "wS" (session 20): every prefix split into at
+most S parts of whole 64-key tiles (short_upto 0, max_splits S) plus the tree part, so a launch
+of B requests x RB row blocks can be sized to one wave (B x RB x (S + 1) <= the SMs), as
+FlashMLA sizes its splits by batch.
 """
 
 from __future__ import annotations
@@ -83,6 +86,16 @@ LAUNCH = {"triton_v4": triton_v4._launch,
                                               combine=triton_v17._launch_combine)}
 
 
+def policy(name: str) -> Policy:
+    """POLICIES[name], or "wS": at most S prefix parts of whole 64-key tiles at any P."""
+    if name in POLICIES:
+        return POLICIES[name]
+    if name.startswith("w") and name[1:].isdigit() and int(name[1:]) >= 1:
+        return Policy(short_upto=0, short_len=64, long_min=64, max_splits=int(name[1:]))
+    raise SystemExit(f"--policies: expected names of {sorted(POLICIES)} or wS (S >= 1), "
+                     f"got {name!r}")
+
+
 def merge_launcher(R: int, C: int, CH: int):
     """A `combine` hook (triton_v4._launch's signature) running triton_v8's merge kernel on
     R rows x C columns a program, CH parts a round (one round where G <= CH)."""
@@ -126,7 +139,7 @@ def main() -> None:
     ap.add_argument("--csv", default=None)
     a = ap.parse_args()
     _launch = LAUNCH[a.version]
-    policies = {k: POLICIES[k] for k in a.policies.split(",")}
+    policies = {k: policy(k) for k in a.policies.split(",")}
     launches = {name: (_launch, pol) for name, pol in policies.items()}
     if a.merges:  # the first policy, one merge hook each
         name0, pol0 = next(iter(policies.items()))

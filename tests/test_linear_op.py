@@ -1,6 +1,7 @@
 """kernels/dense linear_triton_v1 (the skinny decode GEMM), triton_v2 (the same with split-K in
 one launch), triton_v3 (v2's kernel on session 10's best decode tiles up to 16 rows, cuBLAS
-above) and triton_v4 (v2's split-K with the operands swapped for wgmma) against the float64 reference through
+above), triton_v4 (v2's split-K with the operands swapped for wgmma) and triton_v5 (v4 for
+wide outputs, v3 for narrow ones) against the float64 reference through
 workbench.check (NaN-filled output, dtype-derived tolerance, inputs untouched): the registry's
 EDGE cases here (it is not in a preset yet, so tests/test_equivalence.py's default run does not
 take it), the dispatch rule (> 64 rows or non-bf16/fp16 inputs: torch_bf16's cuBLAS GEMM),
@@ -18,6 +19,7 @@ from workbench.kernels.dense import linear_triton_v1 as lt
 from workbench.kernels.dense import linear_triton_v2 as lt2
 from workbench.kernels.dense import linear_triton_v3 as lt3
 from workbench.kernels.dense import linear_triton_v4 as lt4
+from workbench.kernels.dense import linear_triton_v5 as lt5
 from workbench.kernels.dense.torch_bf16 import linear as linear_torch
 
 
@@ -26,7 +28,8 @@ def test_registered_with_its_dispatch_described():
     assert "triton" in v.needs and "torch_bf16" in v.description
 
 
-@pytest.mark.parametrize("variant", ["triton_v1", "triton_v2", "triton_v3", "triton_v4"])
+@pytest.mark.parametrize("variant", ["triton_v1", "triton_v2", "triton_v3", "triton_v4",
+                                     "triton_v5"])
 def test_edge_cases_match_the_reference(device, variant):
     df = check("linear", variant, shapes="edge", seeds=2, device=device)
     assert len(df) >= 8 and df["pass"].all(), failures(df)
@@ -119,6 +122,22 @@ def test_tiles_cover_every_row_and_column(M, N, K):
         assert -(-N // BN) >= lt.SMS
 
 
+def test_v5_takes_v4_for_wide_outputs_and_v3_for_narrow_ones(device, monkeypatch):
+    # why: session 20's cold sweep: v4's 64-column tiles win q_a | kv_a, o and down (N >= 2048)
+    # at 1-17 rows and lose q_b and gate | up, where v3's rule (its kernel to 16 rows, cuBLAS
+    # above) stays
+    calls = []
+    monkeypatch.setattr(lt5.linear_triton_v4, "linear", lambda x, w: calls.append(
+        ("v4", w.shape[0])) or linear_torch(x, w))
+    monkeypatch.setattr(lt5.linear_triton_v3, "linear", lambda x, w: calls.append(
+        ("v3", w.shape[0])) or linear_torch(x, w))
+    x = torch.randn(17, 32, device=device).to(torch.bfloat16)
+    for n in (lt5.WIDE_N, 2112, lt5.WIDE_N - 1, 512):
+        y = lt5.linear(x, torch.randn(n, 32, device=device).to(torch.bfloat16))
+        assert y.shape == (17, n)
+    assert calls == [("v4", 2048), ("v4", 2112), ("v3", 2047), ("v3", 512)]
+
+
 def test_more_rows_and_wide_inputs_take_cublas(device, monkeypatch):
     calls = []
     monkeypatch.setattr(lt.torch_bf16, "linear", lambda x, w: calls.append(x.shape) or
@@ -146,8 +165,9 @@ def test_real_widths_match_the_reference():
 
 
 @pytest.mark.gpu
-def test_v3_real_widths_match_the_reference():
-    df = check("linear", "triton_v3", shapes="real", seeds=2, device="cuda")
+@pytest.mark.parametrize("variant", ["triton_v3", "triton_v5"])
+def test_decode_dispatch_real_widths_match_the_reference(variant):
+    df = check("linear", variant, shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)
 
 

@@ -99,14 +99,16 @@ def test_stacked_gate_up_take_one_gemm_and_agree(device):
                                rtol=2**-7, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["triton_v2", "triton_v3", "triton_v4", "triton_v5"])  # linear v1-v4
+@pytest.mark.parametrize("variant", ["triton_v2", "triton_v3", "triton_v4", "triton_v5",
+                                     "triton_v6"])  # on linear v1-v5
 def test_on_the_skinny_linears_matches_the_reference(device, variant):
     df = check("swiglu_mlp", variant, shapes="edge", seeds=1, device=device)
     assert df["pass"].all(), failures(df)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["triton_v2", "triton_v3", "triton_v4", "triton_v5"])
+@pytest.mark.parametrize("variant", ["triton_v2", "triton_v3", "triton_v4", "triton_v5",
+                                     "triton_v6"])
 def test_on_the_skinny_linears_real_widths_match_the_reference(variant):
     df = check("swiglu_mlp", variant, shapes="real", seeds=2, device="cuda")
     assert df["pass"].all(), failures(df)

@@ -54,9 +54,12 @@ and the top-k in one program costs ~5-6 µs a step of 4-8 rows (v1's one warp a 
 two reductions over [rows, 512] tiles that Triton spreads over the warps, a barrier each. What
 it would take: the GEMM phase
 kept, and the selection in parallel programs again (a second launch) or one warp a row.
-`moe_route_triton_v3` (session 19, CPU-tested, not yet timed: `scripts/gpu_plans/session20_a.tsv`)
-is that: v2's GEMM phases at 32-expert tiles (5.3 / 5.3 / 6.7 µs at T 1 / 9 / 17 in the probe),
-then v1's selection kernel on their logits; two launches instead of v1's three.
+`moe_route_triton_v3` (session 19) is that: v2's GEMM phases at 32-expert tiles (5.3 / 5.3 / 6.7
+µs at T 1 / 9 / 17 in the probe), then v1's selection kernel on their logits; two launches
+instead of v1's three. Measured (session 20 call 1, traces/gpu/session20): **no faster**, a
+measured negative kept out of the engine preset: REAL bench kernel µs at T 1 / 9 / 17 9.8 / 9.9
+/ 10.9 against v1's 10.0 / 10.4 / 10.3; the EP8 step 6.07 / 15.38 ms against 5.99 / 15.33 (C 1
+AR / DDTree-16, same call).
 
 `swiglu_mlp_triton_v1` (variant `triton_v1` of op swiglu_mlp) keeps the three GEMMs in cuBLAS
 and makes the five elementwise kernels between them (two fp32 casts, SiLU, product, cast back)
@@ -137,7 +140,9 @@ VARIANTS["linear"]["triton_v1"] = "workbench.kernels.dense.linear_triton_v1:line
 VARIANTS["linear"]["triton_v2"] = "workbench.kernels.dense.linear_triton_v2:linear"
 VARIANTS["linear"]["triton_v3"] = "workbench.kernels.dense.linear_triton_v3:linear"
 VARIANTS["linear"]["triton_v4"] = "workbench.kernels.dense.linear_triton_v4:linear"
+VARIANTS["linear"]["triton_v5"] = "workbench.kernels.dense.linear_triton_v5:linear"
 VARIANTS["swiglu_mlp"]["triton_v5"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v5"
+VARIANTS["swiglu_mlp"]["triton_v6"] = "workbench.kernels.dense.swiglu_mlp_triton_v1:swiglu_mlp_v6"
 VARIANTS["moe_route"].update({f"triton_v{v}": f"workbench.kernels.dense.moe_route_triton_v{v}:"
                               "moe_route" for v in (1, 2, 3)})
 VARIANTS["rope"] = {f"triton_v{v}": f"workbench.kernels.dense.rope_triton_v{v}:rope"
@@ -213,6 +218,13 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                               ("triton",)),
     ("swiglu_mlp", "triton_v5"): ("triton_v1 with its GEMMs on linear triton_v4 (swap-AB "
                                   "split-K up to 64 rows)", ("triton",)),
+    ("linear", "triton_v5"): ("triton_v4's swap-AB kernel where N >= 2048 (q_a | kv_a, o, "
+                              "down), triton_v3's dispatch for narrower outputs (q_b, gate | "
+                              "up): the session-20 cold sweep's winners by shape",
+                              ("triton",)),
+    ("swiglu_mlp", "triton_v6"): ("triton_v1 with its GEMMs on linear triton_v5 (gate | up on "
+                                  "triton_v3's rule, down on triton_v4's kernel)",
+                                  ("triton",)),
     ("lm_head", "torch_bf16"): ("cuBLAS GEMM, bf16 in, fp32 logits out (batch-variant)", ()),
     ("moe_route", "torch_bf16"): ("router logits in fp32 (fp32 weights), the reference's "
                                   "sigmoid + bias top-k and tie rule", ()),

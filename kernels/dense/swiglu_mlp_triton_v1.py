@@ -12,7 +12,8 @@ the sigmoid): engine-only, within the reference's dtype-derived tolerance.
 `swiglu_mlp_v3` (variant triton_v3) on linear_triton_v2 (split-K in one launch),
 `swiglu_mlp_v4` (variant triton_v4) on linear_triton_v3 (v2's kernel on the sweep's decode
 tiles up to 16 rows, cuBLAS above), `swiglu_mlp_v5` (variant triton_v5) on linear_triton_v4
-(v2's split-K with the operands swapped for wgmma, up to 64 rows).
+(v2's split-K with the operands swapped for wgmma, up to 64 rows), `swiglu_mlp_v6` (variant
+triton_v6) on linear_triton_v5 (v4's kernel for wide outputs, v3's rule for narrow ones).
 Legend: M rows, D hidden, F width.
 """
 
@@ -98,5 +99,13 @@ def swiglu_mlp_v5(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     """triton_v5: v1 with its GEMMs on linear_triton_v4 (swap-AB split-K up to 64 rows, cuBLAS
     above)."""
     from .linear_triton_v4 import linear
+
+    return swiglu_mlp(x, gate, up, down, gemm=linear)
+
+
+def swiglu_mlp_v6(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """triton_v6: v1 with its GEMMs on linear_triton_v5 (the shared expert's narrow gate | up
+    on v3's rule, its wide down on v4's kernel)."""
+    from .linear_triton_v5 import linear
 
     return swiglu_mlp(x, gate, up, down, gemm=linear)
