@@ -644,3 +644,81 @@ def test_op_kernel_times_charge_each_kernel_to_its_innermost_range():
                    "(glue)": [0, 3.0]}
     cpu_per = op_kernel_times(NS(events=lambda: events), cuda=False)
     assert cpu_per == {"moe": [1, 120.0]}
+
+
+def _ep8_forward(device, on: bool, kernels=None):
+    """The EP8 engine path's logits (bf16 rows, local dispatch) of one 3-row verify with the
+    shared expert beside the routed ones (`on`) or before them."""
+    from workbench.dist.emulate import rank_model
+    from workbench.dist.model import shared_stream
+    from workbench.dist.moe import op_activations
+    from workbench.reference.tree_mla import causal_anc_bits
+
+    model, _ = rank_model("tiny-dist", "ep8", device=device)
+    g = torch.Generator().manual_seed(0)
+    cache = model.new_cache(2, 40)
+    for layer in cache:
+        layer[:, :32].copy_(torch.randn(layer[:, :32].shape, generator=g))
+    prefix = torch.full((2,), 32, dtype=torch.long, device=device)
+    ids = torch.randint(3, model.cfg.vocab_size, (2, 3), generator=g).to(device)
+    with ops.use(kernels), op_activations(torch.bfloat16), shared_stream(on):
+        out = model(ids, prefix[:, None] + torch.arange(3, device=device), cache, prefix,
+                    causal_anc_bits(3, 2, device))
+    return out.logits
+
+
+def test_shared_expert_beside_the_routed_ones_changes_no_bit():
+    """model.shared_stream (session 20): the EP engine path computes the shared expert and the
+    router + routed experts as two branches joined by one add; on a CPU (or with the switch
+    off) they run one after the other. The logits are the same bits either way."""
+    from workbench.dist.model import _SHARED_STREAM, beside
+
+    assert _SHARED_STREAM == [False]  # off unless asked for
+    assert torch.equal(_ep8_forward("cpu", True), _ep8_forward("cpu", False))
+    order = []
+    assert beside(lambda: order.append("side") or 1, lambda: order.append("main") or 2,
+                  torch.device("cpu")) == (1, 2) and order == ["side", "main"]
+
+
+def test_emulation_graph_flag_is_cuda_only_and_says_how_it_timed(tmp_path):
+    """--graph times kernel_ms from a CUDA-graph replay; on a CPU there is none: the rows say
+    "eager", graph_replay_ms is NaN and nothing fails; --shared-stream is recorded per row."""
+    import pandas as pd
+
+    from workbench.dist.emulate import main
+
+    csv = tmp_path / "e.csv"
+    assert main(["--preset", "tiny-dist", "--layouts", "ep8", "--batches", "1",
+                 "--budgets", "ar", "--ctx", "32", "--repeats", "1", "--device", "cpu",
+                 "--graph", "--shared-stream", "on", "--csv", str(csv)]) == 0
+    t = pd.read_csv(csv)
+    assert (t.kernel_timing == "eager").all() and t.graph_replay_ms.isna().all()
+    assert (t.shared_stream == "on").all() and (t.kernel_ms > 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_captures_the_side_stream_fork_and_join():
+    """emulate --graph's capture (`_graph_profiled`) of a step that forks a side stream with
+    `beside`: the replay computes what the eager call did (the join orders the add after both
+    branches), its profile holds both branches' kernels and the timed replay is > 0."""
+    from workbench.dist.comm import StepLog
+    from workbench.dist.emulate import StandInComm, _graph_profiled
+    from workbench.dist.model import beside, shared_stream
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    a, b, c = (torch.randn(256, 256, generator=g, device=dev) for _ in range(3))
+    out = torch.empty(256, 256, device=dev)
+
+    def step():
+        with shared_stream(True):
+            x, y = beside(lambda: a @ b, lambda: torch.tanh(a @ c), dev)
+        out.copy_(x + y)
+
+    step()
+    want = out.clone()
+    out.fill_(float("nan"))
+    prof, wall = _graph_profiled(step, StandInComm(0, 8, StepLog(dev)), dev)
+    assert torch.equal(out, want) and wall > 0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) >= 4  # two GEMMs, tanh, the add (and the copy)

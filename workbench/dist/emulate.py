@@ -35,6 +35,7 @@ from .comm import Comm, StepLog
 from .decode import dist_config
 from .layout import Layout
 from .model import DistKimiModel, empty_dist_model
+from .model import shared_stream as side_stream
 from .moe import EP_DISPATCH, op_activations
 from .moe import ep_dispatch as moe_dispatch
 from .vocab import DistDrafter
@@ -202,24 +203,76 @@ def _profiled(fn, comm: StandInComm, device, ranges: bool = False):
     return prof, cuda
 
 
-def _kernel_time(fn, comm: StandInComm, device, top: int = 4) -> dict:
+def _graph_profiled(fn, comm: StandInComm, device, replays: int = 5):
+    """(prof, replay_s): fn() captured once in a CUDA graph, one replay of it under
+    torch.profiler (kernels on a side stream overlap as the replay runs them), and the median
+    wall of `replays` event-timed replays. The phase log's syncs are off meanwhile (a sync
+    inside a capture is an error); the comm log of these calls is not used."""
+    from torch.profiler import ProfilerActivity, profile
+
+    log, was = comm.log, comm.log.cuda
+    log.cuda = False
+    try:
+        main = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):  # warm on a side stream, as torch.cuda.graph wants
+            fn()
+        main.wait_stream(side)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        walls = []
+        for _ in range(replays):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize(device)
+            walls.append(a.elapsed_time(b) * 1e-3)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize(device)
+        del graph
+    finally:
+        log.cuda = was
+    return prof, statistics.median(walls)
+
+
+def _kernel_time(fn, comm: StandInComm, device, top: int = 4, graph: bool = False) -> dict:
     """One more call of fn() under torch.profiler: the time the GPU was busy with its kernels
     (`kernel_s`: the union of their intervals, so kernels that overlap under PDL count once;
     sessions up to 7 reported the plain sum, kept as `kernel_total_s`) and its `top` kernels.
     The eager wall above is host-launch-bound (one Python op at a time, ~10^4 launches a step
     at full size); a CUDA graph of the step would replay in about the busy time, so this is
-    the emulated rank's graph-replay estimate. The comm
+    the emulated rank's graph-replay estimate. graph (CUDA): the call is a replay of fn()
+    captured in a CUDA graph instead (`_graph_profiled`), where kernels on two streams really
+    overlap, plus `graph_replay_s`, the replay's event-timed wall; a step that cannot be
+    captured falls back to the eager call, its error in `graph_error`. The comm
     log of this call is not used (read the timed calls' log before). CPU: the ops' self time."""
     from workbench.loopbench import busy_us, kernel_times
 
-    prof, cuda = _profiled(fn, comm, device)
+    extra: dict = {}
+    prof = None
+    if graph and torch.device(device).type == "cuda":
+        try:
+            prof, extra["graph_replay_s"] = _graph_profiled(fn, comm, device)
+            cuda = True
+        except Exception as e:  # noqa: BLE001 - a step that cannot be captured: say why
+            torch.cuda.synchronize(device)
+            extra["graph_error"] = f"{type(e).__name__}: {e}"[:200]
+    if prof is None:
+        prof, cuda = _profiled(fn, comm, device)
     per = kernel_times(prof, cuda)
     ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
     total = sum(v[1] for v in per.values()) * 1e-6
     return {"kernel_s": busy_us(prof) * 1e-6 if cuda else total, "kernel_total_s": total,
             "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}"
                                      for k, v in ranked[:top]),
-            "kernels": [(k, v[0], v[1]) for k, v in ranked]}
+            "kernels": [(k, v[0], v[1]) for k, v in ranked], **extra}
 
 
 def _op_time(fn, comm: StandInComm, device) -> dict:
@@ -236,10 +289,11 @@ def _op_time(fn, comm: StandInComm, device) -> dict:
 @torch.no_grad()
 def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: int,
             budget: int | None, repeats: int = 3, seed: int = 0,
-            op_table: bool = False) -> dict:
+            op_table: bool = False, graph: bool = False) -> dict:
     """One decode step of `batch` requests at context `ctx`: AR (budget None) or DDTree
     (draft -> tree build -> verify). Returns compute seconds per phase, wall, comm log;
-    op_table: also the step's kernel time by registry op (`_op_time`, one more call)."""
+    op_table: also the step's kernel time by registry op (`_op_time`, one more call); graph:
+    the kernel times from a CUDA-graph replay of the step (`_kernel_time`)."""
     from workbench.reference.tree_build import topk_logprobs
 
     dev, cfg = model.device, model.cfg
@@ -262,7 +316,8 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
         out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
         floors = rank_floors(model, drafter, batch, None, ctx, seen["routing"])
         ops_ = _op_time(ar_step, comm, dev) if op_table else {}
-        return {**out, **_kernel_time(ar_step, comm, dev), **_floor_cols(floors), **ops_}
+        return {**out, **_kernel_time(ar_step, comm, dev, graph=graph), **_floor_cols(floors),
+                **ops_}
     dcache = drafter.new_cache(batch, ctx + n + 1)
     for t in dcache:
         for layer in t:
@@ -287,11 +342,11 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     wall = _timed(step, comm, repeats)
     out = {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
     draft = _kernel_time(lambda: drafter.draft_override(None, model, dcache, bonus, prefix, k),
-                         comm, dev)  # the draft forward's share of the kernel sum
+                         comm, dev, graph=graph)  # the draft forward's share of the kernel sum
     floors = rank_floors(model, drafter, batch, budget, ctx, seen["routing"])
     ops_ = _op_time(step, comm, dev) if op_table else {}
-    return {**out, **_kernel_time(step, comm, dev), "draft_kernel_s": draft["kernel_s"],
-            **_floor_cols(floors), **ops_}
+    return {**out, **_kernel_time(step, comm, dev, graph=graph),
+            "draft_kernel_s": draft["kernel_s"], **_floor_cols(floors), **ops_}
 
 
 def _floor_cols(floors: dict) -> dict:
@@ -362,7 +417,8 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
     comm_s = sum(priced.values())
     step = meas["wall_s"] + comm_s
     row = {k: v * 1e3 for k, v in meas.items()
-           if k.endswith("_s") and k not in ("wall_s", "kernel_s", "draft_kernel_s")
+           if k.endswith("_s") and k not in ("wall_s", "kernel_s", "draft_kernel_s",
+                                             "graph_replay_s")
            and not k.endswith("floor_s")}
     row = {k.replace("_s", "_ms"): v for k, v in row.items()}
     kernel = meas.get("kernel_s", math.nan)
@@ -371,6 +427,11 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "step_ms": step * 1e3, "tokens_per_s": batch * tau / step,
             # graph-replay estimate: the step's kernels back to back, plus the same comm
             "kernel_ms": kernel * 1e3, "kernel_step_ms": (kernel + comm_s) * 1e3,
+            # how kernel_ms was measured: a profiled eager call, or a CUDA-graph replay (whose
+            # event-timed wall is graph_replay_ms: kernels plus the gaps between them)
+            "kernel_timing": ("graph" if "graph_replay_s" in meas else "eager"),
+            "graph_replay_ms": meas.get("graph_replay_s", math.nan) * 1e3,
+            "graph_error": meas.get("graph_error", ""),
             "draft_kernel_ms": meas.get("draft_kernel_s", math.nan) * 1e3,
             **{k.replace("_s", "_ms"): v * 1e3 for k, v in meas.items() if k.endswith("floor_s")},
             # the bar's ratio: the graph-replay estimate (kernels + comm) over the floor sum
@@ -385,7 +446,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
-            ep_dispatch: str = "local", op_table: bool = False):
+            ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
+            shared_stream: bool = False):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -398,7 +460,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     engine does, so the optimized kernels run on it; the CPU proof path keeps ACC partials.
     on_rows(rows) is called after every configuration (a long run cut short keeps its table).
     op_table: each row's "op_list" holds the step's kernel time by registry op (one more
-    profiled eager call a configuration)."""
+    profiled eager call a configuration). graph: kernel_ms from a profiled CUDA-graph replay
+    of the step (`_kernel_time`). shared_stream: the EP engine path runs the shared expert on
+    a side stream beside the router and the routed experts (`model.shared_stream`)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -409,11 +473,13 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
         for C in batches:
             for b in budgets:
                 with ops.use(kernels), op_activations(torch.bfloat16), \
-                        moe_dispatch(ep_dispatch):
-                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table)
+                        moe_dispatch(ep_dispatch), side_stream(shared_stream):
+                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table,
+                                   graph)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
                 for link in links:
                     rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
+                                 "shared_stream": "on" if shared_stream else "off",
                                  "link": link.name, "C": C,
                                  "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
                                  "ctx": ctx, **project(meas, link, world, C, t)})
@@ -452,6 +518,13 @@ def main(argv=None) -> int:
     p.add_argument("--ep-dispatch", default="local", choices=EP_DISPATCH,
                    help="EP layouts: all-to-all dispatch / combine (DeepEP-style), or local "
                    "experts on the replicated stream + the shared expert's all-reduce")
+    p.add_argument("--graph", action="store_true",
+                   help="kernel_ms from a profiled CUDA-graph replay of each step (the phase "
+                   "syncs off while capturing) instead of a profiled eager call; adds "
+                   "graph_replay_ms (the replay's wall); CUDA only")
+    p.add_argument("--shared-stream", default="off", choices=("on", "off"),
+                   help="EP engine path: the shared expert on a side stream beside the router "
+                   "and the routed experts (measure it with --graph)")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -486,11 +559,16 @@ def main(argv=None) -> int:
     rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
-                   on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table))
+                   on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table),
+                   graph=a.graph, shared_stream=a.shared_stream == "on")
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",
-            "kernel_tokens_per_s"]
+            "kernel_tokens_per_s"] + (["graph_replay_ms"] if a.graph else [])
+    for r in rows:
+        if r.get("graph_error"):
+            print(f"{r['layout']} C={r['C']} {r['mode']}: not captured ({r['graph_error']}); "
+                  "kernel_ms is the eager call's")
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     return 0 if all(math.isfinite(r["step_ms"]) for r in rows) else 1
 

@@ -16,6 +16,8 @@ R rope, D hidden, E experts, K experts per token, V vocab.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -43,6 +45,46 @@ from .moe import (
     moe_tp_partial,
     op_dtype,
 )
+
+# -- the shared expert beside the routed ones (engine schedule) --------------------------------
+# SGLang's DeepSeek model runs the shared experts on an alternate stream while the routed ones
+# run: the shared expert's three small GEMMs (~11-14 µs a layer on an EP8 rank, mostly launch
+# latency) then fill the time the router and the int4 GEMMs leave. Off by default: the
+# emulation turns it on by name (`emulate --shared-stream on`) and measures it from CUDA-graph
+# replays (`--graph`), where kernels of two streams really overlap.
+_SHARED_STREAM = [False]
+_SIDE: dict[torch.device, torch.cuda.Stream] = {}
+
+
+@contextmanager
+def shared_stream(on: bool):
+    """Within the block, the EP engine path runs the shared expert on a side stream (CUDA)."""
+    _SHARED_STREAM.append(bool(on))
+    try:
+        yield
+    finally:
+        _SHARED_STREAM.pop()
+
+
+def beside(side_fn, main_fn, device: torch.device):
+    """(side_fn(), main_fn()): with shared_stream on and a CUDA device, side_fn runs on a side
+    stream forked from the current one (it waits for what was queued before) while main_fn
+    runs on the current stream, which then waits for the side stream; both results are ready
+    on the current stream. Otherwise one after the other. Graph-capturable (fork / join by
+    events, as torch.cuda.graph records them)."""
+    if not (_SHARED_STREAM[-1] and torch.device(device).type == "cuda"):
+        return side_fn(), main_fn()
+    main = torch.cuda.current_stream(device)
+    side = _SIDE.get(device)
+    if side is None:
+        side = _SIDE[device] = torch.cuda.Stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        a = side_fn()
+    b = main_fn()
+    main.wait_stream(side)
+    a.record_stream(main)  # allocated on the side stream, used (and freed) on this one
+    return a, b
 
 
 def stacked_weight(*mods: Linear) -> torch.Tensor:
@@ -274,11 +316,24 @@ class DistKimiModel(nn.Module):
         cfg, lay = self.cfg, self.layout
         B, N, D = x.shape
         h = x.reshape(B * N, D)
-        ids, w = ops.get("moe_route")(h, moe.gate.weight, moe.gate.e_score_correction_bias,
-                                      cfg.n_experts_per_tok, cfg.routed_scaling_factor)
-        if stats is not None:
-            stats.setdefault("routing", []).append(ids.view(B, N, -1))
         experts, sh = moe.experts.stacked(), moe.shared_experts
+
+        def route():
+            ids, w = ops.get("moe_route")(h, moe.gate.weight, moe.gate.e_score_correction_bias,
+                                          cfg.n_experts_per_tok, cfg.routed_scaling_factor)
+            if stats is not None:
+                stats.setdefault("routing", []).append(ids.view(B, N, -1))
+            return ids, w
+
+        if lay.ep > 1 and not lay.exact and _stack_weights() and ep_dispatch_mode() == "local":
+            # EP on bf16 rows, this rank's experts on every token (the engine emulation): the
+            # shared expert's partial (`beside` the router and the routed experts) plus the
+            # routed partial, then ONE all-reduce sums both
+            part, routed = beside(lambda: sh.partial(h),
+                                  lambda: moe_ep_local(h, *route(), experts, lay), h.device)
+            part.add_(routed)
+            return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
+        ids, w = route()
         if lay.ep == 1 and not lay.exact:  # MoE-TP: one all-reduce, routed + shared partials
             part_s = ops.get("swiglu_mlp")(h.to(op_dtype()), sh.gate_proj.weight, sh.up_proj.weight,
                                            sh.down_proj.weight)
@@ -289,11 +344,10 @@ class DistKimiModel(nn.Module):
             # EP on bf16 rows (the engine emulation): the routed output joins the shared
             # expert's partial and ONE all-reduce sums both
             part = sh.partial(h)  # [T, D] bf16, this rank's shared-expert width slice
-            if ep_dispatch_mode() == "local":  # this rank's experts on every token: no a2a
-                part.add_(moe_ep_local(h, ids, w, experts, lay))
-            else:  # the owner adds its routed slice (the owned slices are disjoint)
-                routed, lo, hi = moe_ep(h, ids, w, experts, lay, self.comm, gather=False)
-                part[lo:hi].add_(routed[: hi - lo])  # in place on the view: no write-back copy
+            # all-to-all dispatch ("local" is above): the owner adds its routed slice (the
+            # owned slices are disjoint)
+            routed, lo, hi = moe_ep(h, ids, w, experts, lay, self.comm, gather=False)
+            part[lo:hi].add_(routed[: hi - lo])  # in place on the view: no write-back copy
             return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
         else:
             y = (moe_tp_exact(h, ids, w, experts, self.comm) if lay.ep == 1
