@@ -216,15 +216,22 @@ def graph_us(fn, reps: int = 10, rounds: int = 5) -> float:
             fn()
     g.replay()
     torch.cuda.synchronize()
+    out = replay_us(g, rounds)
+    return sorted(out)[len(out) // 2] / reps
+
+
+def replay_us(graph, rounds: int) -> list[float]:
+    """µs of each of `rounds` event-timed replays of a captured CUDA graph (synced after
+    each); graph_us' timing loop, and emulate --graph's."""
     out = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g.replay()
+        graph.replay()
         b.record()
         torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(out)[len(out) // 2]
+        out.append(a.elapsed_time(b) * 1e3)
+    return out
 
 
 def _capture(calls) -> list:

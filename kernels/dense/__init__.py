@@ -99,6 +99,21 @@ SiLU launch with its GEMMs on linear v3) the kernels took 6.11 / 15.51 / 10.15 /
 against 6.24 / 15.55 / 10.42 / 30.36 (C 1 AR, C 1 DDTree-16, C 8 AR, C 8 DDTree-16): the engine
 preset takes both from session 19.
 
+`linear_triton_v4` (session 20) is v2's one-launch split-K with the operands swapped: 64 output
+columns on the wgmma's M and the rows (16 / 32 / 64) on its N, where v2's 16- and 32-row tiles
+are mma.sync (sm_90 build: wgmma with cp.async pipelining at 48-108 registers, no spills).
+Measured (session 20 call 2, `scripts/sweep_linear.py --kernel triton_v4 --cold-mb 400`: each
+call streams its weight from HBM, as in the step; µs at 1 / 9 / 17 rows): it wins the wide
+projections, q_a | kv_a 10.9 / 10.9 / 11.5 (v3 11.1 / 11.3, cuBLAS 12.7 / 13.1 / 13.1), o 6.0 /
+6.0 / 6.2 (v3 6.4 / 6.5, cuBLAS 6.3-6.4), down 3.2 / 3.3 / 3.4 (v3 3.4 / 3.5, cuBLAS 3.8), and
+loses the narrow ones, whose 24 or 8 column tiles must split K: q_b 5.3 / 5.4 / 6.1 (v3 5.2 / 5.1,
+cuBLAS 5.3 at 17), gate | up 6.6 / 6.5 / 7.8-8.4 (v3 6.2 / 6.3, cuBLAS 7.2 at 17). In the EP8
+step with swiglu_mlp triton_v5 on it (call 2) the kernels took 5.95 / 15.47 / 10.15 / 30.66 ms
+(C 1 AR, C 1 DDTree-16, C 8 AR, C 8 DDTree-16): at DDTree-16 the linear op's launches took 1480
+vs 1511 µs a step and the shared expert's 847 vs 796 (its narrow gate | up), no net gain.
+`linear_triton_v5` takes each shape's winner: v4's kernel for outputs >= 2048 wide, v3's rule
+(v2's kernel to 16 rows, cuBLAS above) for the narrow ones; `swiglu_mlp` triton_v6 runs on it.
+
 `mla_proj_triton_v1` (variant `triton_v1` of ops mla_q_absorb and mla_v_up) is the absorbed-MLA
 per-head products as one Triton kernel instead of torch.bmm: one program per (head, output
 columns, row tile) walks the whole contraction (v_up reads W_UV transposed in place), fp32

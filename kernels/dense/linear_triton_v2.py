@@ -36,10 +36,12 @@ _COUNTERS: dict[tuple[torch.device, str], Tensor] = {}
 
 @triton.jit
 def slice_tile(x_ptr, w_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk, BM: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr,
+               TRANS: tl.constexpr = False):
     """This program's fp32 [BM, BN] product of x's rows 0..BM-1 and w's rows (output columns)
     of tile program_id(0) over K slice program_id(1) (KS inputs): (acc, m, n, m_ok, n_ok).
-    Shared with moe_route_triton_v2's router GEMM."""
+    TRANS: acc is [BN, BM] = w x^T instead (linear_triton_v4: the output columns on the MMA's
+    M). Shared with moe_route_triton_v2's router GEMM."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
@@ -50,14 +52,19 @@ def slice_tile(x_ptr, w_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk, BM: tl.constex
     w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn
     k_lo = pid_k * KS
     k_hi = tl.minimum(k_lo + KS, K)
-    acc = tl.zeros([BM, BN], tl.float32)
+    if TRANS:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         k = k0 + kk
         k_ok = k < k_hi
         x = tl.load(x_rows + k[None, :] * s_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + k[None, :] * s_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if INTERPRET:  # the interpreter's bf16 dot is wrong (DESIGN.md §10): exact in fp32
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        if TRANS:
+            acc += tl.dot(w, tl.trans(x))
         else:
             acc += tl.dot(x, tl.trans(w))
     return acc, m, n, m_ok, n_ok
@@ -75,26 +82,37 @@ def sum_slices(ws_ptr, tile, stride, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _splitk_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk,
-                   s_ym, NP, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr, INTERPRET: tl.constexpr):
-    acc, m, n, m_ok, n_ok = slice_tile(x_ptr, w_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk, BM,
-                                       BN, BK, INTERPRET)
-    pid_n = tl.program_id(0)
-    y = y_ptr + m.to(tl.int64)[:, None] * s_ym + n[None, :]
-    out_ok = m_ok[:, None] & n_ok[None, :]
+def store_or_sum(acc, y, out_ok, tile, ws_ptr, cnt_ptr, BM: tl.constexpr, NP,
+                 SPLIT: tl.constexpr):
+    """acc (this program's K slice of its column tile) to the outputs y: stored, rounded once,
+    where SPLIT is 1; else written to slice program_id(1)'s [BM, NP] partial at `tile`, and the
+    last slice of column tile program_id(0) to take its ticket sums all of them in slice order
+    (whatever order they arrived in: deterministic), stores and resets the counter to 0 (the
+    next launch, or CUDA-graph replay, finds it zero)."""
     if SPLIT == 1:
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+        tl.store(y, acc.to(y.dtype.element_ty), mask=out_ok)
     else:
-        tile = m[:, None] * NP + n[None, :]  # [BM, BN] inside one slice's [BM, NP] partial
+        pid_n = tl.program_id(0)
         tl.store(ws_ptr + tl.program_id(1) * BM * NP + tile, acc)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         if ticket == SPLIT - 1:  # the last slice to arrive: sum all of them in slice order
             tl.debug_barrier()
             tot = sum_slices(ws_ptr, tile, BM * NP, SPLIT)
-            tl.store(y, tot.to(y_ptr.dtype.element_ty), mask=out_ok)
+            tl.store(y, tot.to(y.dtype.element_ty), mask=out_ok)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
+
+
+@triton.jit
+def _splitk_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk,
+                   s_ym, NP, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, INTERPRET: tl.constexpr):
+    acc, m, n, m_ok, n_ok = slice_tile(x_ptr, w_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk, BM,
+                                       BN, BK, INTERPRET)
+    y = y_ptr + m.to(tl.int64)[:, None] * s_ym + n[None, :]
+    # tile: [BM, BN] inside one slice's [BM, NP] partial
+    store_or_sum(acc, y, m_ok[:, None] & n_ok[None, :], m[:, None] * NP + n[None, :], ws_ptr,
+                 cnt_ptr, BM, NP, SPLIT)
 
 
 class Tiles(NamedTuple):

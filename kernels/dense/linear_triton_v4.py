@@ -29,46 +29,19 @@ from torch import Tensor
 
 from ..drafter._common import next_pow2
 from .linear_triton_v1 import MAX_ROWS, SMS, fit_smem, run
-from .linear_triton_v2 import Tiles, launch, sum_slices
+from .linear_triton_v2 import Tiles, launch, slice_tile, store_or_sum
 
 
 @triton.jit
 def _splitk_t_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk,
                      s_ym, NP, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, INTERPRET: tl.constexpr):
-    pid_n = tl.program_id(0)
-    n = pid_n * BN + tl.arange(0, BN)
-    m = tl.arange(0, BM)
-    kk = tl.arange(0, BK)
-    n_ok, m_ok = n < N, m < M
-    x_rows = x_ptr + m.to(tl.int64)[:, None] * s_xm
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * s_wn
-    k_lo = tl.program_id(1) * KS
-    k_hi = tl.minimum(k_lo + KS, K)
-    acc = tl.zeros([BN, BM], tl.float32)  # transposed: output columns x rows
-    for k0 in range(k_lo, k_hi, BK):
-        k = k0 + kk
-        k_ok = k < k_hi
-        x = tl.load(x_rows + k[None, :] * s_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + k[None, :] * s_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if INTERPRET:  # the interpreter's bf16 dot is wrong (DESIGN.md §10): exact in fp32
-            acc += tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)))
-        else:
-            acc += tl.dot(w, tl.trans(x))
+    acc, m, n, m_ok, n_ok = slice_tile(x_ptr, w_ptr, M, N, K, KS, s_xm, s_xk, s_wn, s_wk, BM,
+                                       BN, BK, INTERPRET, TRANS=True)  # acc [BN, BM]
     y = y_ptr + m.to(tl.int64)[None, :] * s_ym + n[:, None]
-    out_ok = m_ok[None, :] & n_ok[:, None]
-    if SPLIT == 1:
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
-    else:
-        tile = m[None, :] * NP + n[:, None]  # [BN, BM] inside one slice's [BM, NP] partial
-        tl.store(ws_ptr + tl.program_id(1) * BM * NP + tile, acc)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if ticket == SPLIT - 1:  # the last slice to arrive: sum all of them in slice order
-            tl.debug_barrier()
-            tot = sum_slices(ws_ptr, tile, BM * NP, SPLIT)
-            tl.store(y, tot.to(y_ptr.dtype.element_ty), mask=out_ok)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
+    # tile: [BN, BM] inside one slice's [BM, NP] partial (v2's workspace layout)
+    store_or_sum(acc, y, m_ok[None, :] & n_ok[:, None], m[None, :] * NP + n[:, None], ws_ptr,
+                 cnt_ptr, BM, NP, SPLIT)
 
 
 def tiles(M: int, N: int, K: int) -> Tiles:

@@ -210,6 +210,8 @@ def _graph_profiled(fn, comm: StandInComm, device, replays: int = 5):
     inside a capture is an error); the comm log of these calls is not used."""
     from torch.profiler import ProfilerActivity, profile
 
+    from workbench.bench import replay_us
+
     log, was = comm.log, comm.log.cuda
     log.cuda = False
     try:
@@ -225,14 +227,7 @@ def _graph_profiled(fn, comm: StandInComm, device, replays: int = 5):
             fn()
         graph.replay()
         torch.cuda.synchronize(device)
-        walls = []
-        for _ in range(replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            torch.cuda.synchronize(device)
-            walls.append(a.elapsed_time(b) * 1e-3)
+        walls = [us * 1e-6 for us in replay_us(graph, replays)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             graph.replay()
             torch.cuda.synchronize(device)
