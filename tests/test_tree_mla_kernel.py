@@ -36,6 +36,7 @@ from workbench.kernels.tree_mla import (
     gluon_v21,
     gluon_v22,
     gluon_v23,
+    gluon_v24,
     register,
     triton_v1,
     triton_v2,
@@ -65,10 +66,11 @@ GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g14": gluon_v14.tree_mla_gluon, "g14_long": gluon_v14.tree_mla_gluon_long,
          "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon,
          "g20": gluon_v20.tree_mla_gluon, "g21": gluon_v21.tree_mla_gluon,
-         "g22": gluon_v22.tree_mla_gluon, "g23": gluon_v23.tree_mla_gluon}
+         "g22": gluon_v22.tree_mla_gluon, "g23": gluon_v23.tree_mla_gluon,
+         "g24": gluon_v24.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # batch-variant by design (the engine preset's): its partition follows the launch's rows
-ENGINE_ONLY = {"g20", "g21", "g22", "g23"}
+ENGINE_ONLY = {"g20", "g21", "g22", "g23", "g24"}
 # a CPU test's versions plus the Gluon ones as `gpu` cases (moved to CUDA by `_on`)
 WITH_GLUON = [*VERSIONS, *(pytest.param(g, marks=pytest.mark.gpu) for g in GLUON)]
 # BEST (gluon_v10) needs sm_90; the CPU tests exercise the presets' PORTABLE choice
@@ -491,6 +493,31 @@ def test_gluon_v21_takes_the_transposed_decode_for_one_row_block_in_one_wave():
     assert not any(gluon_v21.decode_parts(*s, sms=132) for s in no)
 
 
+def test_gluon_v24_wave_parts_fill_one_wave():
+    # why: gluon_v24's rule: S = SMs // (B x row blocks) - 1 prefix parts, so B x row blocks x
+    # (the parts any prefix gets, tree part included) never passes the SMs; 32+ heads: none
+    for B, N, H in [(8, 1, 8), (16, 1, 8), (4, 17, 8), (2, 33, 8), (40, 1, 8), (66, 1, 8)]:
+        S = gluon_v24.wave_splits(B, N, H, 132)
+        rows = -(-N * H // 64)
+        assert S == 132 // (B * rows) - 1 and S >= 1
+        for P in (64, 700, 4096, 4097, 8192, 32768):
+            parts = triton_v4.num_parts(P, policy=gluon_v24.wave_policy(S))[1]
+            assert 2 <= parts <= S + 1 and B * rows * parts <= 132, (B, N, P, parts)
+    assert gluon_v24.wave_splits(67, 1, 8, 132) == 0 and gluon_v24.wave_splits(1, 1, 64, 132) == 0
+    assert triton_v4.num_parts(4096, policy=gluon_v24.wave_policy(15))[1] == 14  # 320-key parts
+
+
+@pytest.mark.parametrize("S, P", [(3, 700), (15, 4200)])
+def test_gluon_v24_wave_policy_matches_reference(S, P):
+    # why: the wave policy (short_upto 0: every prefix in <= S long parts plus the tree part)
+    # behind v4's Triton attention and v17's merge, on the interpreter
+    pol = gluon_v24.wave_policy(S)
+    case = make_case((P, P - 9), random_parents(3, torch.Generator().manual_seed(P)), H=4,
+                     C=64, R=16, seed=P)
+    assert_matches_reference(case, lambda *a: triton_v4._launch(
+        *a, False, pol, combine=triton_v17._launch_combine))
+
+
 @pytest.mark.parametrize("merge, P, parts", [
     ("v22", 700, 11), ("v22", 4200, 67), ("v23", 700, 11), ("v23", 8192, 129)])
 def test_gluon_v22_and_v23_merges_match_reference(merge, P, parts):
@@ -512,13 +539,18 @@ def _engine_launch(version, case, B, N, H):
 
     q, cache = case.args[:2]
     shape = (B, N, H, cache.shape[1], gluon_v20.sm_count(q.device))
-    if version in ("g21", "g22", "g23") and gluon_v21.decode_parts(*shape):
-        merge = gluon_v23.decode_merge if version == "g23" else triton_v17._launch_combine
+    if version != "g20" and gluon_v21.decode_parts(*shape):
+        merge = triton_v17._launch_combine if version in ("g21", "g22") else \
+            gluon_v23.decode_merge
         return triton_v15._launch(*case.args, False, gluon_v21.DECODE, combine=merge)
     if gluon_v20.short_parts(*shape):
-        merge = gluon_v22.merge if version in ("g22", "g23") else triton_v17.combine_for(H)
+        merge = triton_v17.combine_for(H) if version in ("g20", "g21") else gluon_v22.merge
         return gluon_v11._launch(*case.args, False, triton_v7.FEW_HEADS, publish=True,
                                  rcp=True, combine=merge)
+    S = gluon_v24.wave_splits(B, N, H, shape[-1])
+    if version == "g24" and S >= 1:
+        return gluon_v11._launch(*case.args, False, gluon_v24.wave_policy(S), publish=True,
+                                 rcp=True, combine=triton_v17._launch_combine)
     return gluon_v19.tree_mla_gluon(*case.args)
 
 
@@ -527,11 +559,11 @@ def _engine_launch(version, case, B, N, H):
 @pytest.mark.parametrize("B, N, H, ctx", [
     (1, 1, 8, 4096), (2, 1, 8, 4096), (3, 1, 8, 4096), (8, 1, 8, 4096), (4, 1, 8, 1024),
     (1, 2, 8, 8192), (1, 9, 8, 4096), (1, 17, 8, 4096), (2, 9, 8, 1024), (4, 17, 8, 4096),
-    (1, 1, 64, 4096)])
+    (1, 1, 64, 4096), (16, 1, 8, 4096), (40, 1, 8, 1024)])
 def test_gpu_engine_versions_are_the_launches_they_name(version, B, N, H, ctx):
-    # why: gluon_v20 / v21 / v22 / v23 only choose, by shape, between launches measured and
-    # tested on their own (gluon_v19; the short parts with v17's merge, or v22's; v21's
-    # transposed decode with v17's merge, or v23's): each call's bits are the named launch's, and the reference's within tolerance
+    # why: gluon_v20-v24 only choose, by shape, between launches measured and tested on their
+    # own (gluon_v19; the short parts with v17's merge, or v22's; v21's transposed decode with
+    # v17's merge, or v23's; v24's one-wave long parts): each call's bits are the named launch's, and the reference's within tolerance
     case = _gpu_case(B, N, H, ctx, seed=B + N)
     o, lse = GLUON[version](*case.args)
     want = _engine_launch(version, case, B, N, H)

@@ -64,6 +64,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v23  ENGINE-ONLY: gluon_v22 with the transposed decode launch's merge at 4 rows x
                32 columns a program, one round of 128 parts (H200 sweep: 0.5-3.7 µs faster
                at every 8-head decode shape swept)
+    gluon_v24  ENGINE-ONLY: gluon_v23 with one-wave long parts where it runs gluon_v19 below
+               32 heads: at most S = SMs // (B x row blocks) - 1 prefix parts of whole
+               64-key tiles, v17's merge (H200 sweep: B 8 N 1 P 4096 21.7 vs 24.7 µs)
 
 BEST (gluon_v19) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -124,6 +127,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v21": f"{_MOD}.gluon_v21:tree_mla_gluon",
         "gluon_v22": f"{_MOD}.gluon_v22:tree_mla_gluon",
         "gluon_v23": f"{_MOD}.gluon_v23:tree_mla_gluon",
+        "gluon_v24": f"{_MOD}.gluon_v24:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -221,6 +225,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "gluon_v23"): ("ENGINE-ONLY: gluon_v22 with its transposed decode launch "
                                 "merged on 4 rows x 32 columns a program, one round of 128 "
                                 "parts (triton_v8's kernel)", ("sm90", "triton")),
+    ("tree_mla", "gluon_v24"): ("ENGINE-ONLY: gluon_v23 plus one-wave long parts where it runs "
+                                "gluon_v19 below 32 heads (S = SMs // (B x row blocks) - 1 "
+                                "prefix parts of 64-key tiles, triton_v17's merge)",
+                                ("sm90", "triton")),
 }
 
 
