@@ -23,7 +23,7 @@ from workbench.reference.int4_moe import int4_moe
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
-            "triton_v19", "triton_v22", "triton_v23")
+            "triton_v19", "triton_v22", "triton_v23", "triton_v24")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -88,7 +88,7 @@ def test_edge_cases_match_reference(version):
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
-             "triton_v23": (23,)}
+             "triton_v23": (23,), "triton_v24": (24,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -98,7 +98,8 @@ def test_edge_cases_match_reference(version):
                                      "triton_v9", "triton_v10", "triton_v11", "triton_v12",
                                      "triton_v13", "triton_v14", "triton_v15",
                                      "triton_v16", "triton_v17", "triton_v18",
-                                     "triton_v19", "triton_v22", "triton_v23"])
+                                     "triton_v19", "triton_v22", "triton_v23",
+                                     "triton_v24"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -1769,3 +1770,59 @@ def test_decode_token_exact_small_gpu():
     dd = generate(target, drafter, prompts, max_new_tokens=8, budget=8,
                   kernels={"int4_moe": BEST})
     _assert_tokens(target, prompts, ref.tokens, dd.tokens, drafter, budget=8)
+
+
+# ---------------------------------------------------------------- v24: the sorted router
+@pytest.mark.parametrize("T, K, E, here", [(9, 8, 48, 0.5), (17, 8, 48, 0.3), (33, 8, 384, 1.0),
+                                           (64, 8, 384, 0.6), (13, 6, 40, 1.0), (20, 8, 48, 0.5)])
+def test_v24_sorted_router_is_v9s_metadata(T, K, E, here):
+    # why: v24's one program sorts expert x SB + slot keys; the slot list, active-expert lists
+    # and bad flags must be route_parallel's (v22's for 9-64 tokens) bit for bit: EP ids -1
+    # (not here), and a token naming one expert twice (flagged bad, its slots still listed)
+    from workbench.kernels.int4_moe import _common, triton_v24
+
+    g = torch.Generator().manual_seed(T * E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    ids[torch.rand(T, K, generator=g) >= here] = -1
+    ids[T // 2, 1] = ids[T // 2, 0] = 5  # a duplicate: bad
+    got, want = triton_v24.route_sorted(ids, E), _common.route_parallel(ids, E)
+    n, S = int(want.n_act), int((ids >= 0).sum())
+    assert int(got.n_act) == n and torch.equal(got.bad, want.bad) and int(got.bad.sum()) == 1
+    assert torch.equal(got.slots[:S], want.slots[:S])
+    for a in ("act_e", "act_start", "act_cnt"):
+        assert torch.equal(getattr(got, a)[:n], getattr(want, a)[:n]), a
+
+
+def test_v24_routes_9_to_64_tokens_sorted(monkeypatch):
+    # why: v24 differs from v22 only in the router of T 9-64 at K 8 (v22's one program to T 8,
+    # its three launches past 64): the dispatch by T, then v22's bits through the whole op
+    from workbench.kernels.int4_moe import triton_v22, triton_v24
+
+    seen = []
+    real = triton_v24.route_sorted
+    monkeypatch.setattr(triton_v24, "route_sorted", lambda i, e: seen.append(i.shape[0]) or
+                        real(i, e))
+    E, D, I, K = 16, 64, 64, 8
+    for T in (8, 9, 64, 65):
+        triton_v24._router(_routing(T, E, K, seed=T)[0], E, triton_v24.tiles(T, K, E, D, I))
+    assert seen == [9, 64]
+    T = 17
+    ex = _experts(E, D, I, seed=240)
+    ids, w = _routing(T, E, K, seed=240)
+    x = torch.randn(T, D).bfloat16()
+    out = triton_v24.int4_moe_triton(x, ids, w, ex)
+    assert seen == [9, 64, 17] and not out.isnan().any()
+    assert _bits_equal(out, triton_v22.int4_moe_triton(x, ids, w, ex))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v24_is_v22_bit_for_bit_gpu(real_experts, skew):
+    from workbench.kernels.int4_moe import triton_v22, triton_v24
+
+    ex, cfg = real_experts
+    for T in (1, 9, 17, 33, 64, 65):
+        x, ids, w = _real_inputs(cfg, T, 900 + T, skew)
+        assert _bits_equal(triton_v24.int4_moe_triton(x, ids, w, ex),
+                           triton_v22.int4_moe_triton(x, ids, w, ex)), T
+

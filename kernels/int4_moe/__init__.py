@@ -60,6 +60,9 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v23 v22 with gate/up's K splits at the 64-row decode tiles sized for four CTAs an
                SM (a hinted EP8 rank's decode: 7 splits of 4 K tiles instead of 4 of 7;
                H200: the EP8 C 1 AR step no faster, 6.23 vs 6.19 ms: a measured negative)
+    triton_v24 v22 with the routing metadata of 9-64 tokens from one program (a sort of the
+               routed slots' expert x slots + slot keys) instead of three launches (count,
+               scan, scatter): the same metadata, v22's bits
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -74,7 +77,7 @@ BEST = "triton_v22"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24)}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -153,6 +156,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "up to T 32 (v19's bits)",
     ("int4_moe", "triton_v23"): "v22 with gate/up's K splits at the 64-row decode tiles sized for "
     "four CTAs an SM (528 programs) instead of two",
+    ("int4_moe", "triton_v24"): "v22 with the routing metadata of 9-64 tokens in one launch (a "
+    "sort of expert x slots + slot: the same slot list) instead of three (v22's bits)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

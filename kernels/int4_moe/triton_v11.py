@@ -114,12 +114,13 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
 
 def launch_hinted(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
                   expected_slots, tiles_of, pdl: bool = False, early: bool = False,
-                  gemm=grid_gemm) -> Tensor:
+                  gemm=grid_gemm, router=_router) -> Tensor:
     """v11's launches (v7's program, v9's router, the hinted SiLU) with the tiles
     tiles_of(T, K, E, D, I, slots=expected_slots) (v13: other K splits); pdl: v14's chain
-    (early: v15's SiLU lets the down GEMM in before its wait); gemm: v7's hook (v15's)."""
+    (early: v15's SiLU lets the down GEMM in before its wait); gemm: v7's hook (v15's);
+    router: v9's (v24's: the one-launch sorted router for small verifies)."""
     return launch(x, topk_ids, topk_weights, experts, validate, cfg,
                   functools.partial(tiles_of, slots=expected_slots), down_select=True,
-                  router=_router, expected_slots=expected_slots,
+                  router=router, expected_slots=expected_slots,
                   silu=functools.partial(_silu, slots=expected_slots, early=early), pdl=pdl,
                   gemm=gemm)
