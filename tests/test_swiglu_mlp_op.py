@@ -23,12 +23,13 @@ def _w(g, *s, dtype=torch.bfloat16):
     return (torch.randn(*s, generator=g, device=g.device) * s[-1] ** -0.5).to(dtype)
 
 
-def test_engine_preset_runs_triton_v4_and_keeps_torch_bf16():
-    # why: session 19 (H200, EP8 step): v1's SiLU launch with its GEMMs on linear triton_v3
+def test_engine_preset_runs_triton_v6_and_keeps_torch_bf16():
+    # why: session 20 (H200, EP8 step, graph-replayed): v1's SiLU launch with its GEMMs on
+    # linear triton_v5 (v4's swap-AB kernel for wide outputs, v3's rule for narrow ones)
     spec = ops.op_spec("swiglu_mlp")
-    assert ops.PRESETS["engine"]["swiglu_mlp"] == "triton_v4"
-    assert ops.PRESETS["engine"]["linear"] == "triton_v3"
-    assert "torch_bf16" in spec.variants and "triton" in spec.variant("triton_v4").needs
+    assert ops.PRESETS["engine"]["swiglu_mlp"] == "triton_v6"
+    assert ops.PRESETS["engine"]["linear"] == "triton_v5"
+    assert "torch_bf16" in spec.variants and "triton" in spec.variant("triton_v6").needs
 
 
 def test_other_dtypes_and_layouts_match_the_reference(device):

@@ -113,6 +113,11 @@ step with swiglu_mlp triton_v5 on it (call 2) the kernels took 5.95 / 15.47 / 10
 vs 1511 µs a step and the shared expert's 847 vs 796 (its narrow gate | up), no net gain.
 `linear_triton_v5` takes each shape's winner: v4's kernel for outputs >= 2048 wide, v3's rule
 (v2's kernel to 16 rows, cuBLAS above) for the narrow ones; `swiglu_mlp` triton_v6 runs on it.
+The engine preset takes both from session 20: in CUDA-graph replays of the EP8 step (call 3,
+`emulate --graph`) v5's kernels took 1325 µs a C 1 DDTree-16 step where cuBLAS's took ~1450,
+and 1920 against 1964 at C 1 AR; the step totals moved within the int4 GEMMs' run-to-run
+spread (5.92 / 15.46 / 10.07 / 30.24 against 5.96 / 15.43 / 10.17 / 30.35 ms, with tree_mla
+gluon_v23).
 
 `mla_proj_triton_v1` (variant `triton_v1` of ops mla_q_absorb and mla_v_up) is the absorbed-MLA
 per-head products as one Triton kernel instead of torch.bmm: one program per (head, output
@@ -262,8 +267,8 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
 }
 # the "engine" preset's part from this folder
 ENGINE = {**{op: "torch_bf16" for op in OPS}, "rmsnorm": "triton_v2", "rope": "triton_v2",
-          "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v4",
-          "linear": "triton_v3",
+          "moe_route": "triton_v1", "ep_plan": "triton_v1", "swiglu_mlp": "triton_v6",
+          "linear": "triton_v5",
           "mla_kv_write": "triton_v1", "ep_combine": "triton_v1",
           "add_rmsnorm": "triton_v1"}
 

@@ -64,9 +64,10 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
     gluon_v23  ENGINE-ONLY: gluon_v22 with the transposed decode launch's merge at 4 rows x
                32 columns a program, one round of 128 parts (H200 sweep: 0.5-3.7 µs faster
                at every 8-head decode shape swept)
-    gluon_v24  ENGINE-ONLY: gluon_v23 with one-wave long parts where it runs gluon_v19 below
-               32 heads: at most S = SMs // (B x row blocks) - 1 prefix parts of whole
-               64-key tiles, v17's merge (H200 sweep: B 8 N 1 P 4096 21.7 vs 24.7 µs)
+    gluon_v24  ENGINE-ONLY: gluon_v23 with one-wave long parts for 8-head decode of 5-8
+               requests (N H <= 8, S = SMs // B - 1 >= 15 prefix parts of whole 64-key
+               tiles, v17's merge; H200: B 8 N 1 P 4096 21.7 vs 24.7 µs; the rule lost at
+               B 16 / 32 and at 17 rows, so it stops there)
 
 BEST (gluon_v19) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -91,8 +92,12 @@ PORTABLE = "triton_v4"
 # launch's shape, and that preset is batch-variant anyway (cuBLAS split-K by row count).
 # gluon_v22 from session 19 (H200, EP8 emulation: C 1 AR 6.08 ms of kernels against gluon_v20's
 # 6.56 and gluon_v19's 7.22, the decode attention 6.8 against 11.6 and 22.3 µs a layer (v21's
-# launch); C 1 DDTree-16 15.47 against gluon_v21's 15.74, the merges 527 against 782 µs a step)
-ENGINE = "gluon_v22"
+# launch); C 1 DDTree-16 15.47 against gluon_v21's 15.74, the merges 527 against 782 µs a step).
+# gluon_v24 from session 20 (H200): gluon_v23's decode merge (4 x 32 tiles: 0.4-3.7 µs faster at
+# every 8-head decode shape swept, call 1) and the one-wave parts at B 5-8 decode (the EP8 C 8
+# AR step's attention kernels 1339 against 1519 µs, call 4); every launch bitwise the one it
+# names (65 GPU cases)
+ENGINE = "gluon_v24"
 # batch/position-invariant (keys grouped by the row's own key sequence): the "invariant"
 # preset, DDTree bitwise AR on the H200 (v5 session 4; v6, 1.1-3x faster, session 5)
 INVARIANT = "triton_v6"
@@ -225,10 +230,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "gluon_v23"): ("ENGINE-ONLY: gluon_v22 with its transposed decode launch "
                                 "merged on 4 rows x 32 columns a program, one round of 128 "
                                 "parts (triton_v8's kernel)", ("sm90", "triton")),
-    ("tree_mla", "gluon_v24"): ("ENGINE-ONLY: gluon_v23 plus one-wave long parts where it runs "
-                                "gluon_v19 below 32 heads (S = SMs // (B x row blocks) - 1 "
-                                "prefix parts of 64-key tiles, triton_v17's merge)",
-                                ("sm90", "triton")),
+    ("tree_mla", "gluon_v24"): ("ENGINE-ONLY: gluon_v23 plus one-wave long parts for decode "
+                                "rows (N H <= 8) of 5-8 requests, where gluon_v23 runs "
+                                "gluon_v19 (S = SMs // B - 1 >= 15 prefix parts of 64-key "
+                                "tiles, triton_v17's merge)", ("sm90", "triton")),
 }
 
 

@@ -1,22 +1,21 @@
-"""tree_mla gluon_v24 (ENGINE-ONLY): gluon_v23 with one more launch for the launches it gives to
-gluon_v19: below 32 heads, a launch whose short parts do not fit one wave splits every prefix
-into at most S parts of whole 64-key tiles, S = SMs // (B x row blocks) - 1, so that its B x
-row blocks x (S + 1) programs (the tree part included) fill ONE wave; merged by triton_v17's
-one-round merge. Where S < 1 (more than SMs / 2 request row blocks), 32 heads or more, and on
-gluon_v23's own shapes: gluon_v23's launches.
+"""tree_mla gluon_v24 (ENGINE-ONLY): gluon_v23 with one more launch for 8-head decode of 5-8
+requests, which gluon_v23 gives to gluon_v19: where a request's rows are at most 8 (N x H <= 8)
+and S = SMs // (B x row blocks) - 1 is at least 15, every prefix is split into at most S parts
+of whole 64-key tiles, so the launch's B x (S + 1) programs (the tree part included) fill ONE
+wave; merged by triton_v17's one-round merge. Everything else is gluon_v23's.
 
-Why (H200, session 20 call 3, `scripts/sweep_tree_mla_policy.py --batch 4,8,16 --rows 1
---prefix 4096 --policies v4,w4,w8,w15`, H 8, busy µs of one call): at B 8 N 1 (the EP8 rank's
-C 8 AR decode, gluon_v19's launch in gluon_v23) v4's policy gives 9 parts, 72 programs of 8
-key tiles each: **24.7 µs**; 14 parts (w15: 320-key parts) on gluon_v18's launch with v17's
-merge, 112 programs of 5 tiles: **21.7 µs** (on v4's merge 24.4). At B 4 the same 14 parts
-took 19.3 against 23.3 (gluon_v20's short parts serve B 4 in the engine). At B 16, 9 parts
-(144 programs, past one wave) 38.5-39.9 µs against 41.6-42.4 for 14 parts (224 programs): the
-rule's S there is 7 (8 parts, 128 programs), not in that sweep, hence session 20 call 4's.
-As FlashMLA sizes its splits by batch and SM count. A hypothesis for why (not profiled): a
-program's time grows with its key tiles (~2-2.5 µs a tile, session 15), so the wave's
-longest program sets the launch's time, and one wave of shorter programs beats fewer longer
-ones and beats a second wave.
+Why (H200, session 20, `scripts/sweep_tree_mla_policy.py`, H 8, P 4096, busy µs of one call;
+traces/gpu/session20/README.md): at B 8 N 1 (the EP8 rank's C 8 AR decode) v4's policy gives 9
+parts, 72 programs of 8 key tiles: **24.7 µs**; 14 parts (S 15: 320-key parts), 112 programs of
+5 tiles, on gluon_v18's launch with v17's merge: **21.7** (call 3), and in the EP8 step (call
+4) the C 8 AR attention kernels took 1339 against 1519 µs. The same one-wave rule LOST
+everywhere else it was tried (call 4): B 16 N 1 S 7 40.5 against v4's 38.3, B 32 N 1 S 3 70.1
+against 64.4, and with 17 rows (three row blocks) B 2 S 21 30.5 against 25.8, B 4 S 10 48.9
+against 30.4, B 8 S 4 92.0 against 53.8 (the C 8 DDTree-16 step +2.2 ms). Hence the rule's
+bounds: S >= 15 (programs of <= 5 tiles at P 4096) and one request's rows <= 8, the shapes it
+won at. A hypothesis for why (not profiled): a wave's longest program sets the time, so more,
+shorter programs in one wave win while the merge stays small; with 17 rows a part's partials
+are 17x larger and long parts (S 4-10) leave few programs.
 
 NOT batch-invariant (as gluon_v20-v23): the engine preset's. Each launch is bitwise the
 launch it names (tests/test_tree_mla_kernel.py).
@@ -42,22 +41,27 @@ def wave_policy(S: int) -> Policy:
     return Policy(short_upto=0, short_len=64, long_min=64, max_splits=S)
 
 
+MIN_SPLITS = 15  # the fewest prefix parts the one-wave launch takes (measured wins: S 15)
+MAX_ROWS = 8  # a request's query rows N x H (8-head decode)
+
+
 def wave_splits(B: int, N: int, H: int, sms: int) -> int:
     """S for a launch of B requests x N rows at H heads: the most prefix parts with which B x
-    row blocks x (S + 1) programs fit `sms` (0: none, or 32 heads and more)."""
-    rows = -(-N * H // BLOCK_M)
-    return sms // (B * rows) - 1 if H < 32 else 0
+    row blocks x (S + 1) programs fit `sms`; 0 where the one-wave launch does not apply (N H >
+    MAX_ROWS, S < MIN_SPLITS)."""
+    S = sms // (B * -(-N * H // BLOCK_M)) - 1
+    return S if N * H <= MAX_ROWS and S >= MIN_SPLITS else 0
 
 
 def launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate):
     """gluon_v23's transposed decode or short-part launches where they apply; else, where
-    `wave_splits` >= 1, gluon_v18's launch (gluon_v19's epilogue) under `wave_policy` merged by
+    `wave_splits` is not 0, gluon_v18's launch (gluon_v19's epilogue) under `wave_policy` merged by
     triton_v17's merge; else gluon_v19."""
     if gluon_v20.shapes_decide(q, kv_cache, kv_lora_rank):
         B, N, H = q.shape[:3]
         shape = (B, N, H, kv_cache.shape[1], gluon_v20.sm_count(q.device))
         S = wave_splits(B, N, H, shape[-1])
-        if not (gluon_v21.decode_parts(*shape) or gluon_v20.short_parts(*shape)) and S >= 1:
+        if S and not (gluon_v21.decode_parts(*shape) or gluon_v20.short_parts(*shape)):
             return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
                            validate, wave_policy(S), publish=True, rcp=True,
                            combine=_launch_combine)
