@@ -373,3 +373,43 @@ if all((s19 / f).exists() for f, _ in sweeps.values()) and all(
 else:
     view = "traces/gpu/session19 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 20: where the step's time goes by op, and the step as a CUDA-graph replay
+# `traces/gpu/session20/README.md` has the commands. Left: the EP8 rank's C 1 DDTree-16 step
+# (the #12 bar's configuration) by registry op (`emulate --op-table`: each kernel charged to
+# the innermost op range holding it; "(glue)" is mostly the drafter's forward), at the
+# session's start (call 1) and with its engine preset (call 4: tree_mla gluon_v23 there, linear
+# triton_v5, swiglu_mlp triton_v6, the shared expert on a side stream). Right: kernel ms a step
+# from CUDA-graph replays (`emulate --graph`, call 3) for the engine preset, with gluon_v23 and
+# linear v5, and with the shared expert beside the routed experts (`--shared-stream on`).
+
+# %%
+s20 = traces / "gpu/session20"
+op_runs = {"session start": "call1_emulate_ops_engine.csv",
+           "session-20 preset": "call4_emulate_ops_g24_side.csv"}
+graph_runs = {"engine": "call3_emulate_graph_engine.csv",
+              "+ gluon_v23, linear v5": "call3_emulate_graph_g23_lin5.csv",
+              "+ shared expert beside": "call3_emulate_graph_g23_lin5_side.csv"}
+if all((s20 / f).exists() for f in [*op_runs.values(), *graph_runs.values()]):
+    ops_ = pd.concat({k: pd.read_csv(s20 / f).query("C == 1 and mode == 'DDTree-16'")
+                      for k, f in op_runs.items()}).reset_index(level=0, names="run")
+    by_op = ops_.pivot_table(index="op", columns="run", values="us").fillna(0) / 1e3
+    by_op = by_op.sort_values("session start", ascending=False)
+    assert by_op.index[0] == "int4_moe"  # the routed experts lead the step
+    g = pd.concat({k: pd.read_csv(s20 / f) for k, f in graph_runs.items()})
+    g = g.reset_index(level=0, names="run").query("link == 'NVLink4'")
+    assert (g.kernel_timing == "graph").all()  # every step captured
+    ms = g.pivot_table(index=["C", "mode"], columns="run", values="kernel_ms")[list(graph_runs)]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
+    by_op.plot.barh(ax=a1)
+    a1.invert_yaxis()
+    a1.set_xlabel("ms a step (EP8 rank, C 1, DDTree-16)")
+    ms.plot.bar(ax=a2, rot=0)
+    a2.set_xticklabels([f"C {c}\n{m}" for c, m in ms.index], fontsize=8)
+    a2.set_ylabel("kernel ms a step, graph-replayed")
+    a2.legend(fontsize=8)
+    view = pd.concat({"ms a step by op": by_op.round(2)}, axis=1)
+else:
+    view = "traces/gpu/session20 not in this checkout"
+view
