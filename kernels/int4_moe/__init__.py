@@ -62,7 +62,8 @@ Versions (README.md has the design and the version log), each with the contract 
                H200: the EP8 C 1 AR step no faster, 6.23 vs 6.19 ms: a measured negative)
     triton_v24 v22 with the routing metadata of 9-64 tokens from one program (a sort of the
                routed slots' expert x slots + slot keys) instead of three launches (count,
-               scan, scatter): the same metadata, v22's bits
+               scan, scatter): the same metadata, v22's bits (H200: the EP8 C 1 DDTree-16
+               step's routing 165 vs 300 µs; BEST from session 20)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -71,8 +72,11 @@ Importing this package imports no Triton; `register()` adds the variants to the 
 from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
-# the version the decode-loop test and the notebook use
-BEST = "triton_v22"
+# the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
+# triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
+# replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
+# step against v22's three, 300 µs); v22 before it (session 18)
+BEST = "triton_v24"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
