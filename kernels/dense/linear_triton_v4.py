@@ -7,9 +7,14 @@ ldmatrix into registers; only BM 64 gets wgmma. cuBLAS's decode kernels swap the
 (nvjet ..._64x24_...: 64 output columns x 24 rows at 17 rows). Here acc [BN, BM] = w [BN, BK] @
 x^T [BK, BM]: BN = 64 / 128 output columns are the wgmma's M (straight from shared memory, no
 register copy of the weights) and BM = 16 / 32 / 64 rows its N (m64n16 / n32 / n64), at any
-row count up to MAX_ROWS. The sm_90 build (tests/test_linear_op.py) is wgmma with cp.async
-pipelining at 72-106 registers, where v2 at BM 16 / 32 is mma.sync at 96-124.
-Whether that streams the weights faster is the H200's to say (scripts/sweep_linear.py).
+row count up to MAX_ROWS. The sm_90 build (tests/test_linear_op.py, `sm90_report`) is wgmma
+with cp.async pipelining at 48-108 registers, where v2 at BM 16 / 32 is mma.sync at 96-124.
+Measured (H200, session 20 call 2, `scripts/sweep_linear.py --kernel triton_v4 --cold-mb 400`,
+µs at 1 / 9 / 17 rows, weights streamed from HBM): faster on the wide projections (q_a | kv_a
+10.9 / 10.9 / 11.5 against v3's 11.1 / 11.3 and cuBLAS's 13.1 at 17; o 6.0 / 6.0 / 6.2; down
+3.2 / 3.3 / 3.4), slower on the narrow ones, whose 24 or 8 column tiles must split K (q_b 6.1
+against cuBLAS's 5.3 at 17, gate | up 6.6 against v3's 6.2 at 1): linear_triton_v5 takes each
+shape's winner.
 
 Everything else is v2's: K slices a program, fp32 partials in the [SPLIT, BM, NP] workspace,
 the last slice of a column tile (ticket counter) sums them in slice order 0..SPLIT-1 and resets
