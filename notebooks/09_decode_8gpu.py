@@ -379,18 +379,20 @@ view
 # `traces/gpu/session20/README.md` has the commands. Left: the EP8 rank's C 1 DDTree-16 step
 # (the #12 bar's configuration) by registry op (`emulate --op-table`: each kernel charged to
 # the innermost op range holding it; "(glue)" is mostly the drafter's forward), at the
-# session's start (call 1) and with its engine preset (call 4: tree_mla gluon_v23 there, linear
-# triton_v5, swiglu_mlp triton_v6, the shared expert on a side stream). Right: kernel ms a step
-# from CUDA-graph replays (`emulate --graph`, call 3) for the engine preset, with gluon_v23 and
-# linear v5, and with the shared expert beside the routed experts (`--shared-stream on`).
+# session's start (call 1) and with its committed engine preset (call 8: int4_moe triton_v24,
+# tree_mla gluon_v24, linear triton_v5, swiglu_mlp triton_v6, the shared expert on a side
+# stream). Right: kernel ms a step from CUDA-graph replays (`emulate --graph`) for the engine
+# preset at the start (call 3), with gluon_v23 and linear v5 (call 3), with the shared expert
+# beside the routed experts (call 3), and the committed preset (call 8).
 
 # %%
 s20 = traces / "gpu/session20"
 op_runs = {"session start": "call1_emulate_ops_engine.csv",
-           "session-20 preset": "call4_emulate_ops_g24_side.csv"}
+           "session-20 preset": "call8_emulate_ops_final.csv"}
 graph_runs = {"engine": "call3_emulate_graph_engine.csv",
               "+ gluon_v23, linear v5": "call3_emulate_graph_g23_lin5.csv",
-              "+ shared expert beside": "call3_emulate_graph_g23_lin5_side.csv"}
+              "+ shared expert beside": "call3_emulate_graph_g23_lin5_side.csv",
+              "session-20 preset": "call8_emulate_graph_final.csv"}
 if all((s20 / f).exists() for f in [*op_runs.values(), *graph_runs.values()]):
     ops_ = pd.concat({k: pd.read_csv(s20 / f).query("C == 1 and mode == 'DDTree-16'")
                       for k, f in op_runs.items()}).reset_index(level=0, names="run")
@@ -401,6 +403,8 @@ if all((s20 / f).exists() for f in [*op_runs.values(), *graph_runs.values()]):
     g = g.reset_index(level=0, names="run").query("link == 'NVLink4'")
     assert (g.kernel_timing == "graph").all()  # every step captured
     ms = g.pivot_table(index=["C", "mode"], columns="run", values="kernel_ms")[list(graph_runs)]
+    ms = ms.dropna()  # the configurations every run measured (C 1 and 8)
+    assert (ms["session-20 preset"] <= ms["engine"] + 0.1).all()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
     by_op.plot.barh(ax=a1)
     a1.invert_yaxis()
