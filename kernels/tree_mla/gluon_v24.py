@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from . import gluon_v20, gluon_v21, gluon_v22, gluon_v23
+from . import gluon_v20, gluon_v21, gluon_v23
 from .gluon_v9 import BLOCK_M
 from .gluon_v11 import _launch
 from .triton_v4 import Policy
@@ -54,9 +54,9 @@ def wave_splits(B: int, N: int, H: int, sms: int) -> int:
 
 
 def launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate):
-    """gluon_v23's transposed decode or short-part launches where they apply; else, where
-    `wave_splits` is not 0, gluon_v18's launch (gluon_v19's epilogue) under `wave_policy` merged by
-    triton_v17's merge; else gluon_v19."""
+    """gluon_v18's launch (gluon_v19's epilogue) under `wave_policy` merged by triton_v17's
+    merge where `wave_splits` is not 0 and gluon_v23 has neither its transposed decode nor its
+    short parts for the shape; gluon_v23's launches otherwise."""
     if gluon_v20.shapes_decide(q, kv_cache, kv_lora_rank):
         B, N, H = q.shape[:3]
         shape = (B, N, H, kv_cache.shape[1], gluon_v20.sm_count(q.device))
@@ -65,9 +65,8 @@ def launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, vali
             return _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
                            validate, wave_policy(S), publish=True, rcp=True,
                            combine=_launch_combine)
-    return gluon_v21.launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank,
-                            validate, combine=gluon_v22.merge,
-                            decode_combine=gluon_v23.decode_merge)
+    return gluon_v23.tree_mla_gluon(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
+                                    kv_lora_rank, validate=validate)
 
 
 def tree_mla_gluon(q: torch.Tensor, kv_cache: torch.Tensor, prefix_lens: torch.Tensor,
