@@ -342,12 +342,17 @@ def route(topk_ids: Tensor, E: int) -> Routing:
     """The routing metadata in one program (`_route_kernel`): ~4 µs per block of 8 tokens on
     the H200 (both passes walk the blocks one after the other), fine for decode, ~250 µs at
     T = 512; `route_parallel` has the same outputs from per-block programs."""
+    return launch_router(_route_kernel, topk_ids, E, BT=block_tokens(topk_ids.shape[1]))
+
+
+def launch_router(kernel, topk_ids: Tensor, E: int, **consts) -> Routing:
+    """The Routing that one program of `kernel` fills (`_route_kernel`'s arguments, K / KP / EP
+    and `consts` as constexprs): `route`'s launch, and triton_v24's sorted router's."""
     T, K = topk_ids.shape
     r = Routing(T, K, E, topk_ids.device)
-    KP, BT = next_pow2(K), block_tokens(K)
-    _route_kernel[(1,)](topk_ids, topk_ids.stride(0), topk_ids.stride(1), T, E,
-                        r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act, r.bad,
-                        K=K, KP=KP, EP=next_pow2(E), BT=BT, num_warps=4)
+    kernel[(1,)](topk_ids, topk_ids.stride(0), topk_ids.stride(1), T, E,
+                 r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act, r.bad,
+                 K=K, KP=next_pow2(K), EP=next_pow2(E), **consts, num_warps=4)
     return r
 
 

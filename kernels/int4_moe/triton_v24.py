@@ -22,7 +22,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import Routing, _route_active, _route_bad, _route_block, next_pow2
+from ._common import (
+    Routing,
+    _route_active,
+    _route_bad,
+    _route_block,
+    launch_router,
+    next_pow2,
+)
 from .triton_v9 import _router as _router_v9
 from .triton_v11 import launch_hinted
 from .triton_v16 import grid_gemm_hot
@@ -50,13 +57,7 @@ def _route_sort_kernel(ids_ptr, s_it, s_ik, T, E, slots_ptr, act_e_ptr, act_star
 def route_sorted(topk_ids: Tensor, E: int) -> Routing:
     """`_common.route`'s outputs (bitwise) from one `_route_sort_kernel` program; T x
     next_pow2(K) <= SORT_SLOTS."""
-    T, K = topk_ids.shape
-    r = Routing(T, K, E, topk_ids.device)
-    KP, TP = next_pow2(K), next_pow2(T)
-    _route_sort_kernel[(1,)](topk_ids, topk_ids.stride(0), topk_ids.stride(1), T, E,
-                             r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act, r.bad,
-                             K=K, KP=KP, EP=next_pow2(E), TP=TP, num_warps=4)
-    return r
+    return launch_router(_route_sort_kernel, topk_ids, E, TP=next_pow2(topk_ids.shape[0]))
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
