@@ -648,9 +648,10 @@ def test_op_kernel_times_charge_each_kernel_to_its_innermost_range():
 
 def _ep8_forward(device, on: bool, kernels=None):
     """The EP8 engine path's logits (bf16 rows, local dispatch) of one 3-row verify with the
-    shared expert beside the routed ones (`on`) or before them."""
+    side streams (the shared expert beside the routed ones, the attention's cache write and
+    q_pe RoPE beside q's path) `on`, or every op on one stream."""
     from workbench.dist.emulate import rank_model
-    from workbench.dist.model import shared_stream
+    from workbench.dist.model import attn_stream, shared_stream
     from workbench.dist.moe import op_activations
     from workbench.reference.tree_mla import causal_anc_bits
 
@@ -661,19 +662,20 @@ def _ep8_forward(device, on: bool, kernels=None):
         layer[:, :32].copy_(torch.randn(layer[:, :32].shape, generator=g))
     prefix = torch.full((2,), 32, dtype=torch.long, device=device)
     ids = torch.randint(3, model.cfg.vocab_size, (2, 3), generator=g).to(device)
-    with ops.use(kernels), op_activations(torch.bfloat16), shared_stream(on):
+    with ops.use(kernels), op_activations(torch.bfloat16), shared_stream(on), attn_stream(on):
         out = model(ids, prefix[:, None] + torch.arange(3, device=device), cache, prefix,
                     causal_anc_bits(3, 2, device))
     return out.logits
 
 
-def test_shared_expert_beside_the_routed_ones_changes_no_bit():
-    """model.shared_stream (session 20): the EP engine path computes the shared expert and the
-    router + routed experts as two branches joined by one add; on a CPU (or with the switch
-    off) they run one after the other. The logits are the same bits either way."""
-    from workbench.dist.model import _SHARED_STREAM, beside
+def test_side_streams_change_no_bit():
+    """model.shared_stream / attn_stream (session 20): the EP engine path computes the shared
+    expert and the router + routed experts as two branches joined by one add, and the
+    attention's cache write and q_pe RoPE beside q's path; on a CPU (or with the switches off)
+    they run one after the other. The logits are the same bits either way."""
+    from workbench.dist.model import _ATTN_STREAM, _SHARED_STREAM, beside
 
-    assert _SHARED_STREAM == [False]  # off unless asked for
+    assert _SHARED_STREAM == [False] and _ATTN_STREAM == [False]  # off unless asked for
     assert torch.equal(_ep8_forward("cpu", True), _ep8_forward("cpu", False))
     order = []
     assert beside(lambda: order.append("side") or 1, lambda: order.append("main") or 2,
@@ -694,6 +696,7 @@ def test_emulation_graph_flag_is_cuda_only_and_says_how_it_timed(tmp_path):
     t = pd.read_csv(csv)
     assert (t.kernel_timing == "eager").all() and t.graph_replay_ms.isna().all()
     assert (t.shared_stream == "on").all() and (t.kernel_ms > 0).all()
+    assert (t.attn_stream == "off").all()  # off unless asked for (not yet measured)
 
 
 @pytest.mark.gpu
@@ -722,3 +725,11 @@ def test_gpu_graph_replay_captures_the_side_stream_fork_and_join():
     assert torch.equal(out, want) and wall > 0
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) >= 4  # two GEMMs, tanh, the add (and the copy)
+
+
+@pytest.mark.gpu
+def test_gpu_side_streams_change_no_bit():
+    # why: on the GPU the side streams really fork and join (the cache write and q_pe's RoPE
+    # beside q's path, the shared expert beside the routed experts): the logits are the bits
+    # of the one-stream schedule (reference ops at tiny-dist widths)
+    assert torch.equal(_ep8_forward("cuda", True), _ep8_forward("cuda", False))

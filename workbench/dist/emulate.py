@@ -35,6 +35,7 @@ from .comm import Comm, StepLog
 from .decode import dist_config
 from .layout import Layout
 from .model import DistKimiModel, empty_dist_model
+from .model import attn_stream as attn_side_stream
 from .model import shared_stream as side_stream
 from .moe import EP_DISPATCH, op_activations
 from .moe import ep_dispatch as moe_dispatch
@@ -442,7 +443,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
-            shared_stream: bool = True):
+            shared_stream: bool = True, attn_stream: bool = False):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -459,7 +460,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     of the step (`_kernel_time`). shared_stream (default on from session 20: -0.23 ms at C 1
     DDTree-16, -0.17 at C 8 AR in graph replays, nothing slower): the EP engine path runs the
     shared expert on a side stream beside the router and the routed experts
-    (`model.shared_stream`); on a CPU it changes nothing."""
+    (`model.shared_stream`); on a CPU it changes nothing. attn_stream (off by default: not yet
+    measured): the attention's cache write and q_pe's RoPE on a side stream beside q's path
+    (`model.attn_stream`)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -470,13 +473,15 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
         for C in batches:
             for b in budgets:
                 with ops.use(kernels), op_activations(torch.bfloat16), \
-                        moe_dispatch(ep_dispatch), side_stream(shared_stream):
+                        moe_dispatch(ep_dispatch), side_stream(shared_stream), \
+                        attn_side_stream(attn_stream):
                     meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table,
                                    graph)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
                 for link in links:
                     rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
                                  "shared_stream": "on" if shared_stream else "off",
+                                 "attn_stream": "on" if attn_stream else "off",
                                  "link": link.name, "C": C,
                                  "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
                                  "ctx": ctx, **project(meas, link, world, C, t)})
@@ -522,6 +527,9 @@ def main(argv=None) -> int:
     p.add_argument("--shared-stream", default="on", choices=("on", "off"),
                    help="EP engine path: the shared expert on a side stream beside the router "
                    "and the routed experts (default on; measure it with --graph)")
+    p.add_argument("--attn-stream", default="off", choices=("on", "off"),
+                   help="the attention's latent cache write and q_pe's RoPE on a side stream "
+                   "beside q's norm, q_b and absorption (default off: not yet measured)")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -557,7 +565,8 @@ def main(argv=None) -> int:
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
                    on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table),
-                   graph=a.graph, shared_stream=a.shared_stream == "on")
+                   graph=a.graph, shared_stream=a.shared_stream == "on",
+                   attn_stream=a.attn_stream == "on")
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",

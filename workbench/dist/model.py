@@ -46,13 +46,18 @@ from .moe import (
     op_dtype,
 )
 
-# -- the shared expert beside the routed ones (engine schedule) --------------------------------
+# -- side streams (engine schedule) ----------------------------------------------------------
 # SGLang's DeepSeek model runs the shared experts on an alternate stream while the routed ones
 # run: the shared expert's three small GEMMs (~11-14 µs a layer on an EP8 rank, mostly launch
 # latency) then fill the time the router and the int4 GEMMs leave. Off unless asked for: the
 # emulation asks (`emulate --shared-stream`, on by default from session 20, measured from
 # CUDA-graph replays with `--graph`: -0.23 ms at C 1 DDTree-16, -0.17 at C 8 AR).
+# The attention has two such branches (`attn_stream`, session 20, not yet measured on a GPU):
+# the latent cache write needs only kv_a's columns, and q_pe's RoPE and q_nope's absorption
+# write disjoint halves of the query, so the write and the RoPE (~1.7 µs each a layer) can run
+# beside q's norm, q_b and the absorption.
 _SHARED_STREAM = [False]
+_ATTN_STREAM = [False]
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -66,24 +71,67 @@ def shared_stream(on: bool):
         _SHARED_STREAM.pop()
 
 
+@contextmanager
+def attn_stream(on: bool):
+    """Within the block, the engine attention writes the latent cache and ropes q_pe on a side
+    stream (CUDA) while q's norm, q_b and the absorption run on the current one."""
+    _ATTN_STREAM.append(bool(on))
+    try:
+        yield
+    finally:
+        _ATTN_STREAM.pop()
+
+
+class Side:
+    """A side stream forked from the current stream of `device` (one stream a device, shared
+    by every fork: the forks of one step never overlap), or, when `on` is false or the device
+    is not CUDA, nothing: `run` then calls on the current stream and `fork` / `join` do
+    nothing. Fork / join are stream waits (events), which torch.cuda.graph captures."""
+
+    def __init__(self, device, on: bool):
+        device = torch.device(device)
+        self.stream = None
+        if on and device.type == "cuda":
+            self.main = torch.cuda.current_stream(device)
+            self.stream = _SIDE.get(device)
+            if self.stream is None:
+                self.stream = _SIDE[device] = torch.cuda.Stream(device)
+
+    def fork(self, *inputs: torch.Tensor) -> None:
+        """The side stream waits for what the current stream queued so far; `inputs` (made
+        on the current stream) stay allocated until the side stream's work on them is done."""
+        if self.stream is not None:
+            self.stream.wait_stream(self.main)
+            for t in inputs:
+                t.record_stream(self.stream)
+
+    def run(self, fn):
+        """fn() on the side stream (or the current one)."""
+        if self.stream is None:
+            return fn()
+        with torch.cuda.stream(self.stream):
+            return fn()
+
+    def join(self, *outputs: torch.Tensor) -> None:
+        """The current stream waits for the side stream; `outputs` (made on the side stream)
+        are used and freed on the current one."""
+        if self.stream is not None:
+            self.main.wait_stream(self.stream)
+            for t in outputs:
+                t.record_stream(self.main)
+
+
 def beside(side_fn, main_fn, device: torch.device):
     """(side_fn(), main_fn()): with shared_stream on and a CUDA device, side_fn runs on a side
     stream forked from the current one (it waits for what was queued before) while main_fn
     runs on the current stream, which then waits for the side stream; both results are ready
     on the current stream. Otherwise one after the other. Graph-capturable (fork / join by
     events, as torch.cuda.graph records them)."""
-    if not (_SHARED_STREAM[-1] and torch.device(device).type == "cuda"):
-        return side_fn(), main_fn()
-    main = torch.cuda.current_stream(device)
-    side = _SIDE.get(device)
-    if side is None:
-        side = _SIDE[device] = torch.cuda.Stream(device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        a = side_fn()
+    side = Side(device, _SHARED_STREAM[-1])
+    side.fork()
+    a = side.run(side_fn)
     b = main_fn()
-    main.wait_stream(side)
-    a.record_stream(main)  # allocated on the side stream, used (and freed) on this one
+    side.join(a)
     return a, b
 
 
@@ -293,18 +341,24 @@ class DistKimiModel(nn.Module):
             q_a, kv = qkv[..., : cfg.q_lora_rank], qkv[..., cfg.q_lora_rank :]
         else:
             q_a, kv = linear(x, at.q_a_proj.weight), linear(x, at.kv_a_proj_with_mqa.weight)
+        table = self.rope.table(positions.device)  # [T, R] fp32 cos|sin
+        # the latent cache write needs only kv: beside q's path (`attn_stream`); every rank
+        # writes the same latent rows (the cache is replicated)
+        side = Side(x.device, _ATTN_STREAM[-1])
+        side.fork(kv, positions, table)
+        side.run(lambda: ops.get("mla_kv_write")(kv, at.kv_a_layernorm.weight, eps, positions,
+                                                 table, self.rope.interleaved, kv_cache,
+                                                 prefix_lens))
         cq = rmsnorm(q_a, at.q_a_layernorm.weight, eps)
         q = linear(cq, at.q_b_proj.weight).view(B, N, H, cfg.qk_head_dim)
-        table = self.rope.table(positions.device)  # [T, R] fp32 cos|sin
         q_nope = q[..., :dn]
         qq = torch.empty(B, N, H, cfg.latent_dim, dtype=x.dtype, device=x.device)  # [.., C+R]
-        ops.get("rope")(q[..., dn:], positions, table, self.rope.interleaved, out=qq[..., C:])
-        # every rank writes the same latent rows: the cache is replicated
-        ops.get("mla_kv_write")(kv, at.kv_a_layernorm.weight, eps, positions, table,
-                                self.rope.interleaved, kv_cache, prefix_lens)
-
+        side.fork(q, qq)  # q_pe's RoPE (into qq's last R) beside the absorption (its first C)
+        side.run(lambda: ops.get("rope")(q[..., dn:], positions, table, self.rope.interleaved,
+                                         out=qq[..., C:]))
         w_kvb = at.kv_b_proj.weight.view(H, dn + dv, C)
         ops.get("mla_q_absorb")(q_nope, w_kvb[:, :dn], out=qq[..., :C])  # qq = [q_lat | q_pe]
+        side.join()  # the cache rows and q_pe are in before the attention reads them
         o_lat, _ = ops.get("tree_mla")(qq, kv_cache, prefix_lens, anc_bits, cfg.softmax_scale, C)
         o = ops.get("mla_v_up")(o_lat, w_kvb[:, dn:])  # [B, N, H, dv] (W_UV)
         o = o.to(x.dtype).reshape(B, N, H * dv)  # bf16, as the reference rounds
