@@ -246,7 +246,7 @@ def test_cuda_timing_keeps_kernel_time_through_the_graph_retiming(monkeypatch):
     monkeypatch.setattr(B, "_run_events", lambda calls, n, flush: [10.0] * n)
     monkeypatch.setattr(B, "kernel_time_us", lambda calls, n, flush=None: 7.5)
     monkeypatch.setattr(B, "_syncs", lambda call: False)
-    monkeypatch.setattr(B, "_capture", lambda calls: calls)
+    monkeypatch.setattr(B, "capture_replays", lambda calls: calls)
     monkeypatch.delenv("WORKBENCH_NO_KERNEL_TIME", raising=False)
     t = B.time_calls(lambda: None, [((), {})], "cuda", budget_s=0.01, graph="on")
     assert t.graph and t.us == 10.0 and t.eager_us == 10.0 and t.kernel_us == 7.5

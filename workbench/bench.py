@@ -216,25 +216,27 @@ def graph_us(fn, reps: int = 10, rounds: int = 5) -> float:
             fn()
     g.replay()
     torch.cuda.synchronize()
-    out = replay_us(g, rounds)
+    out = replay_us(g.replay, rounds)
     return sorted(out)[len(out) // 2] / reps
 
 
-def replay_us(graph, rounds: int) -> list[float]:
-    """µs of each of `rounds` event-timed replays of a captured CUDA graph (synced after
-    each); graph_us' timing loop, and emulate --graph's."""
+def replay_us(replay, rounds: int) -> list[float]:
+    """µs of each of `rounds` event-timed calls of `replay` (a captured CUDA graph's replay;
+    synced after each): graph_us' timing loop, and emulate --graph's."""
     out = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        graph.replay()
+        replay()
         b.record()
         torch.cuda.synchronize()
         out.append(a.elapsed_time(b) * 1e3)
     return out
 
 
-def _capture(calls) -> list:
+def capture_replays(calls) -> list:
+    """Each of `calls` captured in a CUDA graph of its own, after one warm call of each on a
+    side stream (as torch.cuda.graph wants): their replay callables, in order."""
     graphs = []
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -298,7 +300,7 @@ def time_calls(fn, arg_sets: list[tuple[tuple, dict]], device: str, budget_s: fl
             t.note = "host sync in the call: eager timing"
             return t
         try:
-            gt = _run_events(_capture(calls), max(n, 50), flush)
+            gt = _run_events(capture_replays(calls), max(n, 50), flush)
         except Exception as e:  # dynamic shapes, unsupported ops: stay eager
             t.note = f"graph capture failed ({type(e).__name__}): eager timing"
         else:

@@ -211,28 +211,18 @@ def _graph_profiled(fn, comm: StandInComm, device, replays: int = 5):
     inside a capture is an error); the comm log of these calls is not used."""
     from torch.profiler import ProfilerActivity, profile
 
-    from workbench.bench import replay_us
+    from workbench.bench import capture_replays, replay_us
 
     log, was = comm.log, comm.log.cuda
     log.cuda = False
     try:
-        main = torch.cuda.current_stream(device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):  # warm on a side stream, as torch.cuda.graph wants
-            fn()
-        main.wait_stream(side)
+        replay = capture_replays([fn])[0]
+        replay()
         torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        torch.cuda.synchronize(device)
-        walls = [us * 1e-6 for us in replay_us(graph, replays)]
+        walls = [us * 1e-6 for us in replay_us(replay, replays)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            graph.replay()
+            replay()
             torch.cuda.synchronize(device)
-        del graph
     finally:
         log.cuda = was
     return prof, statistics.median(walls)
