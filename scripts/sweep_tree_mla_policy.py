@@ -33,6 +33,7 @@ import torch
 from workbench.kernels.tree_mla import (
     gluon_v9,
     gluon_v11,
+    gluon_v24,
     triton_v4,
     triton_v8,
     triton_v15,
@@ -91,7 +92,7 @@ def policy(name: str) -> Policy:
     if name in POLICIES:
         return POLICIES[name]
     if name.startswith("w") and name[1:].isdigit() and int(name[1:]) >= 1:
-        return Policy(short_upto=0, short_len=64, long_min=64, max_splits=int(name[1:]))
+        return gluon_v24.wave_policy(int(name[1:]))
     raise SystemExit(f"--policies: expected names of {sorted(POLICIES)} or wS (S >= 1), "
                      f"got {name!r}")
 
