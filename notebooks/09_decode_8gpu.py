@@ -137,6 +137,16 @@ proj.pivot_table(index=["C", "mode"], columns=["layout", "link"], values="tokens
 from pathlib import Path
 
 traces = Path(workbench.__file__).resolve().parent.parent / "traces"
+
+
+def step_bars(ax, ms, ylabel: str = "EP8 rank kernel ms a step"):
+    """ms [(C, mode) x run] kernel ms a step as grouped bars (the session sections below)."""
+    ms.plot.bar(ax=ax, rot=0)
+    ax.set_xticklabels([f"C {c}\n{m}" for c, m in ms.index], fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+
+
 runs = [traces / "emulate_engine.csv", traces / "emulate_engine_b32.csv"]
 if all(p.exists() for p in runs):
     full = pd.concat([pd.read_csv(p) for p in runs], ignore_index=True)
@@ -318,9 +328,7 @@ if probe.exists() and start.exists() and end.exists():
     a1.set_xlabel("(position, head) rows a program")
     a1.set_ylabel("kernel µs (H200)")
     a1.legend(fontsize=8)
-    ms[["start", "end"]].plot.bar(ax=a2, rot=0)
-    a2.set_xticklabels([f"C {c}\n{m}" for c, m in ms.index], fontsize=8)
-    a2.set_ylabel("EP8 rank kernel ms a step")
+    step_bars(a2, ms[["start", "end"]])
     view = ms.round(2)
 else:
     view = "traces/gpu/session18 not in this checkout"
@@ -365,10 +373,7 @@ if all((s19 / f).exists() for f, _ in sweeps.values()) and all(
     a1.set_xticklabels([f"B {b}\nN {n}" for b, n in table.index], fontsize=8)
     a1.set_ylabel("busy µs, one call (H200, H 8, P 4096)")
     a1.legend(fontsize=8)
-    ms.plot.bar(ax=a2, rot=0)
-    a2.set_xticklabels([f"C {c}\n{m}" for c, m in ms.index], fontsize=8)
-    a2.set_ylabel("EP8 rank kernel ms a step")
-    a2.legend(fontsize=8)
+    step_bars(a2, ms)
     view = pd.concat({"busy µs": table.round(1)}, axis=1)
 else:
     view = "traces/gpu/session19 not in this checkout"
@@ -409,10 +414,7 @@ if all((s20 / f).exists() for f in [*op_runs.values(), *graph_runs.values()]):
     by_op.plot.barh(ax=a1)
     a1.invert_yaxis()
     a1.set_xlabel("ms a step (EP8 rank, C 1, DDTree-16)")
-    ms.plot.bar(ax=a2, rot=0)
-    a2.set_xticklabels([f"C {c}\n{m}" for c, m in ms.index], fontsize=8)
-    a2.set_ylabel("kernel ms a step, graph-replayed")
-    a2.legend(fontsize=8)
+    step_bars(a2, ms, "kernel ms a step, graph-replayed")
     view = pd.concat({"ms a step by op": by_op.round(2)}, axis=1)
 else:
     view = "traces/gpu/session20 not in this checkout"
