@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import gluon_v21, gluon_v22
-from .triton_v17 import launch_merge
+from .triton_v17 import _launch_combine, launch_merge
 
 DECODE_ROWS, DECODE_COLS, DECODE_PARTS = 4, 32, 128  # the decode merge's tile, parts a round
 
@@ -33,7 +33,7 @@ def decode_merge(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts
     P > 8192, take a second round as v17's); v17's where CP is not whole tiles."""
     args = (prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, consts, use_pdl, pdl)
     if CP % DECODE_COLS:
-        return gluon_v22._launch_combine(*args)
+        return _launch_combine(*args)
     launch_merge(DECODE_ROWS, DECODE_COLS, DECODE_PARTS, *args)
 
 
