@@ -52,10 +52,12 @@ from .moe import (
 # latency) then fill the time the router and the int4 GEMMs leave. Off unless asked for: the
 # emulation asks (`emulate --shared-stream`, on by default from session 20, measured from
 # CUDA-graph replays with `--graph`: -0.23 ms at C 1 DDTree-16, -0.17 at C 8 AR).
-# The attention has two such branches (`attn_stream`, session 20, not yet measured on a GPU):
-# the latent cache write needs only kv_a's columns, and q_pe's RoPE and q_nope's absorption
-# write disjoint halves of the query, so the write and the RoPE (~1.7 µs each a layer) can run
-# beside q's norm, q_b and the absorption.
+# The attention has two such branches (`attn_stream`, session 20; on by default in the
+# emulation from session 21): the latent cache write needs only kv_a's columns, and q_pe's RoPE
+# and q_nope's absorption write disjoint halves of the query, so the write and the RoPE
+# (~1.7 µs each a layer) can run beside q's norm, q_b and the absorption (session 21 call 1,
+# graph replays, on vs off: -0.15 ms at C 1 AR, -0.14 at C 1 DDTree-16, -0.15 at C 8 AR, -0.04
+# at C 8 DDTree-16, -0.17 / -0.13 at C 32 AR / DDTree-16: faster in all six, by ~1-3 %).
 _SHARED_STREAM = [False]
 _ATTN_STREAM = [False]
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
