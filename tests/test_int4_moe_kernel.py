@@ -1375,6 +1375,8 @@ def test_timing_cli_configs():
     assert f.func is triton_v16.int4_moe_triton and f.keywords == {"cfg": {}}
     with pytest.raises(ValueError, match=r"--rounds: expected >= 1, got 0"):
         triton_v5._main(["--rounds", "0", "--T", "1"])
+    with pytest.raises(ValueError, match=r"--ep: expected a divisor of the 384 experts, got 5"):
+        triton_v5._main(["--ep", "5", "--T", "1"])
 
 
 def test_empty_batch():

@@ -58,3 +58,36 @@ def test_moe_route_phase_probe_runs_every_call_and_checks_ids(capsys):
     for line in lines:
         want = "None" if ("no-topk" in line or "gemm" in line) else "True"
         assert line.split()[-1] == want, line
+
+
+def test_l2_prefetch_probe_refuses_unknown_modes():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"--modes: expected none / normal / evict_last, "
+                                         r"got \['evict_first'\]"):
+        load("probe_l2_prefetch").main(["--modes", "none,evict_first"])
+
+
+def test_l2_prefetch_kernel_asks_l2_with_the_policy_it_names_sm90():
+    # why: the probe's answer is only about evict_last if the PTX carries the cache hint
+    from sm90_compile import compile_sm90
+
+    out = compile_sm90(
+        "import triton\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        "from triton.compiler import ASTSource\n"
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from script_module import load\n"
+        "k = load('probe_l2_prefetch')._prefetch_kernel\n"
+        "sig = dict(ptr='*bf16', nbytes='i64', CH='constexpr', BLOCK='constexpr', "
+        "EVICT_LAST='constexpr')\n"
+        "out = {}\n"
+        "for ev in (False, True):\n"
+        "    src = ASTSource(k, signature=sig, constexprs=dict(CH=4096, BLOCK=128, "
+        "EVICT_LAST=ev))\n"
+        "    ptx = triton.compile(src, target=GPUTarget('cuda', 90, 32)).asm['ptx']\n"
+        "    out[str(ev)] = [ln.strip() for ln in ptx.splitlines() if 'cp.async.bulk' in ln "
+        "or 'createpolicy' in ln]")
+    assert out["False"] == ["cp.async.bulk.prefetch.L2.global [%rd1], %r2;"]
+    assert out["True"] == ["createpolicy.fractional.L2::evict_last.b64 pol, 1.0;",
+                           "cp.async.bulk.prefetch.L2.global.L2::cache_hint [%rd1], %r2, pol;"]

@@ -419,7 +419,11 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     tests do that);
     warm L2 is fine here: every T touches >= 198 MB of experts, 4x the H200's L2.
     launcher: another version's int4_moe_triton (same `cfg` keyword) timed by this CLI; pdl:
-    its launches are a PDL chain (v14, v15), which `--by-kernel` cannot split."""
+    its launches are a PDL chain (v14, v15), which `--by-kernel` cannot split.
+    --ep N times one expert-parallel rank as the EP8 emulation runs it (`dist.moe.moe_ep_local`):
+    E / N local experts, the T tokens routed over all E, slots naming another rank's expert
+    passed as -1, and the hint expected_slots = ceil(T K / N) (every version takes the op's
+    hint; those before v11 ignore it)."""
     import argparse
     import functools
 
@@ -439,9 +443,14 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     p.add_argument("--by-kernel", action="store_true",
                    help="also print each launch's mean GPU time (profiler, 20 eager calls); "
                         "with PDL (v14, v15) a dependent's time includes its wait")
+    p.add_argument("--ep", type=int, default=1,
+                   help="time one expert-parallel rank of N: E / N local experts, -1 slots "
+                        "elsewhere, the expected_slots hint (the EP8 emulation's MoE call)")
     a = p.parse_args(argv)
     if a.rounds < 1:
         raise ValueError(f"--rounds: expected >= 1, got {a.rounds}")
+    if a.ep < 1 or 384 % a.ep:
+        raise ValueError(f"--ep: expected a divisor of the 384 experts, got {a.ep}")
     if a.by_kernel and pdl:
         # session 15: under PDL a dependent launch starts early and waits inside
         # (griddepcontrol.wait), so its profiled duration overlaps its predecessor's
@@ -449,7 +458,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
               "before it; read the graph-replayed total, not the sum")
     E, D, I, K = 384, 7168, 2048, 8
     r = _Rand(0, "cuda")
-    ex = _experts(r, E, D, I)  # 9.5 GB
+    E_loc = E // a.ep
+    ex = _experts(r, E_loc, D, I)  # 9.5 GB at --ep 1
     per_expert = sum(t[0].numel() * t.element_size() for t in ex)
     fns = {name: _cli_config(name, launcher or int4_moe_triton) for name in a.cfgs.split(";")}
     print("T     config                 us      TB/s (touched experts)  graph")
@@ -459,17 +469,21 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
             ids = r.zipf(E, K, T, a.skew)
         w = r.uniform(T, K) + 0.05
         x = r.normal(T, D)
-        touched = ids.unique().numel() * per_expert
+        extra = {}
+        if a.ep > 1:  # rank 0 of a.ep: its experts keep their local id, the rest are -1
+            ids = torch.where(ids < E_loc, ids, -1)
+            extra = dict(expected_slots=-(-T * K // a.ep))
+        touched = ids[ids >= 0].unique().numel() * per_expert
         seen = {name: [] for name in fns}
         for _ in range(a.rounds):
             for name, fn in fns.items():
                 os.environ["INT4_MOE_V5_ABLATE"] = "nodequant" if name == "nodequant" else ""
-                t = time_calls(fn, [((x, ids, w, ex), {})], "cuda", a.seconds, "on")
+                t = time_calls(fn, [((x, ids, w, ex), extra)], "cuda", a.seconds, "on")
                 seen[name].append(t.us)
                 print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
                       flush=True)
                 if a.by_kernel:
-                    _print_by_kernel(functools.partial(fn, x, ids, w, ex))
+                    _print_by_kernel(functools.partial(fn, x, ids, w, ex, **extra))
         if a.rounds > 1:
             for name, us in seen.items():
                 med = sorted(us)[(len(us) - 1) // 2]  # the lower middle, as bench --rounds
