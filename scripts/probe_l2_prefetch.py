@@ -18,7 +18,8 @@ projection left the weight in L2) and `none` at the largest stream (cold) says h
 the warm gain the prefetch keeps. Modes: none; normal (cp.async.bulk.prefetch.L2, no hint);
 evict_last (the same with an L2::evict_last cache policy). --persist-mb sets the device's
 persisting-L2 limit first (cudaDeviceSetLimit, cudaLimitPersistingL2CacheSize), which may
-bound what evict_last keeps. CUDA only.
+bound what evict_last keeps (session 21 call 2: the H200 VM refused it, cudaErrorInvalidValue).
+CUDA only.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _step(x, w, src, sink, mode: str, linear):
         if mode != "none":
             prefetch(w, mode == "evict_last")
         if src.numel():
-            torch.sum(src, dtype=torch.float32, out=sink)
+            torch.sum(src, 0, dtype=torch.float32, out=sink)  # out= needs the dim
         return linear(x, w)
     return step
 

@@ -23,7 +23,7 @@ from workbench.reference.int4_moe import int4_moe
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
-            "triton_v19", "triton_v22", "triton_v23", "triton_v24")
+            "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -88,7 +88,7 @@ def test_edge_cases_match_reference(version):
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
-             "triton_v23": (23,), "triton_v24": (24,)}
+             "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -99,7 +99,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v13", "triton_v14", "triton_v15",
                                      "triton_v16", "triton_v17", "triton_v18",
                                      "triton_v19", "triton_v22", "triton_v23",
-                                     "triton_v24"])
+                                     "triton_v24", "triton_v25"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -1828,3 +1828,66 @@ def test_v24_is_v22_bit_for_bit_gpu(real_experts, skew):
         assert _bits_equal(triton_v24.int4_moe_triton(x, ids, w, ex),
                            triton_v22.int4_moe_triton(x, ids, w, ex)), T
 
+
+
+# ---------------------------------------------------------------- v25: 64-row tiles to 3 K active
+def test_v25_tiles():
+    # why: v25 moves v24's one tile rule (64-row tiles at most K slots expected) to at most
+    # 3 K experts expected active, min(E, slots); every other knob is v24's
+    from workbench.kernels.int4_moe import triton_v24, triton_v25
+
+    D, I, K = 7168, 2048, 8
+    for T, E, hint, bn in ((1, 384, None, 64), (2, 384, None, 64), (3, 384, None, 64),
+                           (4, 384, None, 128), (9, 384, None, 128), (1, 48, 1, 64),
+                           (8, 48, 8, 64), (9, 48, 9, 64), (17, 48, 17, 64), (24, 48, 24, 64),
+                           (25, 48, 25, 128), (33, 48, 33, 128), (17, 16, 136, 64)):
+        new, old = triton_v25.tiles(T, K, E, D, I, hint), triton_v24.tiles(T, K, E, D, I, hint)
+        assert new["BN"] == bn, (T, E, hint)
+        assert new["maxnreg"] == (128 if bn == 64 else 168), (T, E, hint)
+        changed = {k for k in old if old[k] != new[k]}
+        assert changed <= {"BN", "maxnreg", "KS1", "TPS1", "KS2", "TPS2"}, (T, E, hint)
+        if old["BN"] == 64 or bn == 128:  # where v24 already chose, v25 agrees
+            assert new == old, (T, E, hint)
+
+
+@pytest.mark.parametrize("T, hint", [(3, None), (9, 9)])
+def test_v25_wider_decode_tiles_match_reference(monkeypatch, T, hint):
+    # why: the 64-row tiles now run past K slots (T 3 unhinted: 12 slots on 8 experts at K 4;
+    # a hinted rank with 9 slots expected), every intermediate NaN-filled
+    from workbench.kernels.int4_moe import triton_v24, triton_v25
+
+    _poisoned_buffers(monkeypatch)
+    E, D, I, K = 8, 512, 256, 4
+    ex = _experts(E, D, I, seed=250 + T)
+    ids, w = _routing(T, E, K, seed=250 + T)
+    if hint is not None:
+        ids = torch.where(ids < 6, ids, torch.full_like(ids, -1))
+    assert triton_v25.tiles(T, K, E, D, I, hint)["BN"] == 64
+    assert triton_v24.tiles(T, K, E, D, I, hint)["BN"] == 128
+    x = torch.randn(T, D).bfloat16()
+    out = triton_v25.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    ref = int4_moe(x, ids, w, ex)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v25_is_v24_bit_for_bit_gpu(real_experts, skew):
+    # why: the 64-row tiles change the grid, not a row's K order (the same splits): v24's
+    # bits on 384 experts (T 2 / 3 take the new tiles) and on a hinted EP8 rank's verify
+    from workbench.kernels.int4_moe import triton_v24, triton_v25
+
+    ex, cfg = real_experts
+    for T in (1, 2, 3, 9, 17):
+        x, ids, w = _real_inputs(cfg, T, 960 + T, skew)
+        assert _bits_equal(triton_v25.int4_moe_triton(x, ids, w, ex),
+                           triton_v24.int4_moe_triton(x, ids, w, ex)), T
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    for T in (1, 9, 17, 24, 33):
+        x, ids, w = _real_inputs(cfg, T, 980 + T, skew)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        hint = -(-T * 8 * 48 // 384)
+        assert _bits_equal(triton_v25.int4_moe_triton(x, here, w, ex48, expected_slots=hint),
+                           triton_v24.int4_moe_triton(x, here, w, ex48,
+                                                      expected_slots=hint)), T

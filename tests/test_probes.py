@@ -91,3 +91,16 @@ def test_l2_prefetch_kernel_asks_l2_with_the_policy_it_names_sm90():
     assert out["False"] == ["cp.async.bulk.prefetch.L2.global [%rd1], %r2;"]
     assert out["True"] == ["createpolicy.fractional.L2::evict_last.b64 pol, 1.0;",
                            "cp.async.bulk.prefetch.L2.global.L2::cache_hint [%rd1], %r2, pol;"]
+
+
+def test_l2_prefetch_probe_step_streams_then_projects():
+    # why: session 21 call 2 lost its probe to a torch.sum call only a GPU reached; the step
+    # (prefetch skipped at mode none) runs here: the stream's sum lands in the sink
+    import torch
+
+    probe = load("probe_l2_prefetch")
+    x, w, src = torch.randn(2, 8), torch.randn(4, 8), torch.randn(64).bfloat16()
+    sink = torch.zeros(())
+    y = probe._step(x, w, src, sink, "none", lambda a, b: a @ b.t())()
+    assert torch.equal(y, x @ w.t())
+    assert torch.allclose(sink, src.float().sum())

@@ -64,6 +64,9 @@ Versions (README.md has the design and the version log), each with the contract 
                routed slots' expert x slots + slot keys) instead of three launches (count,
                scan, scatter): the same metadata, v22's bits (H200: the EP8 C 1 DDTree-16
                step's routing 165 vs 300 µs; BEST from session 20)
+    triton_v25 v24 with v19's 64-row tiles wherever at most 3 K experts are expected active
+               (v24: at most K slots), v24's everywhere else (H200: one EP8 rank's C 1
+               DDTree-16 verify, hint 17, 135.4 vs 147.8 µs as a v24 config)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -81,7 +84,7 @@ BEST = "triton_v24"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25)}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -162,6 +165,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "four CTAs an SM (528 programs) instead of two",
     ("int4_moe", "triton_v24"): "v22 with the routing metadata of 9-64 tokens in one launch (a "
     "sort of expert x slots + slot: the same slot list) instead of three (v22's bits)",
+    ("int4_moe", "triton_v25"): "v24 with the 64-row decode tiles (four CTAs an SM) wherever at "
+    "most 3 K experts are expected active, e.g. an EP8 rank's C 1 verify (v24: at most K slots)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

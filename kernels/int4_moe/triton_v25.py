@@ -1,0 +1,65 @@
+"""int4_moe triton_v25: v24 with v19's 64-row tiles (BN 64, 128 registers: four CTAs an SM)
+wherever at most DECODE_ACTIVE = 3 K experts are expected active (v19-v24: at most K slots),
+v24's 128-row tiles above; v24's router, splits rule, SiLU and combine.
+
+Why (H200, session 21 call 2, `triton_v24 --ep 8 --T 1,8,17,33 --cfgs "base;BN=64,maxnreg=128"
+--rounds 3`, traces/gpu/session21/README.md): on one EP8 rank (48 local experts, the other
+ranks' slots -1, the hint T K / 8) the verify of a C 1 DDTree-16 step (T 17, hint 17, ~16
+experts active) ran **135.4 µs on the 64-row tiles against 147.8** on v24's 128-row ones, every
+round; at hint 33 (~24-26 active) the 128-row tiles won (186.4 against 193.8), at hints 1 and 8
+(already 64-row in v24) they tie. The gate/up grid at ~16 active experts is 16 x 16 = 256
+programs of 128 rows, two thirds of one wave at three CTAs an SM (396 slots), against 512
+programs of 64 rows at four (528 slots): the small grid leaves SMs idle, the case v19 made for
+T 1 (its stream probe: the arithmetic the K loop cannot hide is hidden better by more warps
+an SM). With ~25 active experts the 128-row grid fills its wave and the 64-row one spills into
+a second (800 programs), as at T 9 on 384 experts (session 17: 64-row 6-10 % slower). The
+bound 3 K sits between the measured 17 and 33 (24 at K 8: 384 programs of 128 rows, ~one
+wave); hints 18-24 are not measured.
+Bits: a row's K order is the split's tile order whichever BN holds the row (the splits at the
+64-row tiles are v13's rule for them, one split at hints 9-24 on an EP8 rank as in v24), so
+the tiles change the grid, not a row's arithmetic; the GPU test checks v24's bits.
+Dimension legend: v16's.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .triton_v11 import launch_hinted
+from .triton_v13 import splits
+from .triton_v16 import grid_gemm_hot
+from .triton_v24 import _router
+from .triton_v24 import tiles as _tiles_v24
+
+DECODE_ACTIVE = 3  # x K: the most active experts expected that take the 64-row tiles
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
+    """v24's tiles; at most DECODE_ACTIVE K active experts expected (min(E, expected slots)):
+    BN 64 at 128 registers and v13's splits for it. Shapes only (graph-safe)."""
+    c = _tiles_v24(T, K, E, D, I, slots)
+    if min(E, c["S_EXP"]) <= DECODE_ACTIVE * K:
+        c |= dict(BN=64, maxnreg=128)
+        c |= splits(64, T, K, E, D, I, slots)
+    return c
+
+
+def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                    validate: bool | None = None, cfg: dict | None = None,
+                    expected_slots: int | None = None) -> Tensor:
+    """v24's contract and launches on v25's tiles; cfg: tile overrides (keys of `tiles`)."""
+    return launch_hinted(x, topk_ids, topk_weights, experts, validate, cfg, expected_slots,
+                         tiles, gemm=grid_gemm_hot, router=_router)
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, v25's launcher):
+
+        python -m workbench.kernels.int4_moe.triton_v25 [--ep 8] [--T 1,9,17] [--cfgs "v=24;base"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_triton, default_cfgs="v=24;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
