@@ -104,3 +104,6 @@ def test_l2_prefetch_probe_step_streams_then_projects():
     y = probe._step(x, w, src, sink, "none", lambda a, b: a @ b.t())()
     assert torch.equal(y, x @ w.t())
     assert torch.allclose(sink, src.float().sum())
+    buf = torch.arange(8.0)
+    probe._step(x, w, buf, sink, "none", lambda a, b: a @ b.t(), "copy")()
+    assert torch.equal(buf, torch.tensor([0.0, 1, 2, 3, 0, 1, 2, 3]))

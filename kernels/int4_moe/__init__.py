@@ -66,7 +66,8 @@ Versions (README.md has the design and the version log), each with the contract 
                step's routing 165 vs 300 µs; BEST from session 20)
     triton_v25 v24 with v19's 64-row tiles wherever at most 3 K experts are expected active
                (v24: at most K slots), v24's everywhere else (H200: one EP8 rank's C 1
-               DDTree-16 verify, hint 17, 135.4 vs 147.8 µs as a v24 config)
+               DDTree-16 verify, hint 17, 135.4 vs 147.8 µs as a v24 config; v24's bits;
+               BEST from session 21)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -76,10 +77,12 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
+# triton_v25 from session 21 (H200: v24's bits, 18 GPU tests; the EP8 step's int4 GEMMs at C 1
+# DDTree-16 7147 vs v24's 7279 µs in the same call, the other configurations' tiles and times
+# v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v24"
+BEST = "triton_v25"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"

@@ -15,6 +15,15 @@ an SM). With ~25 active experts the 128-row grid fills its wave and the 64-row o
 a second (800 programs), as at T 9 on 384 experts (session 17: 64-row 6-10 % slower). The
 bound 3 K sits between the measured 17 and 33 (24 at K 8: 384 programs of 128 rows, ~one
 wave); hints 18-24 are not measured.
+Measured (session 21 call 3): GPU tests 18 passed (v24's bits on 384 experts at T 1-17 and on
+a hinted EP8 rank at T 1-33, uniform and skewed; REAL shapes; graph replay). The EP8 step
+(`emulate ... --kernels engine,int4_moe=triton_v25 --graph` against `--kernels engine`, same
+call): the int4 GEMMs of a C 1 DDTree-16 step **7147 vs 7279 µs** (-1.8 %; the configurations
+whose tiles are v24's differ by 10-15 µs), the step 14.76 vs 14.91 ms; C 1 / 8 AR and C 8
+DDTree-16 (hints 1, 8, 136: v24's tiles) within 0.02 ms. The rank alone depends on the draw:
+the CLI's T 9 / 17 draws of that call put 11 experts on the rank, where the 64-row tiles lost
+(108.7 / 108.3 vs 100.7 / 101.3 µs), call 2's T 17 draw put 16 there (won 135.4 vs 147.8);
+hint 24 (~20 experts) 188.0 vs 183.6. The step averages 60 layers' draws: BEST from session 21.
 Bits: a row's K order is the split's tile order whichever BN holds the row (the splits at the
 64-row tiles are v13's rule for them, one split at hints 9-24 on an EP8 rank as in v24), so
 the tiles change the grid, not a row's arithmetic; the GPU test checks v24's bits.
