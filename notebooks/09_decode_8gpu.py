@@ -419,3 +419,30 @@ if all((s20 / f).exists() for f in [*op_runs.values(), *graph_runs.values()]):
 else:
     view = "traces/gpu/session20 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 21: the attention side stream and int4_moe triton_v25
+# `traces/gpu/session21/README.md` has the commands. Kernel ms a step from CUDA-graph replays
+# of the EP8 rank: the session-20 schedule (call 1, `--attn-stream off`), the latent cache
+# write and q_pe's RoPE beside q's path (call 1, `--attn-stream on`, the default from this
+# session), and the committed session-21 preset (call 4: int4_moe BEST triton_v25, whose
+# 64-row decode tiles reach the C 1 DDTree-16 verify of an EP8 rank).
+
+# %%
+s21 = traces / "gpu/session21"
+runs21 = {"attn-stream off": "call1_emulate_graph_attn_off.csv",
+          "attn-stream on": "call1_emulate_graph_attn_on.csv",
+          "session-21 preset": "call4_emulate_graph_final.csv"}
+if all((s21 / f).exists() for f in runs21.values()):
+    g = pd.concat({k: pd.read_csv(s21 / f) for k, f in runs21.items()})
+    g = g.reset_index(level=0, names="run").query("link == 'NVLink4'")
+    assert (g.kernel_timing == "graph").all()  # every step captured
+    ms = g.pivot_table(index=["C", "mode"], columns="run", values="kernel_ms")[list(runs21)]
+    assert (ms["attn-stream on"] < ms["attn-stream off"]).all()  # faster in all six
+    fig, ax = plt.subplots(figsize=(8, 4))
+    step_bars(ax, ms, "kernel ms a step, graph-replayed")
+    x_floor = g.query("run == 'session-21 preset'").set_index(["C", "mode"]).x_floor
+    view = pd.concat({"kernel ms": ms.round(2), "x floor (preset)": x_floor.round(2)}, axis=1)
+else:
+    view = "traces/gpu/session21 not in this checkout"
+view

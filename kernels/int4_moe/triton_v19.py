@@ -29,14 +29,16 @@ from .triton_v16 import grid_gemm_hot
 from .triton_v18 import tiles as _tiles_v18
 
 
+def decode_tiles(c: dict, T: int, K: int, E: int, D: int, I: int, slots: int | None) -> dict:
+    """c with v7's 64-row tiles at 128 registers and v13's splits for them (v19, v25)."""
+    return c | dict(BN=64, maxnreg=128) | splits(64, T, K, E, D, I, slots)
+
+
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """v18's tiles; at most K slots expected: BN 64 at 128 registers and v13's splits for it.
     Shapes only (graph-safe)."""
     c = _tiles_v18(T, K, E, D, I, slots)
-    if c["S_EXP"] <= K:
-        c |= dict(BN=64, maxnreg=128)
-        c |= splits(64, T, K, E, D, I, slots)
-    return c
+    return decode_tiles(c, T, K, E, D, I, slots) if c["S_EXP"] <= K else c
 
 
 def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,

@@ -35,8 +35,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from .triton_v11 import launch_hinted
-from .triton_v13 import splits
 from .triton_v16 import grid_gemm_hot
+from .triton_v19 import decode_tiles
 from .triton_v24 import _router
 from .triton_v24 import tiles as _tiles_v24
 
@@ -48,8 +48,7 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     BN 64 at 128 registers and v13's splits for it. Shapes only (graph-safe)."""
     c = _tiles_v24(T, K, E, D, I, slots)
     if min(E, c["S_EXP"]) <= DECODE_ACTIVE * K:
-        c |= dict(BN=64, maxnreg=128)
-        c |= splits(64, T, K, E, D, I, slots)
+        return decode_tiles(c, T, K, E, D, I, slots)
     return c
 
 
