@@ -699,14 +699,38 @@ def test_emulation_graph_flag_is_cuda_only_and_says_how_it_timed(tmp_path):
     assert (t.attn_stream == "on").all()  # on by default from session 21 (measured faster)
 
 
+def test_emulation_main_priority_is_recorded_and_checked(tmp_path):
+    """--main-priority (graph capture on a higher-priority stream than the side streams') is a
+    row column; a positive priority (lower than CUDA's lowest, 0) is refused by name."""
+    import pandas as pd
+
+    from workbench.dist.emulate import main
+    from workbench.dist.model import capture_priority, main_priority
+
+    csv = tmp_path / "e.csv"
+    assert main(["--preset", "tiny-dist", "--layouts", "ep8", "--batches", "1",
+                 "--budgets", "ar", "--ctx", "32", "--repeats", "1", "--device", "cpu",
+                 "--graph", "--main-priority", "-1", "--csv", str(csv)]) == 0
+    assert (pd.read_csv(csv).main_priority == -1).all()
+    with main_priority(-2):
+        assert capture_priority() == -2
+    assert capture_priority() == 0
+    with pytest.raises(ValueError, match=r"main_priority: expected an int <= 0 \(lower is "
+                                         r"higher\), got 1"):
+        with main_priority(1):
+            pass
+
+
 @pytest.mark.gpu
-def test_gpu_graph_replay_captures_the_side_stream_fork_and_join():
+@pytest.mark.parametrize("priority", [0, -1])
+def test_gpu_graph_replay_captures_the_side_stream_fork_and_join(priority):
     """emulate --graph's capture (`_graph_profiled`) of a step that forks a side stream with
     `beside`: the replay computes what the eager call did (the join orders the add after both
-    branches), its profile holds both branches' kernels and the timed replay is > 0."""
+    branches), its profile holds both branches' kernels and the timed replay is > 0; also
+    captured on a higher-priority main stream (`main_priority`, the side stream at 0)."""
     from workbench.dist.comm import StepLog
     from workbench.dist.emulate import StandInComm, _graph_profiled
-    from workbench.dist.model import beside, shared_stream
+    from workbench.dist.model import beside, main_priority, shared_stream
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -721,7 +745,8 @@ def test_gpu_graph_replay_captures_the_side_stream_fork_and_join():
     step()
     want = out.clone()
     out.fill_(float("nan"))
-    prof, wall = _graph_profiled(step, StandInComm(0, 8, StepLog(dev)), dev)
+    with main_priority(priority):
+        prof, wall = _graph_profiled(step, StandInComm(0, 8, StepLog(dev)), dev)
     assert torch.equal(out, want) and wall > 0
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) >= 4  # two GEMMs, tanh, the add (and the copy)

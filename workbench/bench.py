@@ -234,9 +234,13 @@ def replay_us(replay, rounds: int) -> list[float]:
     return out
 
 
-def capture_replays(calls) -> list:
+def capture_replays(calls, priority: int = 0) -> list:
     """Each of `calls` captured in a CUDA graph of its own, after one warm call of each on a
-    side stream (as torch.cuda.graph wants): their replay callables, in order."""
+    side stream (as torch.cuda.graph wants): their replay callables, in order. priority: the
+    CUDA stream priority to capture on (0 default, lower is higher): PyTorch instantiates with
+    cudaGraphInstantiateFlagUseNodePriority, so each kernel node keeps the priority of the
+    stream it was captured on, and work forked onto a default-priority side stream inside
+    `calls` yields the SMs to it when both have CTAs waiting."""
     graphs = []
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -244,9 +248,10 @@ def capture_replays(calls) -> list:
         for c in calls:
             c()
     torch.cuda.current_stream().wait_stream(stream)
+    capture = torch.cuda.Stream(priority=priority) if priority else None
     for c in calls:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, stream=capture):
             c()
         graphs.append(g.replay)
     torch.cuda.synchronize()

@@ -7,7 +7,8 @@ Why (H200, session 21 call 2, `triton_v24 --ep 8 --T 1,8,17,33 --cfgs "base;BN=6
 ranks' slots -1, the hint T K / 8) the verify of a C 1 DDTree-16 step (T 17, hint 17, ~16
 experts active) ran **135.4 µs on the 64-row tiles against 147.8** on v24's 128-row ones, every
 round; at hint 33 (~24-26 active) the 128-row tiles won (186.4 against 193.8), at hints 1 and 8
-(already 64-row in v24) they tie. The gate/up grid at ~16 active experts is 16 x 16 = 256
+(already 64-row in v24) they tie. A hypothesis, which call 5's draws below do not bear out
+as a rule: the gate/up grid at ~16 active experts is 16 x 16 = 256
 programs of 128 rows, two thirds of one wave at three CTAs an SM (396 slots), against 512
 programs of 64 rows at four (528 slots): the small grid leaves SMs idle, the case v19 made for
 T 1 (its stream probe: the arithmetic the K loop cannot hide is hidden better by more warps
@@ -23,7 +24,12 @@ whose tiles are v24's differ by 10-15 µs), the step 14.76 vs 14.91 ms; C 1 / 8 
 DDTree-16 (hints 1, 8, 136: v24's tiles) within 0.02 ms. The rank alone depends on the draw:
 the CLI's T 9 / 17 draws of that call put 11 experts on the rank, where the 64-row tiles lost
 (108.7 / 108.3 vs 100.7 / 101.3 µs), call 2's T 17 draw put 16 there (won 135.4 vs 147.8);
-hint 24 (~20 experts) 188.0 vs 183.6. The step averages 60 layers' draws: BEST from session 21.
+hint 24 (~20 experts) 188.0 vs 183.6. Call 5 (`--T 9,9,9,17,17,17,24 --by-kernel --rounds 2`,
+seven draws, v24 / v25 µs, experts on the rank): 4: 69.8 / **58.7**, 7: 85.9 / **76.1**, 10:
+**98.8** / 104.9, 11: **100.3** / 107.3, 14: 128.5 / **120.6**, 15: 136.0 / **132.6** and
+141.5 / **133.0**; the gate/up GEMM decides it (e.g. 7 experts 53.6 -> 40.8, 11: 56.0 ->
+62.1), the down GEMM moves 1-3 µs either way. Faster on 5 of 7 draws, slower at 10-11
+experts, for reasons not profiled. The step averages 60 layers' draws: BEST from session 21.
 Bits: a row's K order is the split's tile order whichever BN holds the row (the splits at the
 64-row tiles are v13's rule for them, one split at hints 9-24 on an EP8 rank as in v24), so
 the tiles change the grid, not a row's arithmetic; the GPU test checks v24's bits.

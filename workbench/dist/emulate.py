@@ -34,7 +34,7 @@ from workbench.config import ModelConfig
 from .comm import Comm, StepLog
 from .decode import dist_config
 from .layout import Layout
-from .model import DistKimiModel, empty_dist_model
+from .model import DistKimiModel, capture_priority, empty_dist_model, main_priority
 from .model import attn_stream as attn_side_stream
 from .model import shared_stream as side_stream
 from .moe import EP_DISPATCH, op_activations
@@ -216,7 +216,7 @@ def _graph_profiled(fn, comm: StandInComm, device, replays: int = 5):
     log, was = comm.log, comm.log.cuda
     log.cuda = False
     try:
-        replay = capture_replays([fn])[0]
+        replay = capture_replays([fn], priority=capture_priority())[0]
         replay()
         torch.cuda.synchronize(device)
         walls = [us * 1e-6 for us in replay_us(replay, replays)]
@@ -433,7 +433,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
-            shared_stream: bool = True, attn_stream: bool = True):
+            shared_stream: bool = True, attn_stream: bool = True, priority: int = 0):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -453,7 +453,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     (`model.shared_stream`); on a CPU it changes nothing. attn_stream (default on from session 21:
     -0.04 to -0.17 ms in all six EP8 graph replays at C 1 / 8 / 32, AR and DDTree-16): the
     attention's cache write and q_pe's RoPE on a side stream beside q's path
-    (`model.attn_stream`)."""
+    (`model.attn_stream`). priority: with graph, the CUDA stream priority the step is captured
+    on (`model.main_priority`: 0 default, lower is higher; the side streams keep 0)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -465,7 +466,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             for b in budgets:
                 with ops.use(kernels), op_activations(torch.bfloat16), \
                         moe_dispatch(ep_dispatch), side_stream(shared_stream), \
-                        attn_side_stream(attn_stream):
+                        attn_side_stream(attn_stream), main_priority(priority):
                     meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table,
                                    graph)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
@@ -473,6 +474,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
                     rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
                                  "shared_stream": "on" if shared_stream else "off",
                                  "attn_stream": "on" if attn_stream else "off",
+                                 "main_priority": priority,
                                  "link": link.name, "C": C,
                                  "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
                                  "ctx": ctx, **project(meas, link, world, C, t)})
@@ -521,6 +523,9 @@ def main(argv=None) -> int:
     p.add_argument("--attn-stream", default="on", choices=("on", "off"),
                    help="the attention's latent cache write and q_pe's RoPE on a side stream "
                    "beside q's norm, q_b and absorption (default on; measure it with --graph)")
+    p.add_argument("--main-priority", type=int, default=0,
+                   help="--graph: the CUDA stream priority the step is captured on (0 default; "
+                   "lower is higher, e.g. -1): the side streams keep 0 and yield the SMs")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -557,7 +562,7 @@ def main(argv=None) -> int:
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
                    on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table),
                    graph=a.graph, shared_stream=a.shared_stream == "on",
-                   attn_stream=a.attn_stream == "on")
+                   attn_stream=a.attn_stream == "on", priority=a.main_priority)
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",

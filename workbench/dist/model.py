@@ -58,8 +58,13 @@ from .moe import (
 # (~1.7 µs each a layer) can run beside q's norm, q_b and the absorption (session 21 call 1,
 # graph replays, on vs off: -0.15 ms at C 1 AR, -0.14 at C 1 DDTree-16, -0.15 at C 8 AR, -0.04
 # at C 8 DDTree-16, -0.17 / -0.13 at C 32 AR / DDTree-16: faster in all six, by ~1-3 %).
+# Side-stream work competes with the critical path for SMs (session 21: cuBLAS's router GEMM
+# took 10.7 µs a layer in graph replays beside the shared expert, ~5.8 eager alone). CUDA
+# stream priorities order the dispatch of waiting CTAs; the side stream already has the lowest
+# (0), so `main_priority` raises the stream a captured step runs on (emulate --main-priority).
 _SHARED_STREAM = [False]
 _ATTN_STREAM = [False]
+_MAIN_PRIORITY = [0]
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -82,6 +87,26 @@ def attn_stream(on: bool):
         yield
     finally:
         _ATTN_STREAM.pop()
+
+
+@contextmanager
+def main_priority(priority: int):
+    """Within the block, a CUDA graph of the step is captured on a stream of this priority (0
+    the default; lower numbers are higher priorities, torch.cuda.Stream.priority_range()):
+    the side streams' kernels keep the default, so they yield to the main path's."""
+    if not isinstance(priority, int) or priority > 0:
+        raise ValueError(f"main_priority: expected an int <= 0 (lower is higher), got "
+                         f"{priority!r}")
+    _MAIN_PRIORITY.append(priority)
+    try:
+        yield
+    finally:
+        _MAIN_PRIORITY.pop()
+
+
+def capture_priority() -> int:
+    """The stream priority a captured step runs on (`main_priority`)."""
+    return _MAIN_PRIORITY[-1]
 
 
 class Side:
