@@ -697,6 +697,7 @@ def test_emulation_graph_flag_is_cuda_only_and_says_how_it_timed(tmp_path):
     assert (t.kernel_timing == "eager").all() and t.graph_replay_ms.isna().all()
     assert (t.shared_stream == "on").all() and (t.kernel_ms > 0).all()
     assert (t.attn_stream == "on").all()  # on by default from session 21 (measured faster)
+    assert (t.main_priority == -1).all()  # the captured step above its side streams (session 21)
 
 
 def test_emulation_main_priority_is_recorded_and_checked(tmp_path):

@@ -433,7 +433,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
-            shared_stream: bool = True, attn_stream: bool = True, priority: int = 0):
+            shared_stream: bool = True, attn_stream: bool = True, priority: int = -1):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -453,8 +453,11 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     (`model.shared_stream`); on a CPU it changes nothing. attn_stream (default on from session 21:
     -0.04 to -0.17 ms in all six EP8 graph replays at C 1 / 8 / 32, AR and DDTree-16): the
     attention's cache write and q_pe's RoPE on a side stream beside q's path
-    (`model.attn_stream`). priority: with graph, the CUDA stream priority the step is captured
-    on (`model.main_priority`: 0 default, lower is higher; the side streams keep 0)."""
+    (`model.attn_stream`). priority (default -1 from session 21): with graph, the CUDA stream
+    priority the step is captured on (`model.main_priority`: lower is higher; the side streams
+    keep 0, so their CTAs wait while the main path's do): call 6, -1 against 0, kernel ms -0.04
+    / -0.10 / -0.14 / -0.24 at C 1 AR / C 1 DDTree-16 / C 8 AR / C 8 DDTree-16, C 32 within
+    the runs' spread (-0.09 AR, +0.29 DDTree-16, which varied 53.8-55.6 over the session)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -523,9 +526,10 @@ def main(argv=None) -> int:
     p.add_argument("--attn-stream", default="on", choices=("on", "off"),
                    help="the attention's latent cache write and q_pe's RoPE on a side stream "
                    "beside q's norm, q_b and absorption (default on; measure it with --graph)")
-    p.add_argument("--main-priority", type=int, default=0,
-                   help="--graph: the CUDA stream priority the step is captured on (0 default; "
-                   "lower is higher, e.g. -1): the side streams keep 0 and yield the SMs")
+    p.add_argument("--main-priority", type=int, default=-1,
+                   help="--graph: the CUDA stream priority the step is captured on (default -1; "
+                   "lower is higher, 0 the default stream's): the side streams keep 0 and "
+                   "yield the SMs")
     a = p.parse_args(argv)
     import pandas as pd
 
