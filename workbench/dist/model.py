@@ -62,8 +62,8 @@ from .moe import (
 # took 10.7 µs a layer in graph replays beside the shared expert, ~5.8 eager alone). CUDA
 # stream priorities order the dispatch of waiting CTAs; the side stream already has the lowest
 # (0), so `main_priority` raises the stream a captured step runs on (emulate --main-priority,
-# -1 by default from session 21 call 6: -0.04 to -0.24 kernel ms at C 1 / 8; 0 here, as
-# torch.cuda.graph captures, for every other caller).
+# -1 by default from session 21: AR -0.07 / -0.11 kernel ms at C 1 / 8, the verify within the
+# runs' spread; 0 here, as torch.cuda.graph captures, for every other caller).
 _SHARED_STREAM = [False]
 _ATTN_STREAM = [False]
 _MAIN_PRIORITY = [0]
