@@ -23,7 +23,8 @@ from workbench.reference.int4_moe import int4_moe
 VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "triton_v6",
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
-            "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25")
+            "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
+            "triton_v26")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -88,7 +89,8 @@ def test_edge_cases_match_reference(version):
              "triton_v12": (12,), "triton_v13": (13,), "triton_v14": (14,),
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
-             "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,)}
+             "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
+             "triton_v26": (26,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -99,7 +101,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v13", "triton_v14", "triton_v15",
                                      "triton_v16", "triton_v17", "triton_v18",
                                      "triton_v19", "triton_v22", "triton_v23",
-                                     "triton_v24", "triton_v25"])
+                                     "triton_v24", "triton_v25", "triton_v26"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -1889,5 +1891,75 @@ def test_v25_is_v24_bit_for_bit_gpu(real_experts, skew):
         here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
         hint = -(-T * 8 * 48 // 384)
         assert _bits_equal(triton_v25.int4_moe_triton(x, here, w, ex48, expected_slots=hint),
+                           triton_v24.int4_moe_triton(x, here, w, ex48,
+                                                      expected_slots=hint)), T
+
+
+# ---------------------------------------------------------------- v26: 64-row tiles by expected experts
+def test_v26_expected_active():
+    # why: the rule's count is the mean number of experts holding a slot: S slots over E
+    from workbench.kernels.int4_moe.triton_v26 import expected_active
+
+    assert expected_active(48, 0) == 0.0 and abs(expected_active(48, 1) - 1.0) < 1e-12
+    assert abs(expected_active(48, 17) - 14.4) < 0.05  # an EP8 rank's C 1 DDTree-16 verify
+    assert abs(expected_active(384, 24) - 23.3) < 0.05  # T 3 on all of Kimi's experts
+    assert expected_active(4, 10**6) == 4.0  # never more than E
+    assert expected_active(0, 5) == 0.0
+
+
+def test_v26_tiles():
+    # why: v26 keeps v25's 64-row tiles where at most 2 K experts are expected active and
+    # v24's 128-row ones above (T 3 on 384 experts, EP8 hints 20-33); v24's knobs otherwise
+    from workbench.kernels.int4_moe import triton_v24, triton_v25, triton_v26
+
+    D, I, K = 7168, 2048, 8
+    for T, E, hint, like in ((1, 384, None, 25), (2, 384, None, 25), (3, 384, None, 24),
+                             (4, 384, None, 24), (1, 48, 1, 25), (8, 48, 8, 25), (9, 48, 9, 25),
+                             (17, 48, 17, 25), (19, 48, 19, 25), (20, 48, 20, 24),
+                             (24, 48, 24, 24), (33, 48, 33, 24), (136, 48, 136, 24)):
+        want = (triton_v25 if like == 25 else triton_v24).tiles(T, K, E, D, I, hint)
+        assert triton_v26.tiles(T, K, E, D, I, hint) == want, (T, E, hint)
+    assert triton_v26.tiles(2, K, 384, D, I)["BN"] == 64  # where it differs from v24
+    assert triton_v26.tiles(3, K, 384, D, I)["BN"] == 128  # where it differs from v25
+
+
+@pytest.mark.parametrize("T, hint", [(2, None), (9, 9)])
+def test_v26_decode_tiles_match_reference(monkeypatch, T, hint):
+    # why: the 64-row tiles past K slots where v26 takes them (T 2 unhinted: 8 slots on 16
+    # experts at K 4, ~6.3 expected; a hinted rank), every intermediate NaN-filled
+    from workbench.kernels.int4_moe import triton_v26
+
+    _poisoned_buffers(monkeypatch)
+    E, D, I, K = 16, 512, 256, 4
+    ex = _experts(E, D, I, seed=260 + T)
+    ids, w = _routing(T, E, K, seed=260 + T)
+    if hint is not None:
+        ids = torch.where(ids < 12, ids, torch.full_like(ids, -1))
+    assert triton_v26.tiles(T, K, E, D, I, hint)["BN"] == 64
+    x = torch.randn(T, D).bfloat16()
+    out = triton_v26.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    ref = int4_moe(x, ids, w, ex)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v26_is_v24_bit_for_bit_gpu(real_experts, skew):
+    # why: the tiles change the grid, not a row's K order: v24's bits where v26 takes the
+    # 64-row tiles (T 1-2 on 384 experts, a hinted EP8 rank to hint 19) and where it does not
+    from workbench.kernels.int4_moe import triton_v24, triton_v26
+
+    ex, cfg = real_experts
+    for T in (1, 2, 3, 9):
+        x, ids, w = _real_inputs(cfg, T, 1060 + T, skew)
+        assert _bits_equal(triton_v26.int4_moe_triton(x, ids, w, ex),
+                           triton_v24.int4_moe_triton(x, ids, w, ex)), T
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    for T in (1, 9, 17, 19, 20):
+        x, ids, w = _real_inputs(cfg, T, 1080 + T, skew)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        hint = -(-T * 8 * 48 // 384)
+        assert _bits_equal(triton_v26.int4_moe_triton(x, here, w, ex48, expected_slots=hint),
                            triton_v24.int4_moe_triton(x, here, w, ex48,
                                                       expected_slots=hint)), T

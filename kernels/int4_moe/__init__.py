@@ -66,8 +66,11 @@ Versions (README.md has the design and the version log), each with the contract 
                step's routing 165 vs 300 µs; BEST from session 20)
     triton_v25 v24 with v19's 64-row tiles wherever at most 3 K experts are expected active
                (v24: at most K slots), v24's everywhere else (H200: one EP8 rank's C 1
-               DDTree-16 verify, hint 17, 135.4 vs 147.8 µs as a v24 config; v24's bits;
-               BEST from session 21)
+               DDTree-16 verify, hint 17, 135.4 vs 147.8 µs as a v24 config; v24's bits)
+    triton_v26 v25 with the 64-row tiles where at most 2 K experts are EXPECTED active,
+               E (1 - (1 - 1/E)^S) (v25: min(E, S) <= 3 K): v25's tiles on the EP8 step,
+               v24's at T 3 on 384 experts (H200: 185.2 vs v25's 192.5 µs); BEST from
+               session 21
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -77,17 +80,18 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v25 from session 21 (H200: v24's bits, 18 GPU tests; the EP8 step's int4 GEMMs at C 1
+# triton_v26 from session 21 (v25's tiles on the EP8 step, v24's at T 3 on 384 experts where
+# v25's lost, 192.5 vs 185.2 µs; v24's bits); triton_v25 before it in session 21 (H200: v24's bits, 18 GPU tests; the EP8 step's int4 GEMMs at C 1
 # DDTree-16 7147 vs v24's 7279 µs in the same call, the other configurations' tiles and times
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v25"
+BEST = "triton_v26"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25, 26)}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -170,6 +174,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "sort of expert x slots + slot: the same slot list) instead of three (v22's bits)",
     ("int4_moe", "triton_v25"): "v24 with the 64-row decode tiles (four CTAs an SM) wherever at "
     "most 3 K experts are expected active, e.g. an EP8 rank's C 1 verify (v24: at most K slots)",
+    ("int4_moe", "triton_v26"): "v25 with the 64-row tiles where at most 2 K experts are "
+    "expected active, E (1 - (1 - 1/E)^S) for S slots (v25: min(E, S) <= 3 K)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

@@ -29,7 +29,9 @@ seven draws, v24 / v25 µs, experts on the rank): 4: 69.8 / **58.7**, 7: 85.9 / 
 **98.8** / 104.9, 11: **100.3** / 107.3, 14: 128.5 / **120.6**, 15: 136.0 / **132.6** and
 141.5 / **133.0**; the gate/up GEMM decides it (e.g. 7 experts 53.6 -> 40.8, 11: 56.0 ->
 62.1), the down GEMM moves 1-3 µs either way. Faster on 5 of 7 draws, slower at 10-11
-experts, for reasons not profiled. The step averages 60 layers' draws: BEST from session 21.
+experts, for reasons not profiled. The step averages 60 layers' draws: BEST in session 21
+until triton_v26, which keeps these tiles on the EP8 step but not at T 3 on 384 experts
+(call 8: 192.5 vs v24's 185.2 µs; T 2 won, 136.6 vs 148.6).
 Bits: a row's K order is the split's tile order whichever BN holds the row (the splits at the
 64-row tiles are v13's rule for them, one split at hints 9-24 on an EP8 rank as in v24), so
 the tiles change the grid, not a row's arithmetic; the GPU test checks v24's bits.
