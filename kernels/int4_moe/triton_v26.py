@@ -15,8 +15,10 @@ ones, by the experts active (expected for the shape; the draw's own count in bra
 The expected count, not min(E, S), is what a grid of that many experts' tiles holds on
 average (an EP8 rank's 17 slots land on ~14.4 of its 48 experts); the bound 2 K = 16 sits
 between the wins (<= 15.7) and the losses (>= 19.0). Shapes only: the count is a float of
-E and the hint, graph-safe. Bits: v24's (v25's GPU test: BN changes the grid, not a row's K
-order).
+E and the hint, graph-safe. Bits: v24's (BN changes the grid, not a row's K order).
+Measured (session 21 call 9): GPU tests 18 passed (v24's bits on 384 experts and on a hinted
+EP8 rank, REAL shapes, graph replay); `--T 2,3 --cfgs "v=24;v=25;base" --rounds 3`: T 2 137.4
+µs (v25 137.8, v24 151.5), T 3 187.6 (v24 187.6, v25 193.8). BEST from session 21.
 Dimension legend: v16's.
 """
 
