@@ -646,12 +646,12 @@ def test_op_kernel_times_charge_each_kernel_to_its_innermost_range():
     assert cpu_per == {"moe": [1, 120.0]}
 
 
-def _ep8_forward(device, on: bool, kernels=None):
+def _ep8_forward(device, on: bool, kernels=None, fork: str = "before-route"):
     """The EP8 engine path's logits (bf16 rows, local dispatch) of one 3-row verify with the
-    side streams (the shared expert beside the routed ones, the attention's cache write and
-    q_pe RoPE beside q's path) `on`, or every op on one stream."""
+    side streams (the shared expert beside the routed ones, forked `fork`; the attention's
+    cache write and q_pe RoPE beside q's path) `on`, or every op on one stream."""
     from workbench.dist.emulate import rank_model
-    from workbench.dist.model import attn_stream, shared_stream
+    from workbench.dist.model import attn_stream, shared_fork, shared_stream
     from workbench.dist.moe import op_activations
     from workbench.reference.tree_mla import causal_anc_bits
 
@@ -662,7 +662,8 @@ def _ep8_forward(device, on: bool, kernels=None):
         layer[:, :32].copy_(torch.randn(layer[:, :32].shape, generator=g))
     prefix = torch.full((2,), 32, dtype=torch.long, device=device)
     ids = torch.randint(3, model.cfg.vocab_size, (2, 3), generator=g).to(device)
-    with ops.use(kernels), op_activations(torch.bfloat16), shared_stream(on), attn_stream(on):
+    with ops.use(kernels), op_activations(torch.bfloat16), shared_stream(on), attn_stream(on), \
+            shared_fork(fork):
         out = model(ids, prefix[:, None] + torch.arange(3, device=device), cache, prefix,
                     causal_anc_bits(3, 2, device))
     return out.logits
@@ -676,7 +677,9 @@ def test_side_streams_change_no_bit():
     from workbench.dist.model import _ATTN_STREAM, _SHARED_STREAM, beside
 
     assert _SHARED_STREAM == [False] and _ATTN_STREAM == [False]  # off unless asked for
-    assert torch.equal(_ep8_forward("cpu", True), _ep8_forward("cpu", False))
+    one_stream = _ep8_forward("cpu", False)
+    assert torch.equal(_ep8_forward("cpu", True), one_stream)
+    assert torch.equal(_ep8_forward("cpu", True, fork="after-route"), one_stream)
     order = []
     assert beside(lambda: order.append("side") or 1, lambda: order.append("main") or 2,
                   torch.device("cpu")) == (1, 2) and order == ["side", "main"]
@@ -698,6 +701,16 @@ def test_emulation_graph_flag_is_cuda_only_and_says_how_it_timed(tmp_path):
     assert (t.shared_stream == "on").all() and (t.kernel_ms > 0).all()
     assert (t.attn_stream == "on").all()  # on by default from session 21 (measured faster)
     assert (t.main_priority == -1).all()  # the captured step above its side streams (session 21)
+    assert (t.shared_fork == "before-route").all()
+
+
+def test_shared_fork_rejects_unknown_places():
+    from workbench.dist.model import shared_fork
+
+    with pytest.raises(ValueError, match=r"shared_fork: expected one of \('before-route', "
+                                         r"'after-route'\), got 'middle'"):
+        with shared_fork("middle"):
+            pass
 
 
 def test_emulation_main_priority_is_recorded_and_checked(tmp_path):
@@ -758,4 +771,6 @@ def test_gpu_side_streams_change_no_bit():
     # why: on the GPU the side streams really fork and join (the cache write and q_pe's RoPE
     # beside q's path, the shared expert beside the routed experts): the logits are the bits
     # of the one-stream schedule (reference ops at tiny-dist widths)
-    assert torch.equal(_ep8_forward("cuda", True), _ep8_forward("cuda", False))
+    one_stream = _ep8_forward("cuda", False)
+    assert torch.equal(_ep8_forward("cuda", True), one_stream)
+    assert torch.equal(_ep8_forward("cuda", True, fork="after-route"), one_stream)

@@ -34,7 +34,14 @@ from workbench.config import ModelConfig
 from .comm import Comm, StepLog
 from .decode import dist_config
 from .layout import Layout
-from .model import DistKimiModel, capture_priority, empty_dist_model, main_priority
+from .model import (
+    SHARED_FORKS,
+    DistKimiModel,
+    capture_priority,
+    empty_dist_model,
+    main_priority,
+    shared_fork,
+)
 from .model import attn_stream as attn_side_stream
 from .model import shared_stream as side_stream
 from .moe import EP_DISPATCH, op_activations
@@ -433,7 +440,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
-            shared_stream: bool = True, attn_stream: bool = True, priority: int = -1):
+            shared_stream: bool = True, attn_stream: bool = True, priority: int = -1,
+            fork: str = "before-route"):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -458,7 +466,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     keep 0, so their CTAs wait while the main path's do): call 6, -1 against 0, kernel ms -0.04
     / -0.10 / -0.14 / -0.24 at C 1 AR / C 1 DDTree-16 / C 8 AR / C 8 DDTree-16, C 32 within
     the runs' spread (-0.09 AR, +0.29 DDTree-16, which varied 53.8-55.6 over the session);
-    pooled over calls 3-7: AR -0.07 / -0.11 ms at C 1 / 8, DDTree-16 within 0.05 ms."""
+    pooled over calls 3-7: AR -0.07 / -0.11 ms at C 1 / 8, DDTree-16 within 0.05 ms. fork:
+    where the shared expert's side stream forks (`model.shared_fork`: "before-route", or
+    "after-route", beside the routed experts only)."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -470,7 +480,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             for b in budgets:
                 with ops.use(kernels), op_activations(torch.bfloat16), \
                         moe_dispatch(ep_dispatch), side_stream(shared_stream), \
-                        attn_side_stream(attn_stream), main_priority(priority):
+                        attn_side_stream(attn_stream), main_priority(priority), \
+                        shared_fork(fork):
                     meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table,
                                    graph)
                 t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
@@ -478,7 +489,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
                     rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
                                  "shared_stream": "on" if shared_stream else "off",
                                  "attn_stream": "on" if attn_stream else "off",
-                                 "main_priority": priority,
+                                 "main_priority": priority, "shared_fork": fork,
                                  "link": link.name, "C": C,
                                  "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
                                  "ctx": ctx, **project(meas, link, world, C, t)})
@@ -531,6 +542,9 @@ def main(argv=None) -> int:
                    help="--graph: the CUDA stream priority the step is captured on (default -1; "
                    "lower is higher, 0 the default stream's): the side streams keep 0 and "
                    "yield the SMs")
+    p.add_argument("--shared-fork", default="before-route", choices=SHARED_FORKS,
+                   help="where the shared expert's side stream forks: before the router "
+                   "(default) or after it, beside the routed experts only")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -567,7 +581,8 @@ def main(argv=None) -> int:
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
                    on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table),
                    graph=a.graph, shared_stream=a.shared_stream == "on",
-                   attn_stream=a.attn_stream == "on", priority=a.main_priority)
+                   attn_stream=a.attn_stream == "on", priority=a.main_priority,
+                   fork=a.shared_fork)
     df = pd.DataFrame(rows)
     cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
             "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",

@@ -64,7 +64,13 @@ from .moe import (
 # (0), so `main_priority` raises the stream a captured step runs on (emulate --main-priority,
 # -1 by default from session 21: AR -0.07 / -0.11 kernel ms at C 1 / 8, the verify within the
 # runs' spread; 0 here, as torch.cuda.graph captures, for every other caller).
+# Where the shared expert forks (`shared_fork`): "before-route" (session 20) puts its three
+# GEMMs beside the router GEMM, its top-k and the local-id gather (all short, all on the
+# critical path); "after-route" forks once the routing is queued, beside the routed experts'
+# own launches (the int4 GEMMs run ~25-125 µs a layer).
+SHARED_FORKS = ("before-route", "after-route")
 _SHARED_STREAM = [False]
+_SHARED_FORK = ["before-route"]
 _ATTN_STREAM = [False]
 _MAIN_PRIORITY = [0]
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
@@ -78,6 +84,19 @@ def shared_stream(on: bool):
         yield
     finally:
         _SHARED_STREAM.pop()
+
+
+@contextmanager
+def shared_fork(where: str):
+    """Within the block, the shared expert's side stream forks `where` (SHARED_FORKS) in the
+    EP engine path's MoE layer (with shared_stream on)."""
+    if where not in SHARED_FORKS:
+        raise ValueError(f"shared_fork: expected one of {SHARED_FORKS}, got {where!r}")
+    _SHARED_FORK.append(where)
+    try:
+        yield
+    finally:
+        _SHARED_FORK.pop()
 
 
 @contextmanager
@@ -410,10 +429,16 @@ class DistKimiModel(nn.Module):
 
         if lay.ep > 1 and not lay.exact and _stack_weights() and ep_dispatch_mode() == "local":
             # EP on bf16 rows, this rank's experts on every token (the engine emulation): the
-            # shared expert's partial (`beside` the router and the routed experts) plus the
-            # routed partial, then ONE all-reduce sums both
-            part, routed = beside(lambda: sh.partial(h),
-                                  lambda: moe_ep_local(h, *route(), experts, lay), h.device)
+            # shared expert's partial (`beside` the router and the routed experts, or beside
+            # the routed experts only: `shared_fork`) plus the routed partial, then ONE
+            # all-reduce sums both
+            if _SHARED_FORK[-1] == "after-route":
+                ids, w = route()
+                part, routed = beside(lambda: sh.partial(h),
+                                      lambda: moe_ep_local(h, ids, w, experts, lay), h.device)
+            else:
+                part, routed = beside(lambda: sh.partial(h),
+                                      lambda: moe_ep_local(h, *route(), experts, lay), h.device)
             part.add_(routed)
             return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
         ids, w = route()
