@@ -701,7 +701,7 @@ def test_emulation_graph_flag_is_cuda_only_and_says_how_it_timed(tmp_path):
     assert (t.shared_stream == "on").all() and (t.kernel_ms > 0).all()
     assert (t.attn_stream == "on").all()  # on by default from session 21 (measured faster)
     assert (t.main_priority == -1).all()  # the captured step above its side streams (session 21)
-    assert (t.shared_fork == "before-route").all()
+    assert (t.shared_fork == "after-route").all()  # the emulation's default from session 21
 
 
 def test_shared_fork_rejects_unknown_places():

@@ -441,7 +441,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
             shared_stream: bool = True, attn_stream: bool = True, priority: int = -1,
-            fork: str = "before-route"):
+            fork: str = "after-route"):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -466,9 +466,12 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     keep 0, so their CTAs wait while the main path's do): call 6, -1 against 0, kernel ms -0.04
     / -0.10 / -0.14 / -0.24 at C 1 AR / C 1 DDTree-16 / C 8 AR / C 8 DDTree-16, C 32 within
     the runs' spread (-0.09 AR, +0.29 DDTree-16, which varied 53.8-55.6 over the session);
-    pooled over calls 3-7: AR -0.07 / -0.11 ms at C 1 / 8, DDTree-16 within 0.05 ms. fork:
-    where the shared expert's side stream forks (`model.shared_fork`: "before-route", or
-    "after-route", beside the routed experts only)."""
+    pooled over calls 3-7: AR -0.07 / -0.11 ms at C 1 / 8, DDTree-16 within 0.05 ms. fork
+    (default "after-route" from session 21): where the shared expert's side stream forks
+    (`model.shared_fork`): beside the routed experts only, or "before-route" (session 20's,
+    beside the router too); call 11, after against before, kernel ms: C 1 AR 5.71 / 5.73,
+    C 1 DDTree-16 14.40 / 14.53, C 8 AR 9.51 / 9.52, C 8 DDTree-16 29.56 / 29.62: never slower,
+    by at most the runs' spread."""
     from workbench.reference.drafter import build_drafter
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -542,9 +545,9 @@ def main(argv=None) -> int:
                    help="--graph: the CUDA stream priority the step is captured on (default -1; "
                    "lower is higher, 0 the default stream's): the side streams keep 0 and "
                    "yield the SMs")
-    p.add_argument("--shared-fork", default="before-route", choices=SHARED_FORKS,
-                   help="where the shared expert's side stream forks: before the router "
-                   "(default) or after it, beside the routed experts only")
+    p.add_argument("--shared-fork", default="after-route", choices=SHARED_FORKS,
+                   help="where the shared expert's side stream forks: after the router, beside "
+                   "the routed experts only (default), or before it (session 20's)")
     a = p.parse_args(argv)
     import pandas as pd
 
