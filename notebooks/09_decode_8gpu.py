@@ -427,7 +427,8 @@ view
 # write and q_pe's RoPE beside q's path (call 1, `--attn-stream on`, the default from this
 # session), the session-21 preset (call 4: int4_moe BEST triton_v25, whose 64-row decode
 # tiles reach the C 1 DDTree-16 verify of an EP8 rank), and the session's end (call 7: the
-# step also captured one stream priority above its side streams, `--main-priority -1`).
+# step also captured one stream priority above its side streams, `--main-priority -1`), and
+# the shared expert forked after the route (call 11, `--shared-fork after-route`: C 1 and 8).
 # Between calls a configuration moves by up to ~0.25 ms at C 1 DDTree-16 and ~1.8 at C 32.
 
 # %%
@@ -435,7 +436,8 @@ s21 = traces / "gpu/session21"
 runs21 = {"attn-stream off": "call1_emulate_graph_attn_off.csv",
           "attn-stream on": "call1_emulate_graph_attn_on.csv",
           "session-21 preset": "call4_emulate_graph_final.csv",
-          "+ main priority (end)": "call7_emulate_graph_end.csv"}
+          "+ main priority": "call7_emulate_graph_end.csv",
+          "+ shared fork after route": "call11_emulate_graph_fork_after.csv"}
 if all((s21 / f).exists() for f in runs21.values()):
     g = pd.concat({k: pd.read_csv(s21 / f) for k, f in runs21.items()})
     g = g.reset_index(level=0, names="run").query("link == 'NVLink4'")
@@ -444,8 +446,8 @@ if all((s21 / f).exists() for f in runs21.values()):
     assert (ms["attn-stream on"] < ms["attn-stream off"]).all()  # faster in all six
     fig, ax = plt.subplots(figsize=(8, 4))
     step_bars(ax, ms, "kernel ms a step, graph-replayed")
-    x_floor = g.query("run == '+ main priority (end)'").set_index(["C", "mode"]).x_floor
-    view = pd.concat({"kernel ms": ms.round(2), "x floor (end)": x_floor.round(2)}, axis=1)
+    x_floor = g.query("run == '+ main priority'").set_index(["C", "mode"]).x_floor
+    view = pd.concat({"kernel ms": ms.round(2), "x floor (call 7)": x_floor.round(2)}, axis=1)
 else:
     view = "traces/gpu/session21 not in this checkout"
 view
