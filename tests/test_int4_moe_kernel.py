@@ -1852,49 +1852,6 @@ def test_v25_tiles():
             assert new == old, (T, E, hint)
 
 
-@pytest.mark.parametrize("T, hint", [(3, None), (9, 9)])
-def test_v25_wider_decode_tiles_match_reference(monkeypatch, T, hint):
-    # why: the 64-row tiles now run past K slots (T 3 unhinted: 12 slots on 8 experts at K 4;
-    # a hinted rank with 9 slots expected), every intermediate NaN-filled
-    from workbench.kernels.int4_moe import triton_v24, triton_v25
-
-    _poisoned_buffers(monkeypatch)
-    E, D, I, K = 8, 512, 256, 4
-    ex = _experts(E, D, I, seed=250 + T)
-    ids, w = _routing(T, E, K, seed=250 + T)
-    if hint is not None:
-        ids = torch.where(ids < 6, ids, torch.full_like(ids, -1))
-    assert triton_v25.tiles(T, K, E, D, I, hint)["BN"] == 64
-    assert triton_v24.tiles(T, K, E, D, I, hint)["BN"] == 128
-    x = torch.randn(T, D).bfloat16()
-    out = triton_v25.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
-    ref = int4_moe(x, ids, w, ex)
-    assert not out.isnan().any()
-    assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
-def test_v25_is_v24_bit_for_bit_gpu(real_experts, skew):
-    # why: the 64-row tiles change the grid, not a row's K order (the same splits): v24's
-    # bits on 384 experts (T 2 / 3 take the new tiles) and on a hinted EP8 rank's verify
-    from workbench.kernels.int4_moe import triton_v24, triton_v25
-
-    ex, cfg = real_experts
-    for T in (1, 2, 3, 9, 17):
-        x, ids, w = _real_inputs(cfg, T, 960 + T, skew)
-        assert _bits_equal(triton_v25.int4_moe_triton(x, ids, w, ex),
-                           triton_v24.int4_moe_triton(x, ids, w, ex)), T
-    ex48 = type(ex)(*(t[:48] for t in ex))
-    for T in (1, 9, 17, 24, 33):
-        x, ids, w = _real_inputs(cfg, T, 980 + T, skew)
-        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
-        hint = -(-T * 8 * 48 // 384)
-        assert _bits_equal(triton_v25.int4_moe_triton(x, here, w, ex48, expected_slots=hint),
-                           triton_v24.int4_moe_triton(x, here, w, ex48,
-                                                      expected_slots=hint)), T
-
-
 # ---------------------------------------------------------------- v26: 64-row tiles by expected experts
 def test_v26_expected_active():
     # why: the rule's count is the mean number of experts holding a slot: S slots over E
@@ -1923,43 +1880,63 @@ def test_v26_tiles():
     assert triton_v26.tiles(3, K, 384, D, I)["BN"] == 128  # where it differs from v25
 
 
-@pytest.mark.parametrize("T, hint", [(2, None), (9, 9)])
-def test_v26_decode_tiles_match_reference(monkeypatch, T, hint):
-    # why: the 64-row tiles past K slots where v26 takes them (T 2 unhinted: 8 slots on 16
-    # experts at K 4, ~6.3 expected; a hinted rank), every intermediate NaN-filled
-    from workbench.kernels.int4_moe import triton_v26
+# ---------------------------------------------------------------- v25, v26: the 64-row tiles
+# past K slots, against the reference (CPU) and v24's bits (GPU)
+@pytest.mark.parametrize("version, T, hint, E, here_below", [
+    ("triton_v25", 3, None, 8, None), ("triton_v25", 9, 9, 8, 6),
+    ("triton_v26", 2, None, 16, None), ("triton_v26", 9, 9, 16, 12)])
+def test_wider_decode_tiles_match_reference(monkeypatch, version, T, hint, E, here_below):
+    # why: the 64-row tiles now run past K slots (v25: T 3 unhinted, 12 slots on 8 experts at
+    # K 4; v26: T 2, 8 slots on 16 experts, ~6.3 expected; each also on a hinted rank whose
+    # other ids are -1), every intermediate NaN-filled; v24 ran 128 rows there
+    import importlib
 
+    from workbench.kernels.int4_moe import triton_v24
+
+    mod = importlib.import_module(f"workbench.kernels.int4_moe.{version}")
     _poisoned_buffers(monkeypatch)
-    E, D, I, K = 16, 512, 256, 4
-    ex = _experts(E, D, I, seed=260 + T)
-    ids, w = _routing(T, E, K, seed=260 + T)
-    if hint is not None:
-        ids = torch.where(ids < 12, ids, torch.full_like(ids, -1))
-    assert triton_v26.tiles(T, K, E, D, I, hint)["BN"] == 64
+    D, I, K = 512, 256, 4
+    seed = {"triton_v25": 250, "triton_v26": 260}[version] + T
+    ex = _experts(E, D, I, seed=seed)
+    ids, w = _routing(T, E, K, seed=seed)
+    if here_below is not None:
+        ids = torch.where(ids < here_below, ids, torch.full_like(ids, -1))
+    assert mod.tiles(T, K, E, D, I, hint)["BN"] == 64
+    assert triton_v24.tiles(T, K, E, D, I, hint)["BN"] == 128
     x = torch.randn(T, D).bfloat16()
-    out = triton_v26.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    out = mod.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
     ref = int4_moe(x, ids, w, ex)
     assert not out.isnan().any()
     assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
-def test_v26_is_v24_bit_for_bit_gpu(real_experts, skew):
-    # why: the tiles change the grid, not a row's K order: v24's bits where v26 takes the
-    # 64-row tiles (T 1-2 on 384 experts, a hinted EP8 rank to hint 19) and where it does not
-    from workbench.kernels.int4_moe import triton_v24, triton_v26
+# the T of all 384 experts, then of a hinted EP8 rank (hint T K / 8), and the seed bases that
+# ran on the H200 (session 21 calls 3 and 9)
+_WIDER = {"triton_v25": ((1, 2, 3, 9, 17), (1, 9, 17, 24, 33), 960, 980),
+          "triton_v26": ((1, 2, 3, 9), (1, 9, 17, 19, 20), 1060, 1080)}
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", list(_WIDER))
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_wider_decode_tiles_are_v24_bit_for_bit_gpu(real_experts, version, skew):
+    # why: the 64-row tiles change the grid, not a row's K order (the same splits): v24's
+    # bits where v25 / v26 take them (T 2-3 on 384 experts, EP8 hints 9-24) and where not
+    import importlib
+
+    from workbench.kernels.int4_moe import triton_v24
+
+    fn = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_triton
+    all_t, rank_t, seed_all, seed_rank = _WIDER[version]
     ex, cfg = real_experts
-    for T in (1, 2, 3, 9):
-        x, ids, w = _real_inputs(cfg, T, 1060 + T, skew)
-        assert _bits_equal(triton_v26.int4_moe_triton(x, ids, w, ex),
-                           triton_v24.int4_moe_triton(x, ids, w, ex)), T
+    for T in all_t:
+        x, ids, w = _real_inputs(cfg, T, seed_all + T, skew)
+        assert _bits_equal(fn(x, ids, w, ex), triton_v24.int4_moe_triton(x, ids, w, ex)), T
     ex48 = type(ex)(*(t[:48] for t in ex))
-    for T in (1, 9, 17, 19, 20):
-        x, ids, w = _real_inputs(cfg, T, 1080 + T, skew)
+    for T in rank_t:
+        x, ids, w = _real_inputs(cfg, T, seed_rank + T, skew)
         here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
         hint = -(-T * 8 * 48 // 384)
-        assert _bits_equal(triton_v26.int4_moe_triton(x, here, w, ex48, expected_slots=hint),
+        assert _bits_equal(fn(x, here, w, ex48, expected_slots=hint),
                            triton_v24.int4_moe_triton(x, here, w, ex48,
                                                       expected_slots=hint)), T
