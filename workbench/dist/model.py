@@ -434,13 +434,10 @@ class DistKimiModel(nn.Module):
             # shared expert's partial (`beside` the router and the routed experts, or beside
             # the routed experts only: `shared_fork`) plus the routed partial, then ONE
             # all-reduce sums both
-            if _SHARED_FORK[-1] == "after-route":
-                ids, w = route()
-                part, routed = beside(lambda: sh.partial(h),
-                                      lambda: moe_ep_local(h, ids, w, experts, lay), h.device)
-            else:
-                part, routed = beside(lambda: sh.partial(h),
-                                      lambda: moe_ep_local(h, *route(), experts, lay), h.device)
+            routing = route() if _SHARED_FORK[-1] == "after-route" else None  # queued first
+            part, routed = beside(lambda: sh.partial(h),
+                                  lambda: moe_ep_local(h, *(routing or route()), experts, lay),
+                                  h.device)
             part.add_(routed)
             return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
         ids, w = route()
