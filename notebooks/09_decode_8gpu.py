@@ -147,6 +147,17 @@ def step_bars(ax, ms, ylabel: str = "EP8 rank kernel ms a step"):
     ax.legend(fontsize=8)
 
 
+def graph_runs(folder, runs: dict):
+    """(rows, ms) of `emulate --graph` tables {label: csv in folder}: their NVLink4 rows with a
+    "run" column (every step captured in a graph), and kernel ms [(C, mode) x run] in the
+    dict's order (the session 20 and 21 sections)."""
+    g = pd.concat({k: pd.read_csv(folder / f) for k, f in runs.items()})
+    g = g.reset_index(level=0, names="run").query("link == 'NVLink4'")
+    assert (g.kernel_timing == "graph").all()  # every step captured
+    ms = g.pivot_table(index=["C", "mode"], columns="run", values="kernel_ms")[list(runs)]
+    return g, ms
+
+
 runs = [traces / "emulate_engine.csv", traces / "emulate_engine_b32.csv"]
 if all(p.exists() for p in runs):
     full = pd.concat([pd.read_csv(p) for p in runs], ignore_index=True)
@@ -394,21 +405,17 @@ view
 s20 = traces / "gpu/session20"
 op_runs = {"session start": "call1_emulate_ops_engine.csv",
            "session-20 preset": "call8_emulate_ops_final.csv"}
-graph_runs = {"engine": "call3_emulate_graph_engine.csv",
-              "+ gluon_v23, linear v5": "call3_emulate_graph_g23_lin5.csv",
-              "+ shared expert beside": "call3_emulate_graph_g23_lin5_side.csv",
-              "session-20 preset": "call8_emulate_graph_final.csv"}
-if all((s20 / f).exists() for f in [*op_runs.values(), *graph_runs.values()]):
+runs20 = {"engine": "call3_emulate_graph_engine.csv",
+          "+ gluon_v23, linear v5": "call3_emulate_graph_g23_lin5.csv",
+          "+ shared expert beside": "call3_emulate_graph_g23_lin5_side.csv",
+          "session-20 preset": "call8_emulate_graph_final.csv"}
+if all((s20 / f).exists() for f in [*op_runs.values(), *runs20.values()]):
     ops_ = pd.concat({k: pd.read_csv(s20 / f).query("C == 1 and mode == 'DDTree-16'")
                       for k, f in op_runs.items()}).reset_index(level=0, names="run")
     by_op = ops_.pivot_table(index="op", columns="run", values="us").fillna(0) / 1e3
     by_op = by_op.sort_values("session start", ascending=False)
     assert by_op.index[0] == "int4_moe"  # the routed experts lead the step
-    g = pd.concat({k: pd.read_csv(s20 / f) for k, f in graph_runs.items()})
-    g = g.reset_index(level=0, names="run").query("link == 'NVLink4'")
-    assert (g.kernel_timing == "graph").all()  # every step captured
-    ms = g.pivot_table(index=["C", "mode"], columns="run", values="kernel_ms")[list(graph_runs)]
-    ms = ms.dropna()  # the configurations every run measured (C 1 and 8)
+    ms = graph_runs(s20, runs20)[1].dropna()  # the configurations every run measured (C 1 and 8)
     assert (ms["session-20 preset"] <= ms["engine"] + 0.1).all()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
     by_op.plot.barh(ax=a1)
@@ -439,10 +446,7 @@ runs21 = {"attn-stream off": "call1_emulate_graph_attn_off.csv",
           "+ main priority": "call7_emulate_graph_end.csv",
           "+ shared fork after route": "call11_emulate_graph_fork_after.csv"}
 if all((s21 / f).exists() for f in runs21.values()):
-    g = pd.concat({k: pd.read_csv(s21 / f) for k, f in runs21.items()})
-    g = g.reset_index(level=0, names="run").query("link == 'NVLink4'")
-    assert (g.kernel_timing == "graph").all()  # every step captured
-    ms = g.pivot_table(index=["C", "mode"], columns="run", values="kernel_ms")[list(runs21)]
+    g, ms = graph_runs(s21, runs21)
     assert (ms["attn-stream on"] < ms["attn-stream off"]).all()  # faster in all six
     fig, ax = plt.subplots(figsize=(8, 4))
     step_bars(ax, ms, "kernel ms a step, graph-replayed")
