@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels.int4_moe.triton_v15 import _prefetch_l2  # the plain bulk prefetch
+
 CH = 4096  # bytes a prefetch instruction asks for
 BLOCK = 128  # prefetches a program
 
@@ -59,9 +61,7 @@ def _prefetch_kernel(ptr, nbytes, CH: tl.constexpr, BLOCK: tl.constexpr,
             "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;\n\t"
             "mov.u32 $0, 0;\n\t}", "=r,l,r", [p, n], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.inline_asm_elementwise(
-            "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-            [p, n], dtype=tl.int32, is_pure=False, pack=1)
+        _prefetch_l2(p, n)
 
 
 def prefetch(t: torch.Tensor, evict_last: bool) -> None:
@@ -107,6 +107,7 @@ def _mean_us(per: dict, pred) -> float:
 
 
 def main(argv=None) -> int:
+    from workbench.bench import capture_replays
     from workbench.kernels.dense import linear_triton_v5
     from workbench.loopbench import kernel_times
 
@@ -146,20 +147,13 @@ def main(argv=None) -> int:
             err = (y.float() - ref).abs().max().item()
             if not err <= 0.05 * ref.abs().max().item():
                 raise AssertionError(f"linear at {rows} rows: max error {err}")
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                step()
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
+            replay = capture_replays([step])[0]
             for _ in range(3):
-                graph.replay()
+                replay()
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(a.replays):
-                    graph.replay()
+                    replay()
                 torch.cuda.synchronize()
             per = kernel_times(prof, True)
             # the projection and the prefetch are this repo's Triton kernels ("_..."), the
@@ -172,7 +166,7 @@ def main(argv=None) -> int:
             out_rows.append(dict(rows=rows, stream=a.stream, stream_mb=mb, mode=mode,
                                  persist_mb=a.persist_mb,
                                  linear_us=lin, prefetch_us=pre, stream_us=red))
-            del graph
+            del replay
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(out_rows[0]))
