@@ -724,8 +724,8 @@ def test_emulation_main_priority_is_recorded_and_checked(tmp_path):
     csv = tmp_path / "e.csv"
     assert main(["--preset", "tiny-dist", "--layouts", "ep8", "--batches", "1",
                  "--budgets", "ar", "--ctx", "32", "--repeats", "1", "--device", "cpu",
-                 "--graph", "--main-priority", "-1", "--csv", str(csv)]) == 0
-    assert (pd.read_csv(csv).main_priority == -1).all()
+                 "--graph", "--main-priority", "0", "--csv", str(csv)]) == 0
+    assert (pd.read_csv(csv).main_priority == 0).all()  # not the default (-1): the flag's
     with main_priority(-2):
         assert capture_priority() == -2
     assert capture_priority() == 0
