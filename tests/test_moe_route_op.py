@@ -165,6 +165,39 @@ def test_bad_arguments_raise_naming_the_argument(device, version):
                   torch.zeros(big, device=device), 2, SCALING)
 
 
+@pytest.mark.parametrize("T", [1, 17, 40])  # 40: triton_v2 / v3 hand rows past MAX_T to v1
+def test_local_ids_are_the_ranks_view_of_the_same_ids(T, device, version):
+    # why: the EP-local step takes the router's third output instead of gathering local ids
+    # (reference rule 5); every EP8 rank's range of E = 64 experts (K = 8: several ranks a
+    # row, some rows none here), the first and last experts of the range included
+    moe_route = ROUTE[version]
+    h, w, b = _route(T, 64, 64, device, seed=T)
+    ids, wts = moe_route(h, w, b, 8, SCALING)
+    for first in range(0, 64, 8):
+        got_ids, got_w, loc = moe_route(h, w, b, 8, SCALING, local_experts=(first, 8))
+        assert torch.equal(got_ids, ids) and torch.equal(got_w, wts)  # the same routing
+        here = (ids >= first) & (ids < first + 8)
+        assert loc.dtype == torch.int64 and loc.shape == ids.shape
+        assert torch.equal(loc, torch.where(here, ids - first, -1))
+        r_ids, _, r_loc = moe_route_ref(h, w, b, 8, SCALING, local_experts=(first, 8))
+        r_here = (r_ids >= first) & (r_ids < first + 8)  # the reference keeps the rule too
+        assert torch.equal(r_loc, torch.where(r_here, r_ids - first, -1))
+    if T == 17:  # a range of one expert, and the whole of E
+        assert torch.equal(moe_route(h, w, b, 8, SCALING, local_experts=(0, 64))[2], ids)
+        one = moe_route(h, w, b, 8, SCALING, local_experts=(63, 1))[2]
+        assert torch.equal(one, torch.where(ids == 63, 0, -1))
+    h0, w0, b0 = _route(0, 64, 64, device)
+    empty = moe_route(h0, w0, b0, 8, SCALING, local_experts=(8, 8))
+    assert len(empty) == 3 and empty[2].shape == (0, 8) and empty[2].dtype == torch.int64
+
+
+@pytest.mark.parametrize("bad", [(-1, 4), (0, 0), (6, 3), (1.0, 2), [0, 4], (0, 4, 1), (True, 2)])
+def test_bad_local_experts_raise_naming_the_argument(bad, device, version):
+    h, w, b = _route(2, 16, 8, device)
+    with pytest.raises(ValueError, match=r"local_experts: expected None or a tuple \(first, n\)"):
+        ROUTE[version](h, w, b, 2, SCALING, local_experts=bad)
+
+
 NEAR_TIE = 2e-6  # choice units: the fp32 router GEMM's error on a logit (~1e-6 over D 7168
 # bf16 products) times the sigmoid's slope (<= 1/4), with 8x to spare
 

@@ -60,6 +60,11 @@ instead of v1's three. Measured (session 20 call 1, traces/gpu/session20): **no 
 measured negative kept out of the engine preset: REAL bench kernel µs at T 1 / 9 / 17 9.8 / 9.9
 / 10.9 against v1's 10.0 / 10.4 / 10.3; the EP8 step 6.07 / 15.38 ms against 5.99 / 15.33 (C 1
 AR / DDTree-16, same call).
+The op's `local_experts=(first, n)` (session 22, reference/moe_route.py rule 5) adds a third
+output, the ids as an EP rank's int4_moe takes them (id - first on the rank's experts, -1
+elsewhere): every version's selection stores it beside the ids, so the EP-local step no longer
+gathers them in a launch of its own (`dist.moe.local_expert_ids`: ~2.2 / 2.9 µs a layer at C 1
+AR / DDTree-16 in session 21's graph replays).
 
 `swiglu_mlp_triton_v1` (variant `triton_v1` of op swiglu_mlp) keeps the three GEMMs in cuBLAS
 and makes the five elementwise kernels between them (two fp32 casts, SiLU, product, cast back)

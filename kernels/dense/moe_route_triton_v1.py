@@ -40,8 +40,9 @@ ONE_WARP_E = 512
 
 
 @triton.jit
-def _moe_route_kernel(logit_ptr, bias_ptr, ids_ptr, w_ptr, E, K, s_row, scaling,
-                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _moe_route_kernel(logit_ptr, bias_ptr, ids_ptr, w_ptr, loc_ptr, E, K, s_row, scaling,
+                      FIRST, N_LOC, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                      LOCAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     kk = tl.arange(0, BLOCK_K)
@@ -64,37 +65,50 @@ def _moe_route_kernel(logit_ptr, bias_ptr, ids_ptr, w_ptr, E, K, s_row, scaling,
     w = w / (tl.sum(w, axis=0) + 1e-20) * scaling
     tl.store(ids_ptr + row * K + kk, ids.to(tl.int64), mask=k_ok)
     tl.store(w_ptr + row * K + kk, w, mask=k_ok)
+    if LOCAL:  # the reference's rule 5: this rank's ids, -1 for the other ranks' experts
+        here = (ids >= FIRST) & (ids < FIRST + N_LOC)
+        tl.store(loc_ptr + row * K + kk, tl.where(here, ids - FIRST, -1).to(tl.int64), mask=k_ok)
 
 
-def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
-              scaling: float) -> tuple[Tensor, Tensor]:
-    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); gate_weight [E, D], bias [E].
+def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling: float,
+              local_experts: tuple[int, int] | None = None) -> tuple:
+    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); gate_weight [E, D], bias [E];
+    local_experts (first, n): also the local ids [T, K] (reference rule 5), stored by the
+    same program.
 
     CUDA, bf16 h and weight: the router GEMM is one bf16 cuBLAS mm with fp32 output (as
     torch_bf16); otherwise fp32 F.linear. Then one Triton launch (none when T = 0)."""
-    T, D, E = check_args(h, gate_weight, bias, top_k)
+    T, D, E = check_args(h, gate_weight, bias, top_k, local_experts)
     if T == 0:
-        return (torch.empty(0, top_k, dtype=torch.int64, device=h.device),
-                torch.empty(0, top_k, dtype=torch.float32, device=h.device))
-    return select(router_logits(h, gate_weight), bias, top_k, scaling)  # torch_bf16's GEMM
+        out = tuple(torch.empty(0, top_k, dtype=dt, device=h.device)
+                    for dt in (torch.int64, torch.float32, torch.int64))
+        return out if local_experts is not None else out[:2]
+    # torch_bf16's GEMM
+    return select(router_logits(h, gate_weight), bias, top_k, scaling, local_experts)
 
 
-def select(logits: Tensor, bias: Tensor, top_k: int, scaling: float) -> tuple[Tensor, Tensor]:
-    """The selection kernel on fp32 logits [T >= 1, E] (checked inputs): (ids, weights), one
-    program a row. Shared with moe_route_triton_v3 (its logits from its own GEMM)."""
+def select(logits: Tensor, bias: Tensor, top_k: int, scaling: float,
+           local_experts: tuple[int, int] | None = None) -> tuple:
+    """The selection kernel on fp32 logits [T >= 1, E] (checked inputs): (ids, weights[,
+    local ids]), one program a row. Shared with moe_route_triton_v3 (its logits from its own
+    GEMM)."""
     T, E = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
     w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
+    loc = ids if local_experts is None else torch.empty_like(ids)  # not written unless LOCAL
+    first, n = local_experts or (0, 0)
     b = bias.float().contiguous()  # a no-op for the model's fp32 bias
-    _moe_route_kernel[(T,)](logits, b, ids, w, E, top_k, logits.stride(0), float(scaling),
-                            BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k),
+    _moe_route_kernel[(T,)](logits, b, ids, w, loc, E, top_k, logits.stride(0), float(scaling),
+                            first, n, BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k),
+                            LOCAL=local_experts is not None,
                             num_warps=1 if E <= ONE_WARP_E else 4)
-    return ids, w
+    return (ids, w) if local_experts is None else (ids, w, loc)
 
 
-def check_args(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int) -> tuple[int, int, int]:
+def check_args(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
+               local_experts: tuple[int, int] | None = None) -> tuple[int, int, int]:
     """The op's input errors, by argument name; returns (T, D, E)."""
     _require(isinstance(h, Tensor) and h.dim() == 2 and h.is_floating_point(), "h",
              "a floating tensor [T, D]", getattr(h, "shape", type(h)))
@@ -109,6 +123,13 @@ def check_args(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int) -> tupl
     _require(1 <= E <= MAX_E, "gate_weight", f"1 <= E <= {MAX_E} (one row per program)", E)
     _require(isinstance(top_k, int) and not isinstance(top_k, bool) and 1 <= top_k <= E,
              "top_k", f"an int in [1, {E}] (E)", top_k)
+    if local_experts is not None:
+        ok = (isinstance(local_experts, tuple) and len(local_experts) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in local_experts))
+        _require(ok and local_experts[0] >= 0 and local_experts[1] >= 1
+                 and local_experts[0] + local_experts[1] <= E, "local_experts",
+                 f"None or a tuple (first, n) of ints, first >= 0, n >= 1, first + n <= {E} (E)",
+                 local_experts)
     for name, t in (("gate_weight", gate_weight), ("bias", bias)):
         _require(t.device == h.device, name, f"on {h.device} (h's device)", t.device)
     _require(h.is_cuda or INTERPRET, "h", "a CUDA tensor (or TRITON_INTERPRET=1 on CPU)",

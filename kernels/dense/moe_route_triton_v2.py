@@ -48,8 +48,9 @@ RB = 8  # rows a top-k step: a [RB, BLOCK_E] tile, two rows a warp
 
 
 @triton.jit
-def _topk_rows(logit_ptr, bias_ptr, ids_ptr, w_ptr, row0, T, E, K, scaling,
-               RB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _topk_rows(logit_ptr, bias_ptr, ids_ptr, w_ptr, loc_ptr, row0, T, E, K, scaling, FIRST,
+               N_LOC, RB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+               LOCAL: tl.constexpr):
     """triton_v1's selection on the rows row0..row0+RB-1 (< T) of the fp32 logits [T, E]."""
     r = row0 + tl.arange(0, RB)
     e = tl.arange(0, BLOCK_E)
@@ -76,14 +77,18 @@ def _topk_rows(logit_ptr, bias_ptr, ids_ptr, w_ptr, row0, T, E, K, scaling,
     out = r.to(tl.int64)[:, None] * K + kk[None, :]
     tl.store(ids_ptr + out, ids.to(tl.int64), mask=ok)
     tl.store(w_ptr + out, w, mask=ok)
+    if LOCAL:  # the reference's rule 5 (triton_v1's store)
+        here = (ids >= FIRST) & (ids < FIRST + N_LOC)
+        tl.store(loc_ptr + out, tl.where(here, ids - FIRST, -1).to(tl.int64), mask=ok)
 
 
 @triton.jit
 def _moe_route_fused_kernel(h_ptr, g_ptr, bias_ptr, ws_ptr, logit_ptr, cnt_ptr, ids_ptr,
-                            w_ptr, T, E, D, KS, K, s_h, s_g, scaling, NT, NP,
-                            SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                            w_ptr, loc_ptr, T, E, D, KS, K, s_h, s_g, scaling, NT, NP, FIRST,
+                            N_LOC, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, RB: tl.constexpr, BLOCK_E: tl.constexpr,
-                            BLOCK_K: tl.constexpr, TOPK: tl.constexpr, INTERPRET: tl.constexpr):
+                            BLOCK_K: tl.constexpr, TOPK: tl.constexpr, LOCAL: tl.constexpr,
+                            INTERPRET: tl.constexpr):
     # (named apart from int4_moe's `_route_kernel`: the step's kernel tables go by name)
     acc, m, n, m_ok, n_ok = slice_tile(h_ptr, g_ptr, T, E, D, KS, s_h, 1, s_g, 1, BM, BN, BK,
                                        INTERPRET)  # expert tile program_id(0), K slice (1)
@@ -103,8 +108,8 @@ def _moe_route_fused_kernel(h_ptr, g_ptr, bias_ptr, ws_ptr, logit_ptr, cnt_ptr, 
             if tl.atomic_add(cnt_ptr + NT, 1, sem="acq_rel") == NT - 1:  # the last tile
                 tl.debug_barrier()
                 for r0 in range(0, T, RB):
-                    _topk_rows(logit_ptr, bias_ptr, ids_ptr, w_ptr, r0, T, E, K, scaling,
-                               RB, BLOCK_E, BLOCK_K)
+                    _topk_rows(logit_ptr, bias_ptr, ids_ptr, w_ptr, loc_ptr, r0, T, E, K,
+                               scaling, FIRST, N_LOC, RB, BLOCK_E, BLOCK_K, LOCAL)
                 tl.atomic_xchg(cnt_ptr + NT, 0)
 
 
@@ -124,15 +129,19 @@ def tiles(T: int, E: int, D: int, BN: int = 16, BK: int = 128, RB: int = RB, war
 
 
 def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling: float,
-              cfg: dict | None = None, topk: bool = True) -> tuple[Tensor, Tensor]:
-    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); gate_weight [E, D], bias [E] (the
-    "moe_route" op's contract and errors: triton_v1's checks run first). One launch for bf16 /
-    fp16 h and weight with T <= MAX_T, else triton_v1. cfg: `tiles` overrides; topk=False:
-    the GEMM phases only (ids / weights left unwritten), both for probes."""
-    T, D, E = moe_route_triton_v1.check_args(h, gate_weight, bias, top_k)
+              local_experts: tuple[int, int] | None = None, cfg: dict | None = None,
+              topk: bool = True) -> tuple:
+    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K][, local ids int64 [T, K]]);
+    gate_weight [E, D], bias [E] (the "moe_route" op's contract and errors: triton_v1's
+    checks run first). One launch for bf16 / fp16 h and weight with T <= MAX_T, else
+    triton_v1. cfg: `tiles` overrides; topk=False: the GEMM phases only (ids / weights left
+    unwritten), both for probes."""
+    T, D, E = moe_route_triton_v1.check_args(h, gate_weight, bias, top_k, local_experts)
     if not runs_here(h, gate_weight):
-        return moe_route_triton_v1.moe_route(h, gate_weight, bias, top_k, scaling)
-    return launch(h, gate_weight, bias, top_k, scaling, cfg, topk)[:2]
+        return moe_route_triton_v1.moe_route(h, gate_weight, bias, top_k, scaling,
+                                             local_experts)
+    ids, w, _, loc = launch(h, gate_weight, bias, top_k, scaling, cfg, topk, local_experts)
+    return (ids, w) if local_experts is None else (ids, w, loc)
 
 
 def runs_here(h: Tensor, gate_weight: Tensor) -> bool:
@@ -143,10 +152,12 @@ def runs_here(h: Tensor, gate_weight: Tensor) -> bool:
 
 
 def launch(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling: float,
-           cfg: dict | None = None, topk: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+           cfg: dict | None = None, topk: bool = True,
+           local_experts: tuple[int, int] | None = None) -> tuple[Tensor, ...]:
     """The one launch on checked bf16 / fp16 inputs with 1 <= T <= MAX_T: (ids, weights,
-    logits fp32 [T, E]); topk=False leaves ids / weights unwritten (moe_route_triton_v3 picks
-    them from the logits in a launch of its own)."""
+    logits fp32 [T, E], local ids: ids' own buffer without local_experts); topk=False leaves
+    ids / weights unwritten (moe_route_triton_v3 picks them from the logits in a launch of
+    its own)."""
     T, D = h.shape
     E = gate_weight.shape[0]
     h = h if h.stride(1) == 1 else h.contiguous()
@@ -162,14 +173,17 @@ def launch(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling: fl
     logits = torch.empty(T, E, dtype=torch.float32, device=dev)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=dev)
     w = torch.empty(T, top_k, dtype=torch.float32, device=dev)
+    loc = ids if local_experts is None else torch.empty_like(ids)  # not written unless LOCAL
+    first, n_loc = local_experts or (0, 0)
     cnt = counters(dev, NT + 1, pool="moe_route")
     b = bias.float().contiguous()  # a no-op for the model's fp32 bias
     _moe_route_fused_kernel[(NT, split)](
-        h, gate_weight, b, ws, logits, cnt, ids, w, T, E, D, KS, top_k, h.stride(0),
-        gate_weight.stride(0), float(scaling), NT, NP, SPLIT=split, BM=BM, BN=BN, BK=BK,
-        RB=t["RB"], BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), TOPK=topk,
-        INTERPRET=INTERPRET, num_warps=t["warps"], num_stages=t["stages"])
-    return ids, w, logits
+        h, gate_weight, b, ws, logits, cnt, ids, w, loc, T, E, D, KS, top_k, h.stride(0),
+        gate_weight.stride(0), float(scaling), NT, NP, first, n_loc, SPLIT=split, BM=BM, BN=BN,
+        BK=BK, RB=t["RB"], BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(top_k), TOPK=topk,
+        LOCAL=local_experts is not None, INTERPRET=INTERPRET, num_warps=t["warps"],
+        num_stages=t["stages"])
+    return ids, w, logits, loc
 
 
 def sm90_report(T: int, E: int, D: int) -> dict:
@@ -183,12 +197,12 @@ def sm90_report(T: int, E: int, D: int) -> dict:
     from .._sm90 import ptxas_stats
 
     t = tiles(T, E, D)
-    names = ("h_ptr g_ptr bias_ptr ws_ptr logit_ptr cnt_ptr ids_ptr w_ptr T E D KS K s_h s_g "
-             "scaling NT NP").split()
-    types = ["*bf16", "*bf16", "*fp32", "*fp32", "*fp32", "*i32", "*i64", "*fp32",
-             *["i32"] * 7, "fp32", "i32", "i32"]
+    names = ("h_ptr g_ptr bias_ptr ws_ptr logit_ptr cnt_ptr ids_ptr w_ptr loc_ptr T E D KS K "
+             "s_h s_g scaling NT NP FIRST N_LOC").split()
+    types = ["*bf16", "*bf16", "*fp32", "*fp32", "*fp32", "*i32", "*i64", "*fp32", "*i64",
+             *["i32"] * 7, "fp32", "i32", "i32", "i32", "i32"]
     consts = dict(SPLIT=t["SPLIT"], BM=t["BM"], BN=t["BN"], BK=t["BK"], RB=t["RB"],
-                  BLOCK_E=next_pow2(E), BLOCK_K=8, TOPK=True, INTERPRET=False)
+                  BLOCK_E=next_pow2(E), BLOCK_K=8, TOPK=True, LOCAL=False, INTERPRET=False)
     sig = dict(zip(names, types)) | {k: "constexpr" for k in consts}
     src = ASTSource(fn=_moe_route_fused_kernel, signature=sig, constexprs=consts)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),

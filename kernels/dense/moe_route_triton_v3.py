@@ -33,13 +33,15 @@ from . import moe_route_triton_v1, moe_route_triton_v2
 GEMM_TILES = dict(BN=32)  # session 19 call 3: 5.3 / 5.3 / 6.7 µs at T 1 / 9 / 17 (BN 16: 5.9)
 
 
-def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int,
-              scaling: float) -> tuple[Tensor, Tensor]:
-    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); gate_weight [E, D], bias [E] (the
-    "moe_route" op's contract and errors: triton_v1's checks run first)."""
-    moe_route_triton_v1.check_args(h, gate_weight, bias, top_k)
+def moe_route(h: Tensor, gate_weight: Tensor, bias: Tensor, top_k: int, scaling: float,
+              local_experts: tuple[int, int] | None = None) -> tuple:
+    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K][, local ids int64 [T, K]]);
+    gate_weight [E, D], bias [E] (the "moe_route" op's contract and errors: triton_v1's
+    checks run first)."""
+    moe_route_triton_v1.check_args(h, gate_weight, bias, top_k, local_experts)
     if not moe_route_triton_v2.runs_here(h, gate_weight):
-        return moe_route_triton_v1.moe_route(h, gate_weight, bias, top_k, scaling)
+        return moe_route_triton_v1.moe_route(h, gate_weight, bias, top_k, scaling,
+                                             local_experts)
     logits = moe_route_triton_v2.launch(h, gate_weight, bias, top_k, scaling, GEMM_TILES,
                                         topk=False)[2]
-    return moe_route_triton_v1.select(logits, bias, top_k, scaling)
+    return moe_route_triton_v1.select(logits, bias, top_k, scaling, local_experts)

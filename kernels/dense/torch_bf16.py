@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.reference.moe_route import local_ids
+
 
 def _w(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return weight if weight.dtype == x.dtype else weight.to(x.dtype)
@@ -60,8 +62,9 @@ def lm_head(h: torch.Tensor, weight: torch.Tensor, chunk: int = 16384) -> torch.
 
 
 def moe_route(h: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, top_k: int,
-              scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K]); the reference's rule in fp32.
+              scaling: float, local_experts: tuple[int, int] | None = None) -> tuple:
+    """h [T, D] -> (ids int64 [T, K], weights fp32 [T, K][, local ids int64 [T, K] with
+    local_experts]); the reference's rule in fp32.
 
     CUDA, bf16 h and weight: one bf16 cuBLAS GEMM with fp32 accumulation and output (the
     products of bf16 values are exact in fp32, so this is the fp32 GEMM of the upcast
@@ -71,7 +74,8 @@ def moe_route(h: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, to
     choice = s + bias.float()
     ids = stable_topk(choice, top_k)
     w = s.gather(1, ids)
-    return ids, w / (w.sum(-1, keepdim=True) + 1e-20) * scaling
+    w = w / (w.sum(-1, keepdim=True) + 1e-20) * scaling
+    return (ids, w) if local_experts is None else (ids, w, local_ids(ids, local_experts))
 
 
 def router_logits(h: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:

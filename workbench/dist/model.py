@@ -422,22 +422,29 @@ class DistKimiModel(nn.Module):
         h = x.reshape(B * N, D)
         experts, sh = moe.experts.stacked(), moe.shared_experts
 
-        def route():
-            ids, w = ops.get("moe_route")(h, moe.gate.weight, moe.gate.e_score_correction_bias,
-                                          cfg.n_experts_per_tok, cfg.routed_scaling_factor)
+        def route(local=None):  # local: (first, n) of this rank's experts (the EP-local path)
+            out = ops.get("moe_route")(h, moe.gate.weight, moe.gate.e_score_correction_bias,
+                                       cfg.n_experts_per_tok, cfg.routed_scaling_factor,
+                                       **({} if local is None else {"local_experts": local}))
             if stats is not None:
-                stats.setdefault("routing", []).append(ids.view(B, N, -1))
-            return ids, w
+                stats.setdefault("routing", []).append(out[0].view(B, N, -1))
+            return out
 
         if lay.ep > 1 and not lay.exact and _stack_weights() and ep_dispatch_mode() == "local":
             # EP on bf16 rows, this rank's experts on every token (the engine emulation): the
             # shared expert's partial (`beside` the router and the routed experts, or beside
             # the routed experts only: `shared_fork`) plus the routed partial, then ONE
-            # all-reduce sums both
-            routing = route() if _SHARED_FORK[-1] == "after-route" else None  # queued first
-            part, routed = beside(lambda: sh.partial(h),
-                                  lambda: moe_ep_local(h, *(routing or route()), experts, lay),
-                                  h.device)
+            # all-reduce sums both. The router also stores the slots' local ids (-1: another
+            # rank's expert), which the routed experts take.
+            e_loc = experts.num_experts
+            local = lambda: route((lay.group * e_loc, e_loc))  # noqa: E731
+
+            def routed_fn():
+                ids, w, here = routing or local()
+                return moe_ep_local(h, ids, w, experts, lay, here)
+
+            routing = local() if _SHARED_FORK[-1] == "after-route" else None  # queued first
+            part, routed = beside(lambda: sh.partial(h), routed_fn, h.device)
             part.add_(routed)
             return self.comm.all_reduce(part).to(x.dtype).view(B, N, D)
         ids, w = route()

@@ -174,14 +174,17 @@ def local_expert_ids(ids: torch.Tensor, group: int, E_loc: int, ep: int) -> torc
 
 
 def moe_ep_local(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
-                 lay: Layout) -> torch.Tensor:
+                 lay: Layout, here: torch.Tensor | None = None) -> torch.Tensor:
     """h [T, D] (replicated), ids/w [T, K] -> this rank's partial [T, D] in op_dtype(): its
     group's experts (its width slice of them) on the slots that name them, weighted and summed
     in slot order by the int4_moe op; other slots pass id -1 and add nothing. The caller
     all-reduces: the groups' partials (and the width slices') sum to the routed output.
+    here: the slots' local ids if the router already stored them (moe_route's local_experts),
+    else this gathers them from ids (`local_expert_ids`).
     The op is told how many slots to expect here (T K / ep under balanced routing): sized for
     all T K slots its tiles would pad ~3 routed slots an expert to 32 (session 10)."""
-    here = local_expert_ids(ids, lay.group, experts.num_experts, lay.ep)
+    if here is None:
+        here = local_expert_ids(ids, lay.group, experts.num_experts, lay.ep)
     expect = -(-ids.numel() // lay.ep)
     return ops.get("int4_moe")(h.to(op_dtype()), here, w, experts, expected_slots=expect)
 

@@ -848,11 +848,12 @@ def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
     """h [T, D] bf16, gate_weight [E, D] bf16, bias [E] fp32, top_k, scaling."""
     cfg, r = _cfg(shapes, cfg), _Rand(seed, device)
 
-    def case(T, D, E, K, label, why="", h=None, bias=None):
+    def case(T, D, E, K, label, why="", h=None, bias=None, **kwargs):
         h = r.normal(T, D) if h is None else h
         bias = 0.02 * r.normal(E, dtype=f32) if bias is None else bias
         args = (h, r.normal(E, D, std=D**-0.5), bias, K, cfg.routed_scaling_factor)
-        return Case("moe_route", label, args, dims=dict(T=T, D=D, E=E, K=K), why=why, kind=shapes)
+        return Case("moe_route", label, args, kwargs, dims=dict(T=T, D=D, E=E, K=K), why=why,
+                    kind=shapes)
 
     if shapes == "edge":
         forced = torch.zeros(16, device=r.device)
@@ -864,9 +865,14 @@ def moe_route_cases(shapes, seed, cfg=None, device="cpu") -> list[Case]:
                 case(9, 64, 16, 1, "one-expert", "K=1 and a bias forcing expert 11: every token "
                      "to one expert; weights use the unbiased score", bias=forced),
                 case(13, 32, 13, 13, "K=E=13", "K = E: the full sorted order"),
-                case(6, 64, 16, 4, "strided h", "h is a stride-2 view", h=_gappy(r.normal(6, 64)))]
+                case(6, 64, 16, 4, "strided h", "h is a stride-2 view", h=_gappy(r.normal(6, 64))),
+                case(9, 64, 16, 4, "local 5..10", "local_experts (5, 6): the local ids of an EP "
+                     "rank holding experts 5..10, -1 for the others", local_experts=(5, 6))]
     E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
-    return [case(T, cfg.hidden_size, E, K, f"T={T} E={E} K={K}") for T in (1, 9, 17, 33, 65)]
+    ep = E // 8  # an EP8 rank's experts: the last rank's local ids
+    return [case(T, cfg.hidden_size, E, K, f"T={T} E={E} K={K}") for T in (1, 9, 17, 33, 65)] + [
+        case(17, cfg.hidden_size, E, K, f"T=17 E={E} K={K} local {E - ep}..{E - 1}",
+             local_experts=(E - ep, ep))]
 
 
 def _dense_roofline(in_rows: str, inner: Callable, out_itemsize=2):
@@ -919,7 +925,7 @@ HARNESS = {
     "ep_combine": Harness(), "add_rmsnorm": Harness(("h", "y")),
     "mla_kv_write": Harness((), written=lambda a, kw: {"kv_cache": a[6]}),
     "tree_walk": Harness(("accepted_indices", "accept_lens", "bonus")),
-    "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights")),
+    "tree_mla": Harness(("o_lat", "lse")), "moe_route": Harness(("ids", "weights", "local_ids")),
     "drafter": Harness(("logprobs", "ids"), ranked={"ids": "logprobs"}),
     # in place: the drafter cache is the output (returns None)
     "drafter_materialize": Harness((), written=lambda a, kw: {"cache.k": a[1].k,
