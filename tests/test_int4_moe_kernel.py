@@ -24,7 +24,7 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
             "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
-            "triton_v26")
+            "triton_v26", "triton_v27")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -90,7 +90,7 @@ def test_edge_cases_match_reference(version):
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
              "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
-             "triton_v26": (26,)}
+             "triton_v26": (26,), "triton_v27": (27,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -101,7 +101,8 @@ def test_edge_cases_match_reference(version):
                                      "triton_v13", "triton_v14", "triton_v15",
                                      "triton_v16", "triton_v17", "triton_v18",
                                      "triton_v19", "triton_v22", "triton_v23",
-                                     "triton_v24", "triton_v25", "triton_v26"])
+                                     "triton_v24", "triton_v25", "triton_v26",
+                                     "triton_v27"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -1940,3 +1941,102 @@ def test_wider_decode_tiles_are_v24_bit_for_bit_gpu(real_experts, version, skew)
         assert _bits_equal(fn(x, here, w, ex48, expected_slots=hint),
                            triton_v24.int4_moe_triton(x, here, w, ex48,
                                                       expected_slots=hint)), T
+
+
+# ---------------------------------------------------------------- v27: route and permute in one launch
+@pytest.mark.parametrize("T, K, E, here", [(1, 8, 48, 1.0), (5, 8, 16, 0.5), (8, 8, 48, 0.3),
+                                           (9, 8, 48, 0.5), (17, 8, 48, 0.3), (64, 8, 384, 0.7),
+                                           (3, 6, 40, 1.0)])
+def test_v27_route_permute_is_v26s_metadata_and_permute(T, K, E, here):
+    # why: program 0 of the fused launch runs v26's router body (one program to ROUTE1 tokens,
+    # the sort to ROUTE_SORT), the others v5's permute: the metadata must be v24's router's and
+    # xp the permute launch's, bit for bit; EP ids -1, a duplicated expert (flagged), D not a
+    # multiple of the 256 K tile (zero tail)
+    from workbench.kernels.int4_moe import triton_v5, triton_v24, triton_v27
+
+    g = torch.Generator().manual_seed(T * E + K)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    ids[torch.rand(T, K, generator=g) >= here] = -1
+    ids[T // 2, 1] = ids[T // 2, 0] = 5  # a duplicate: bad
+    D = 320
+    x = torch.randn(T, D, generator=g).bfloat16()
+    c = triton_v27.tiles(T, K, E, D, 64)
+    got, want = triton_v27.route_permute(x, ids, E, c), triton_v24._router(ids, E, c)
+    n, S = int(want.n_act), int((ids >= 0).sum())
+    assert int(got.n_act) == n and torch.equal(got.bad, want.bad) and int(got.bad.sum()) == 1
+    assert torch.equal(got.slots[:S], want.slots[:S])
+    for a in ("act_e", "act_start", "act_cnt"):
+        assert torch.equal(getattr(got, a)[:n], getattr(want, a)[:n]), a
+    Dp = 512
+    xp = torch.empty(T, Dp, dtype=torch.bfloat16)
+    triton_v5._permute_kernel[(T, Dp // 256)](x, x.stride(0), x.stride(1), xp, D, Dp)
+    assert got.xp.shape == (T, Dp) and _bits_equal(got.xp, xp)
+
+
+@pytest.mark.parametrize("T, E, hint", [(1, 16, None), (8, 16, None), (17, 16, None),
+                                        (65, 16, None), (9, 48, 9)])
+def test_v27_is_v26_bit_for_bit_with_one_launch_less(monkeypatch, T, E, hint):
+    # why: v27 changes which launch permutes, not a value: v26's output bits with every
+    # intermediate NaN-filled; no permute launch up to ROUTE_SORT tokens (T 1 / 8: the one-
+    # program router, 17: the sort), v26's launches past it (65); a hinted rank (-1 slots)
+    from workbench.kernels.int4_moe import triton_v7, triton_v26, triton_v27
+
+    _poisoned_buffers(monkeypatch)
+    K, D, I = 8, 320, 256
+    ex = _experts(E, D, I, seed=270 + T)
+    ids, w = _routing(T, E, K, seed=270 + T)
+    if hint is not None:
+        ids = torch.where(ids < 6, ids, torch.full_like(ids, -1))
+    x = torch.randn(T, D).bfloat16()
+    permutes = []
+    real = triton_v7._permute_kernel
+    monkeypatch.setattr(triton_v7, "_permute_kernel", type("P", (), {
+        "__getitem__": lambda self, grid: permutes.append(grid) or real[grid]})())
+    out = triton_v27.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    assert len(permutes) == (T > triton_v27.tiles(T, K, E, D, I)["ROUTE_SORT"])
+    want = triton_v26.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    assert not out.isnan().any() and _bits_equal(out, want)
+
+
+def test_v27_route_permute_compiles_without_spills_sm90():
+    # why: the fused launch's registers are the larger of its two bodies' (the sort's at 64
+    # tokens); Kimi shapes on 384 experts at T 1 (one-program router), 17 and 64 (the sort):
+    # five launches, no permute, no spill
+    out = compile_sm90(
+        "import triton; from triton.backends.compiler import GPUTarget; "
+        "from triton.compiler import ASTSource; "
+        "from workbench.kernels._sm90 import ptxas_stats; "
+        "from workbench.kernels.int4_moe import sm90, triton_v27; out = {}\n"
+        "for T in (1, 17, 64):\n"
+        "    calls = sm90.capture(triton_v27, *sm90.kimi_like(T))\n"
+        "    out[T] = [[k.__name__] + list(ptxas_stats(triton.compile(ASTSource(fn=k, "
+        "signature=sig, constexprs=const, attrs=attrs), target=GPUTarget('cuda', 90, 32), "
+        "options=opts).asm['ptx'])) if k.__name__ == '_route_permute_kernel' else [k.__name__] "
+        "for k, sig, const, attrs, opts in calls]")
+    for T, rows in out.items():
+        assert [r[0] for r in rows] == ["_route_permute_kernel", "_gemm_kernel",
+                                        "_silu_routed_kernel", "_gemm_kernel",
+                                        "_combine_kernel"], (T, rows)
+        regs, spill = rows[0][1:]
+        assert spill == "0" and int(regs) <= 128, (T, rows[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v27_is_v26_bit_for_bit_gpu(real_experts, skew):
+    # why: Kimi shapes on all 384 experts (the one-program router to T 8, the sort to 64,
+    # v26's launches at 65) and on a hinted EP8 rank (the step's decode and verify)
+    from workbench.kernels.int4_moe import triton_v26, triton_v27
+
+    ex, cfg = real_experts
+    for T in (1, 8, 9, 17, 64, 65):
+        x, ids, w = _real_inputs(cfg, T, 2700 + T, skew)
+        assert _bits_equal(triton_v27.int4_moe_triton(x, ids, w, ex),
+                           triton_v26.int4_moe_triton(x, ids, w, ex)), T
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    for T in (1, 8, 17, 20):
+        x, ids, w = _real_inputs(cfg, T, 2750 + T, skew)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        hint = -(-T * 8 * 48 // 384)
+        assert _bits_equal(triton_v27.int4_moe_triton(x, here, w, ex48, expected_slots=hint),
+                           triton_v26.int4_moe_triton(x, here, w, ex48, expected_slots=hint)), T

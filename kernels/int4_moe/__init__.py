@@ -71,6 +71,9 @@ Versions (README.md has the design and the version log), each with the contract 
                E (1 - (1 - 1/E)^S) (v25: min(E, S) <= 3 K): v25's tiles on the EP8 step,
                v24's at T 3 on 384 experts (H200: 185.2 vs v25's 192.5 µs); BEST from
                session 21
+    triton_v27 v26 with the routing and the permute in one launch where one program routes
+               (T <= 64 at K 8): program 0 routes, the others permute x (five launches
+               instead of six; v26's bits)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -91,7 +94,7 @@ BEST = "triton_v26"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25, 26)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25, 26, 27)}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -176,6 +179,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "most 3 K experts are expected active, e.g. an EP8 rank's C 1 verify (v24: at most K slots)",
     ("int4_moe", "triton_v26"): "v25 with the 64-row tiles where at most 2 K experts are "
     "expected active, E (1 - (1 - 1/E)^S) for S slots (v25: min(E, S) <= 3 K)",
+    ("int4_moe", "triton_v27"): "v26 with the routing and the activations' permute in one "
+    "launch where one program routes (T <= 64 at K 8): five launches instead of six",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

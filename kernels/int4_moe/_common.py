@@ -330,6 +330,7 @@ class Routing:
         self.act_cnt = torch.empty(self.max_active, **i32)  # [A] slots of that expert
         self.n_act = torch.empty(1, **i32)  # A
         self.bad = torch.empty(T, dtype=torch.int8, device=device)  # [T] 1 = rejected token
+        self.xp = None  # [T, Dp] permuted x where the router's launch wrote it (triton_v27)
 
 
 def block_tokens(K: int) -> int:

@@ -289,7 +289,8 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     """The six launches (route, permute, gate/up GEMM, SiLU, down GEMM, combine) around
     `_gemm_kernel` with the knobs tiles_of(T, K, E, D, I) (| cfg); down_select: compile the
     gate/up select into the down launch too (v8; never taken there, see `_gemm_kernel`);
-    router(topk_ids, E, knobs) -> Routing (v9 picks one by T); expected_slots: the op's hint,
+    router(topk_ids, E, knobs) -> Routing (v9 picks one by T; a Routing whose `xp` the router
+    wrote skips the permute launch: v27's five); expected_slots: the op's hint,
     checked here (v11 folds it into its tiles_of; v7-v10 size for all T K slots);
     silu(g, h, r, c, pdl=): the SiLU launch (v11's skips unrouted positions; default v5's kernel
     over all S positions); gemm(n, c, r, NT, args, kw): the launch of GEMM n over NT N tiles,
@@ -305,8 +306,11 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     (w1, w2, w3), (s1, s2, s3), (st1, st2) = p.wd, p.sd, p.st
     gs, us, ds = experts[1], experts[3], experts[5]
     dep = pdl_launch(pdl)  # {} without PDL: the launches (and kernels) of v7-v13
-    xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)  # [T, Dp] permuted x
-    _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4, **dep)
+    xp = r.xp  # [T, Dp] permuted x: the router's launch wrote it (v27), or the permute does
+    if xp is None:
+        xp = torch.empty(T, Dp, dtype=torch.bfloat16, device=dev)
+        _permute_kernel[(T, Dp // KT)](x, x.stride(0), x.stride(1), xp, D, Dp, num_warps=4,
+                                       **dep)
     g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
     nt1 = triton.cdiv(I, c["BN"])
     gemm(1, c, r, 2 * nt1, (xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
