@@ -73,7 +73,8 @@ Versions (README.md has the design and the version log), each with the contract 
                session 21
     triton_v27 v26 with the routing and the permute in one launch where one program routes
                (T <= 64 at K 8): program 0 routes, the others permute x (five launches
-               instead of six; v26's bits)
+               instead of six; v26's bits; H200: T 1 / 8 / 17 on an EP8 rank 29.9 / 58.6 /
+               133.5 vs 30.7 / 60.2 / 135.2 µs; BEST from session 22)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -83,13 +84,16 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v26 from session 21 (v25's tiles on the EP8 step, v24's at T 3 on 384 experts where
+# triton_v27 from session 22 (v26's bits and tiles, the routing and the permute in one launch
+# up to 64 tokens: the op alone 0.8-1.7 µs faster at T 1 / 8 / 17 on an EP8 rank in every
+# interleaved round, the EP8 step's routing + permute kernels -105 to -118 µs a step);
+# triton_v26 in session 21 (v25's tiles on the EP8 step, v24's at T 3 on 384 experts where
 # v25's lost, 192.5 vs 185.2 µs; v24's bits); triton_v25 before it in session 21 (H200: v24's bits, 18 GPU tests; the EP8 step's int4 GEMMs at C 1
 # DDTree-16 7147 vs v24's 7279 µs in the same call, the other configurations' tiles and times
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v26"
+BEST = "triton_v27"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
