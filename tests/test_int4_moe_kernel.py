@@ -24,7 +24,7 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
             "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
-            "triton_v26", "triton_v27")
+            "triton_v26", "triton_v27", "triton_v28")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -90,7 +90,7 @@ def test_edge_cases_match_reference(version):
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
              "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
-             "triton_v26": (26,), "triton_v27": (27,)}
+             "triton_v26": (26,), "triton_v27": (27,), "triton_v28": (28,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -102,7 +102,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v16", "triton_v17", "triton_v18",
                                      "triton_v19", "triton_v22", "triton_v23",
                                      "triton_v24", "triton_v25", "triton_v26",
-                                     "triton_v27"])
+                                     "triton_v27", "triton_v28"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -1973,13 +1973,21 @@ def test_v27_route_permute_is_v26s_metadata_and_permute(T, K, E, here):
     assert got.xp.shape == (T, Dp) and _bits_equal(got.xp, xp)
 
 
+@pytest.mark.parametrize("version, fused_upto", [("triton_v27", "ROUTE_SORT"),
+                                                 ("triton_v28", "ROUTE1")])
 @pytest.mark.parametrize("T, E, hint", [(1, 16, None), (8, 16, None), (17, 16, None),
                                         (65, 16, None), (9, 48, 9)])
-def test_v27_is_v26_bit_for_bit_with_one_launch_less(monkeypatch, T, E, hint):
-    # why: v27 changes which launch permutes, not a value: v26's output bits with every
-    # intermediate NaN-filled; no permute launch up to ROUTE_SORT tokens (T 1 / 8: the one-
-    # program router, 17: the sort), v26's launches past it (65); a hinted rank (-1 slots)
+def test_v27_is_v26_bit_for_bit_with_one_launch_less(monkeypatch, version, fused_upto, T, E,
+                                                     hint):
+    # why: v27 / v28 change which launch permutes, not a value: v26's output bits with every
+    # intermediate NaN-filled; no permute launch up to ROUTE_SORT tokens (v27; T 1 / 8: the
+    # one-program router, 17: the sort) or ROUTE1 (v28: T 1 / 8), v26's launches past it; a
+    # hinted rank (-1 slots)
+    import importlib
+
     from workbench.kernels.int4_moe import triton_v7, triton_v26, triton_v27
+
+    mod = importlib.import_module(f"workbench.kernels.int4_moe.{version}")
 
     _poisoned_buffers(monkeypatch)
     K, D, I = 8, 320, 256
@@ -1992,8 +2000,8 @@ def test_v27_is_v26_bit_for_bit_with_one_launch_less(monkeypatch, T, E, hint):
     real = triton_v7._permute_kernel
     monkeypatch.setattr(triton_v7, "_permute_kernel", type("P", (), {
         "__getitem__": lambda self, grid: permutes.append(grid) or real[grid]})())
-    out = triton_v27.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
-    assert len(permutes) == (T > triton_v27.tiles(T, K, E, D, I)["ROUTE_SORT"])
+    out = mod.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    assert len(permutes) == (T > triton_v27.tiles(T, K, E, D, I)[fused_upto])
     want = triton_v26.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
     assert not out.isnan().any() and _bits_equal(out, want)
 
@@ -2022,21 +2030,24 @@ def test_v27_route_permute_compiles_without_spills_sm90():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ["triton_v27", "triton_v28"])
 @pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
-def test_v27_is_v26_bit_for_bit_gpu(real_experts, skew):
+def test_v27_is_v26_bit_for_bit_gpu(real_experts, version, skew):
     # why: Kimi shapes on all 384 experts (the one-program router to T 8, the sort to 64,
     # v26's launches at 65) and on a hinted EP8 rank (the step's decode and verify)
-    from workbench.kernels.int4_moe import triton_v26, triton_v27
+    import importlib
 
+    from workbench.kernels.int4_moe import triton_v26
+
+    fn = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_triton
     ex, cfg = real_experts
     for T in (1, 8, 9, 17, 64, 65):
         x, ids, w = _real_inputs(cfg, T, 2700 + T, skew)
-        assert _bits_equal(triton_v27.int4_moe_triton(x, ids, w, ex),
-                           triton_v26.int4_moe_triton(x, ids, w, ex)), T
+        assert _bits_equal(fn(x, ids, w, ex), triton_v26.int4_moe_triton(x, ids, w, ex)), T
     ex48 = type(ex)(*(t[:48] for t in ex))
     for T in (1, 8, 17, 20):
         x, ids, w = _real_inputs(cfg, T, 2750 + T, skew)
         here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
         hint = -(-T * 8 * 48 // 384)
-        assert _bits_equal(triton_v27.int4_moe_triton(x, here, w, ex48, expected_slots=hint),
+        assert _bits_equal(fn(x, here, w, ex48, expected_slots=hint),
                            triton_v26.int4_moe_triton(x, here, w, ex48, expected_slots=hint)), T

@@ -74,7 +74,11 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v27 v26 with the routing and the permute in one launch where one program routes
                (T <= 64 at K 8): program 0 routes, the others permute x (five launches
                instead of six; v26's bits; H200: T 1 / 8 / 17 on an EP8 rank 29.9 / 58.6 /
-               133.5 vs 30.7 / 60.2 / 135.2 µs; BEST from session 22)
+               133.5 vs 30.7 / 60.2 / 135.2 µs, but in the EP8 step its GEMMs ran slower:
+               C 1 AR -0.07 / -0.08 ms, C 1 DDTree-16 +0.06 / +0.10 in two same-call A/Bs;
+               not BEST)
+    triton_v28 v27's one launch only up to ROUTE1 tokens (8 at K 8: the step's decode, where
+               the step gained), v26's launches above (v26's bits)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -84,21 +88,18 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v27 from session 22 (v26's bits and tiles, the routing and the permute in one launch
-# up to 64 tokens: the op alone 0.8-1.7 µs faster at T 1 / 8 / 17 on an EP8 rank in every
-# interleaved round, the EP8 step's routing + permute kernels -105 to -118 µs a step);
-# triton_v26 in session 21 (v25's tiles on the EP8 step, v24's at T 3 on 384 experts where
+# triton_v26 from session 21 (v25's tiles on the EP8 step, v24's at T 3 on 384 experts where
 # v25's lost, 192.5 vs 185.2 µs; v24's bits); triton_v25 before it in session 21 (H200: v24's bits, 18 GPU tests; the EP8 step's int4 GEMMs at C 1
 # DDTree-16 7147 vs v24's 7279 µs in the same call, the other configurations' tiles and times
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v27"
+BEST = "triton_v26"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25, 26, 27)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25, 26, 27, 28)}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -185,6 +186,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "expected active, E (1 - (1 - 1/E)^S) for S slots (v25: min(E, S) <= 3 K)",
     ("int4_moe", "triton_v27"): "v26 with the routing and the activations' permute in one "
     "launch where one program routes (T <= 64 at K 8): five launches instead of six",
+    ("int4_moe", "triton_v28"): "v27's one routing + permute launch only up to ROUTE1 tokens "
+    "(8 at K 8: decode), v26's launches above",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import next_pow2
+from ._common import check_expected_slots, next_pow2
 from .triton_v3 import KT, _to_bf16, combine_cols
 from .triton_v5 import _permute_kernel, _src
 from .triton_v7 import prepare, split_tile
@@ -158,6 +158,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
              and experts[0].dim() == 3 and 0 < x.shape[0] <= (cfg or {}).get("FUSE_T", FUSE_T))
     if small:  # else v16 (its checks name a bad argument)
         T, K = topk_ids.shape
+        check_expected_slots(expected_slots, T, K)  # before the tiles read it
         E, I = experts[0].shape[:2]  # gate words [E, I, D / 8]
         small = fused(tiles(T, K, E, x.shape[1], I, expected_slots) | (cfg or {}), T)
     if not small:
