@@ -1002,18 +1002,8 @@ def test_gluon_bitwise_v19_gpu(real_experts, skew, version):
     from workbench.kernels.int4_moe import triton_v19
 
     gluon = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_gluon
-    ex, cfg = real_experts
-    for T in (1, 9, 17, 128, 512, 2080):
-        x, ids, w = _real_inputs(cfg, T, 700 + T, skew)
-        assert _bits_equal(gluon(x, ids, w, ex), triton_v19.int4_moe_triton(x, ids, w, ex)), T
-    ex48 = type(ex)(*(t[:48] for t in ex))
-    for T in (1, 17):
-        x, ids, w = _real_inputs(cfg, T, 750 + T, skew)
-        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
-        hint = -(-T * 8 * 48 // 384)
-        assert _bits_equal(gluon(x, here, w, ex48, expected_slots=hint),
-                           triton_v19.int4_moe_triton(x, here, w, ex48,
-                                                      expected_slots=hint)), T
+    _assert_bits_as(gluon, triton_v19.int4_moe_triton, real_experts,
+                    (1, 9, 17, 128, 512, 2080), (1, 17), 700, 750, skew)
 
 
 # ---------------------------------------------------------------- v22: the combine's columns
@@ -1629,6 +1619,23 @@ def real_experts():
                     device="cuda"), cfg
 
 
+def _assert_bits_as(fn, want_fn, real_experts, all_t, rank_t, seed_all, seed_rank, skew):
+    """fn's output bits are want_fn's at Kimi shapes: on all 384 experts at each T of all_t,
+    and on a hinted EP8 rank (the first 48 experts, -1 elsewhere, the hint T K / 8 the loop
+    passes) at each T of rank_t; routings seeded seed_all + T / seed_rank + T."""
+    ex, cfg = real_experts
+    for T in all_t:
+        x, ids, w = _real_inputs(cfg, T, seed_all + T, skew)
+        assert _bits_equal(fn(x, ids, w, ex), want_fn(x, ids, w, ex)), T
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    for T in rank_t:
+        x, ids, w = _real_inputs(cfg, T, seed_rank + T, skew)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        hint = -(-T * 8 * 48 // 384)
+        assert _bits_equal(fn(x, here, w, ex48, expected_slots=hint),
+                           want_fn(x, here, w, ex48, expected_slots=hint)), T
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", GPU_VERSIONS)
 @pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
@@ -1928,19 +1935,7 @@ def test_wider_decode_tiles_are_v24_bit_for_bit_gpu(real_experts, version, skew)
     from workbench.kernels.int4_moe import triton_v24
 
     fn = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_triton
-    all_t, rank_t, seed_all, seed_rank = _WIDER[version]
-    ex, cfg = real_experts
-    for T in all_t:
-        x, ids, w = _real_inputs(cfg, T, seed_all + T, skew)
-        assert _bits_equal(fn(x, ids, w, ex), triton_v24.int4_moe_triton(x, ids, w, ex)), T
-    ex48 = type(ex)(*(t[:48] for t in ex))
-    for T in rank_t:
-        x, ids, w = _real_inputs(cfg, T, seed_rank + T, skew)
-        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
-        hint = -(-T * 8 * 48 // 384)
-        assert _bits_equal(fn(x, here, w, ex48, expected_slots=hint),
-                           triton_v24.int4_moe_triton(x, here, w, ex48,
-                                                      expected_slots=hint)), T
+    _assert_bits_as(fn, triton_v24.int4_moe_triton, real_experts, *_WIDER[version], skew)
 
 
 # ---------------------------------------------------------------- v27: route and permute in one launch
@@ -2040,14 +2035,5 @@ def test_v27_is_v26_bit_for_bit_gpu(real_experts, version, skew):
     from workbench.kernels.int4_moe import triton_v26
 
     fn = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_triton
-    ex, cfg = real_experts
-    for T in (1, 8, 9, 17, 64, 65):
-        x, ids, w = _real_inputs(cfg, T, 2700 + T, skew)
-        assert _bits_equal(fn(x, ids, w, ex), triton_v26.int4_moe_triton(x, ids, w, ex)), T
-    ex48 = type(ex)(*(t[:48] for t in ex))
-    for T in (1, 8, 17, 20):
-        x, ids, w = _real_inputs(cfg, T, 2750 + T, skew)
-        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
-        hint = -(-T * 8 * 48 // 384)
-        assert _bits_equal(fn(x, here, w, ex48, expected_slots=hint),
-                           triton_v26.int4_moe_triton(x, here, w, ex48, expected_slots=hint)), T
+    _assert_bits_as(fn, triton_v26.int4_moe_triton, real_experts, (1, 8, 9, 17, 64, 65),
+                    (1, 8, 17, 20), 2700, 2750, skew)
