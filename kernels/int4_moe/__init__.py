@@ -78,7 +78,8 @@ Versions (README.md has the design and the version log), each with the contract 
                C 1 AR -0.07 / -0.08 ms, C 1 DDTree-16 +0.06 / +0.10 in two same-call A/Bs;
                not BEST)
     triton_v28 v27's one launch only up to ROUTE1 tokens (8 at K 8: the step's decode, where
-               the step gained), v26's launches above (v26's bits)
+               the step gained), v26's launches above (v26's bits; H200: the EP8 C 1 AR step
+               -0.045 ms in an ABBA A/B; BEST from session 22)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -88,13 +89,17 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v26 from session 21 (v25's tiles on the EP8 step, v24's at T 3 on 384 experts where
+# triton_v28 from session 22 (v26's bits; the routing and the permute in one launch at decode,
+# T <= 8: the EP8 C 1 AR step 5.49 / 5.50 vs v26's 5.54 / 5.54 ms in an ABBA same-call A/B, the
+# other configurations v26's launches or within the runs' spread; v27's fusion up to 64 tokens
+# slowed the verify);
+# triton_v26 in session 21 (v25's tiles on the EP8 step, v24's at T 3 on 384 experts where
 # v25's lost, 192.5 vs 185.2 µs; v24's bits); triton_v25 before it in session 21 (H200: v24's bits, 18 GPU tests; the EP8 step's int4 GEMMs at C 1
 # DDTree-16 7147 vs v24's 7279 µs in the same call, the other configurations' tiles and times
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v26"
+BEST = "triton_v28"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
