@@ -455,3 +455,49 @@ if all((s21 / f).exists() for f in runs21.values()):
 else:
     view = "traces/gpu/session21 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 22: the router's local ids, and the routing + permute in one int4 launch
+# `traces/gpu/session22/README.md` has the commands. Left: kernel ms a step from CUDA-graph
+# replays of the EP8 rank, int4_moe triton_v26 against triton_v28 (the routing and the
+# activations' permute in one launch at decode, T <= 8: BEST from this session) in ABBA order
+# in one call (call 5). Right: what v27 (the same launch up to 64 tokens) did to the step's
+# int4 kernels in calls 3 and 4: the routing + permute kernels lost ~110 µs a step, the GEMMs
+# after them gained 45-265 (same launches, same data), so v27 slowed the verify.
+
+# %%
+s22 = traces / "gpu/session22"
+runs22 = {"v26 (A1)": "call5_emulate_graph_a1_v26.csv", "v28 (B1)": "call5_emulate_graph_b1_v28.csv",
+          "v28 (B2)": "call5_emulate_graph_b2_v28.csv", "v26 (A2)": "call5_emulate_graph_a2_v26.csv"}
+ab27 = {"v26 (call 3)": "call3_emulate_kernels_graph_v26.csv",
+        "v27 (call 3)": "call3_emulate_kernels_graph_v27.csv",
+        "v27 (call 4)": "call4_emulate_kernels_graph_end.csv",
+        "v26 (call 4)": "call4_emulate_kernels_graph_v26_after.csv"}
+
+
+def int4_kernels(path) -> pd.DataFrame:
+    """µs a step of the int4 op's routing + permute kernels and of its GEMMs, by (C, mode)."""
+    k = pd.read_csv(path)
+    part = k.kernel.map(lambda n: "routing + permute" if n.startswith("_route")
+                        or n == "_permute_kernel" else "GEMMs" if n == "_gemm_kernel" else None)
+    return k.assign(part=part).dropna(subset=["part"]).pivot_table(
+        index=["C", "mode"], columns="part", values="us", aggfunc="sum")
+
+
+if all((s22 / f).exists() for f in [*runs22.values(), *ab27.values()]):
+    g, ms = graph_runs(s22, runs22)
+    c1ar = ms.loc[(1, "AR")]
+    assert max(c1ar["v28 (B1)"], c1ar["v28 (B2)"]) < min(c1ar["v26 (A1)"], c1ar["v26 (A2)"])
+    parts = pd.concat({k: int4_kernels(s22 / f) for k, f in ab27.items()}, axis=1)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4))
+    step_bars(a1, ms, "kernel ms a step, graph-replayed")
+    a1.set_ylim(0, ms.max().max() * 1.1)
+    (parts.xs("routing + permute", axis=1, level=1) / 1e3).plot.bar(ax=a2, rot=0)
+    a2.set_xticklabels([f"C {c}\n{m}" for c, m in parts.index], fontsize=8)
+    a2.set_ylabel("routing + permute kernels, ms a step")
+    view = pd.concat({"kernel ms (call 5)": ms.round(2),
+                      "GEMM µs a step (calls 3-4)": parts.xs("GEMMs", axis=1, level=1).round(0)},
+                     axis=1)
+else:
+    view = "traces/gpu/session22 not in this checkout"
+view
