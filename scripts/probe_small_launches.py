@@ -74,9 +74,9 @@ def main(argv=None) -> int:
         wts = torch.empty(M, K, dtype=torch.float32, device=dev)
         for nw in (1, 2, 4, 8):
             us = _time(_moe_route_kernel, (M,),
-                       (logits, bias, ids, wts, E, K, logits.stride(0), 2.827),
-                       dict(BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(K), num_warps=nw), dev,
-                       a.seconds)
+                       (logits, bias, ids, wts, ids, E, K, logits.stride(0), 2.827, 0, 0),
+                       dict(BLOCK_E=next_pow2(E), BLOCK_K=next_pow2(K), LOCAL=False,
+                            num_warps=nw), dev, a.seconds)
             print(f"moe_route     {M:<5} warps={nw:<7} {us:9.2f}", flush=True)
         D = 7168
         yk = randn(1, M * K, D)  # [KS, S, D] slot-order partials
