@@ -482,6 +482,7 @@ def test_local_dispatch_is_the_default_and_tells_int4_moe_what_to_expect(monkeyp
     from workbench.dist.emulate import emulate
     from workbench.ops.cases import _experts, _Rand
     from workbench.reference.int4_moe import int4_moe
+    from workbench.reference.moe_route import local_ids
 
     assert moe.ep_dispatch_mode() == "local"
     assert inspect.signature(emulate).parameters["ep_dispatch"].default == "local"
@@ -495,7 +496,8 @@ def test_local_dispatch_is_the_default_and_tells_int4_moe_what_to_expect(monkeyp
     lay = Layout.make(8, rank=3, ep=8)
     ex = _experts(_Rand(0, "cpu"), 4, 64, 32)  # this rank's 4 of 32 experts
     ids = torch.stack([torch.randperm(32)[:4] for _ in range(5)])  # T 5, K 4
-    out = moe.moe_ep_local(torch.randn(5, 64).bfloat16(), ids, torch.rand(5, 4), ex, lay)
+    here = local_ids(ids, (12, 4))  # rank 3's experts 12..15, as the router stores them
+    out = moe.moe_ep_local(torch.randn(5, 64).bfloat16(), here, torch.rand(5, 4), ex, lay)
     assert out.shape == (5, 64) and seen["expected_slots"] == -(-5 * 4 // 8)
     assert seen["routed"] == int(((ids >= 12) & (ids < 16)).sum())
 
@@ -578,24 +580,6 @@ def test_kernel_classes_group_a_kernel_table():
     assert g.cls.tolist() == ["int4 MoE GEMMs", "our small kernels",
                               "torch glue (copies, casts, cats, gathers, fills, sorts)"]
     assert g.ms.tolist() == [0.15, 0.006, 0.0015] and g.calls.tolist() == [4, 3, 1]
-
-
-def test_local_expert_ids_table_equals_the_arithmetic():
-    """The cached gather table maps every global id as the arithmetic form does (this group's
-    experts to 0..E_loc-1, every other id to -1), per group, dtype and shape."""
-    from workbench.dist.moe import _LOCAL_IDS, local_expert_ids
-
-    E_loc, ep = 6, 4
-    ids = torch.randint(0, E_loc * ep, (7, 5))
-    for group in range(ep):
-        for dt in (torch.int64, torch.int32):
-            x = ids.to(dt)
-            want = torch.where((x >= group * E_loc) & (x < (group + 1) * E_loc),
-                               x - group * E_loc, torch.full_like(x, -1))
-            got = local_expert_ids(x, group, E_loc, ep)
-            assert got.dtype == dt and torch.equal(got, want)
-            assert torch.equal(local_expert_ids(x, group, E_loc, ep), want)  # cached path
-    assert (torch.device("cpu"), torch.int32, 3, E_loc, ep) in _LOCAL_IDS
 
 
 def test_emulation_op_table_charges_the_step_to_registry_ops(tmp_path):

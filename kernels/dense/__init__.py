@@ -63,7 +63,7 @@ AR / DDTree-16, same call).
 The op's `local_experts=(first, n)` (session 22, reference/moe_route.py rule 5) adds a third
 output, the ids as an EP rank's int4_moe takes them (id - first on the rank's experts, -1
 elsewhere): every version's selection stores it beside the ids, so the EP-local step no longer
-gathers them in a launch of its own (`dist.moe.local_expert_ids`: ~2.2 / 2.9 µs a layer at C 1
+gathers them in a launch of its own (session 21's `lut[ids]` gather: ~2.2 / 2.9 µs a layer at C 1
 AR / DDTree-16 in session 21's graph replays).
 
 `swiglu_mlp_triton_v1` (variant `triton_v1` of op swiglu_mlp) keeps the three GEMMs in cuBLAS

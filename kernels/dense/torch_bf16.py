@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workbench.reference.moe_route import local_ids
-
 
 def _w(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return weight if weight.dtype == x.dtype else weight.to(x.dtype)
@@ -76,6 +74,12 @@ def moe_route(h: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor, to
     w = s.gather(1, ids)
     w = w / (w.sum(-1, keepdim=True) + 1e-20) * scaling
     return (ids, w) if local_experts is None else (ids, w, local_ids(ids, local_experts))
+
+
+def local_ids(ids: torch.Tensor, local_experts: tuple[int, int]) -> torch.Tensor:
+    """The moe_route op's local ids: id - first inside [first, first + n), -1 elsewhere."""
+    first, n = local_experts
+    return torch.where((ids >= first) & (ids < first + n), ids - first, torch.full_like(ids, -1))
 
 
 def router_logits(h: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:

@@ -440,8 +440,8 @@ class DistKimiModel(nn.Module):
             local = lambda: route((lay.group * e_loc, e_loc))  # noqa: E731
 
             def routed_fn():
-                ids, w, here = routing or local()
-                return moe_ep_local(h, ids, w, experts, lay, here)
+                _, w, here = routing or local()
+                return moe_ep_local(h, here, w, experts, lay)
 
             routing = local() if _SHARED_FORK[-1] == "after-route" else None  # queued first
             part, routed = beside(lambda: sh.partial(h), routed_fn, h.device)

@@ -151,41 +151,17 @@ def ep_plan(ids: torch.Tensor, lay: Layout, experts_per_group: int) -> EPPlan:
                   recv_splits)
 
 
-_LOCAL_IDS: dict[tuple, torch.Tensor] = {}
-
-
-def local_expert_ids(ids: torch.Tensor, group: int, E_loc: int, ep: int) -> torch.Tensor:
-    """ids [T, K] global expert ids in [0, E_loc ep) -> this group's local ids, -1 for the
-    other groups' experts: one gather from a cached [E_loc ep] table (the arithmetic form,
-    subtract / two compares / and / where, cost ~5 elementwise launches a MoE layer: ~0.4 ms
-    of the emulated C 1 step, session 10). The table is built outside CUDA-graph capture; a
-    capture that finds none takes the arithmetic form (nothing cached from a graph's pool)."""
-    key = (ids.device, ids.dtype, group, E_loc, ep)
-    lut = _LOCAL_IDS.get(key)
-    if lut is None and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
-        lut = torch.full((E_loc * ep,), -1, dtype=ids.dtype, device=ids.device)
-        lut[group * E_loc : (group + 1) * E_loc] = torch.arange(E_loc, dtype=ids.dtype,
-                                                               device=ids.device)
-        _LOCAL_IDS[key] = lut
-    if lut is not None:
-        return lut[ids]
-    local = ids - group * E_loc
-    return torch.where((local >= 0) & (local < E_loc), local, torch.full_like(local, -1))
-
-
-def moe_ep_local(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
-                 lay: Layout, here: torch.Tensor | None = None) -> torch.Tensor:
-    """h [T, D] (replicated), ids/w [T, K] -> this rank's partial [T, D] in op_dtype(): its
+def moe_ep_local(h: torch.Tensor, here: torch.Tensor, w: torch.Tensor, experts: Int4Experts,
+                 lay: Layout) -> torch.Tensor:
+    """h [T, D] (replicated), here/w [T, K] -> this rank's partial [T, D] in op_dtype(): its
     group's experts (its width slice of them) on the slots that name them, weighted and summed
-    in slot order by the int4_moe op; other slots pass id -1 and add nothing. The caller
-    all-reduces: the groups' partials (and the width slices') sum to the routed output.
-    here: the slots' local ids if the router already stored them (moe_route's local_experts),
-    else this gathers them from ids (`local_expert_ids`).
+    in slot order by the int4_moe op. here: the slots' local expert ids, -1 for the other
+    groups' experts (the router stores them: moe_route's `local_experts`); those slots add
+    nothing. The caller all-reduces: the groups' partials (and the width slices') sum to the
+    routed output.
     The op is told how many slots to expect here (T K / ep under balanced routing): sized for
     all T K slots its tiles would pad ~3 routed slots an expert to 32 (session 10)."""
-    if here is None:
-        here = local_expert_ids(ids, lay.group, experts.num_experts, lay.ep)
-    expect = -(-ids.numel() // lay.ep)
+    expect = -(-here.numel() // lay.ep)
     return ops.get("int4_moe")(h.to(op_dtype()), here, w, experts, expected_slots=expect)
 
 
