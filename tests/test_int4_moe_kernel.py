@@ -24,7 +24,7 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
             "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
-            "triton_v26", "triton_v27", "triton_v28")
+            "triton_v26", "triton_v27", "triton_v28", "triton_v29", "triton_v30")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -90,7 +90,8 @@ def test_edge_cases_match_reference(version):
              "triton_v15": (15,), "triton_v16": (16,), "triton_v17": (17,),
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
              "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
-             "triton_v26": (26,), "triton_v27": (27,), "triton_v28": (28,)}
+             "triton_v26": (26,), "triton_v27": (27,), "triton_v28": (28,),
+             "triton_v29": (29,), "triton_v30": (30,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -102,7 +103,8 @@ def test_edge_cases_match_reference(version):
                                      "triton_v16", "triton_v17", "triton_v18",
                                      "triton_v19", "triton_v22", "triton_v23",
                                      "triton_v24", "triton_v25", "triton_v26",
-                                     "triton_v27", "triton_v28"])
+                                     "triton_v27", "triton_v28", "triton_v29",
+                                     "triton_v30"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -2037,3 +2039,101 @@ def test_v27_is_v26_bit_for_bit_gpu(real_experts, version, skew):
     fn = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_triton
     _assert_bits_as(fn, triton_v26.int4_moe_triton, real_experts, (1, 8, 9, 17, 64, 65),
                     (1, 8, 17, 20), 2700, 2750, skew)
+
+
+def _grids_of(monkeypatch, module):
+    """Record the grid of every `_gemm_kernel` launch `module` makes (then run it)."""
+    grids = []
+    real = module._gemm_kernel
+    monkeypatch.setattr(module, "_gemm_kernel", type("G", (), {
+        "__getitem__": lambda self, grid: grids.append(grid) or real[grid]})())
+    return grids
+
+
+@pytest.mark.parametrize("version, a_grid", [("triton_v29", None), ("triton_v30", None),
+                                             ("triton_v29", 1), ("triton_v29", 2)])
+@pytest.mark.parametrize("n_act", [0, 1, 2, 3, 5, 8])
+def test_v29_idle_last_grids_are_v28_bit_for_bit(monkeypatch, version, a_grid, n_act):
+    # why: v29 / v30 change which program runs a (N tile, K split, expert) tile, never its
+    # arithmetic: v28's bits with every intermediate NaN-filled, on a hinted EP rank's decode
+    # (hint 1: both GEMMs split along K, v28's grid (NT, 8, KS)) with 0 to all 8 of the slots
+    # on the rank: more active experts than v30's A_GRID programs take turns, none is
+    # skipped or run twice; the grids are (NT, KS, A) with A the worst case (v29) or A_GRID
+    import importlib
+
+    from workbench.kernels.int4_moe import triton_v28, triton_v29
+
+    mod = importlib.import_module(f"workbench.kernels.int4_moe.{version}")
+    _poisoned_buffers(monkeypatch)
+    E, K, D, I, T, hint = 48, 8, 1024, 512, 1, 1
+    ex = _experts(E, D, I, seed=290 + n_act)
+    g = torch.Generator().manual_seed(290 + n_act)
+    ids = torch.full((T, K), -1, dtype=torch.long)
+    ids[0, :n_act] = torch.randperm(E, generator=g)[:n_act]
+    w = torch.rand(T, K, generator=g) + 0.05
+    x = torch.randn(T, D, generator=g).bfloat16()
+    cfg = None if a_grid is None else {"A_GRID": a_grid}
+    grids = _grids_of(monkeypatch, triton_v29)
+    out = mod.int4_moe_triton(x, ids, w, ex, expected_slots=hint, cfg=cfg)
+    want = triton_v28.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
+    assert not out.isnan().any() and _bits_equal(out, want)
+    c = mod.tiles(T, K, E, D, I, hint) | (cfg or {})
+    assert c["KS1"] > 1 and c["KS2"] > 1  # both GEMMs take v29's grid at this shape
+    a = min(c["A_GRID"], K) or K  # v29: the worst case, min(E, T K) = 8 experts
+    assert grids == [(2 * I // c["BN"], c["KS1"], a), (D // c["BN"], c["KS2"], a)]
+
+
+def test_v29_unsplit_gemms_are_v28s_launches(monkeypatch):
+    # why: where a GEMM is not split along K its grid (NT, A, 1) already puts the idle
+    # programs last: v29 launches v28's kernels there (the hot launch included), no new grid
+    from workbench.kernels.int4_moe import triton_v29
+
+    grids = _grids_of(monkeypatch, triton_v29)
+    E, K, D, I, T = 64, 4, 320, 256, 65  # past HOT = 64 slots: v16's hot launch too
+    ex = _experts(E, D, I, seed=299)
+    ids, w = _routing(T, E - 1, K, seed=299)
+    ids = ids + (ids >= 5).long()
+    ids[:, 0] = 5  # expert 5 holds all 65 tokens' first slot: hot
+    x = torch.randn(T, D).bfloat16()
+    c = triton_v29.tiles(T, K, E, D, I)
+    assert c["KS1"] == c["KS2"] == 1
+    out = triton_v29.int4_moe_triton(x, ids, w, ex)
+    assert grids == [] and _bits_equal(out, _variant("triton_v28")(x, ids, w, ex))
+
+
+def test_v29_rejects_a_negative_a_grid():
+    from workbench.kernels.int4_moe import triton_v29
+
+    ex = _experts(8, 64, 64, seed=1)
+    ids, w = _routing(1, 8, 2, seed=1)
+    with pytest.raises(ValueError, match=r"A_GRID.*>= 0.*-1"):
+        triton_v29.int4_moe_triton(torch.randn(1, 64).bfloat16(), ids, w, ex, cfg={"A_GRID": -1})
+
+
+def test_v30_a_grid_follows_the_expected_experts():
+    # why: v30 sizes the K-split grids by the experts the hint expects (2 x, rounded up), a
+    # float of E and the hint only (graph-safe): 2 at an EP8 rank's hint 1 on 48 experts
+    from workbench.kernels.int4_moe import triton_v26, triton_v30
+
+    K, D, I = 8, 7168, 2048
+    for T, hint, want in ((1, 1, 2), (1, 2, 4), (17, 17, 29)):
+        c = triton_v30.tiles(T, K, 48, D, I, hint)
+        assert c["A_GRID"] == want, (hint, c["A_GRID"])
+        assert {k: v for k, v in c.items() if k != "A_GRID"} == triton_v26.tiles(T, K, 48, D, I,
+                                                                                  hint)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["triton_v29", "triton_v30"])
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+def test_v29_is_v28_bit_for_bit_gpu(real_experts, version, skew):
+    # why: Kimi shapes on all 384 experts and on a hinted EP8 rank, where T 1 and 2 (hints 1,
+    # 2) split the GEMMs along K: v28's bits on the GPU's program order too
+    import importlib
+
+    from workbench.kernels.int4_moe import triton_v28
+
+    fn = importlib.import_module(f"workbench.kernels.int4_moe.{version}").int4_moe_triton
+    for seed in (2900, 2950, 2990):
+        _assert_bits_as(fn, triton_v28.int4_moe_triton, real_experts, (1, 9), (1, 2, 8, 17),
+                        seed, seed + 20, skew)

@@ -80,6 +80,12 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v28 v27's one launch only up to ROUTE1 tokens (8 at K 8: the step's decode, where
                the step gained), v26's launches above (v26's bits; H200: the EP8 C 1 AR step
                -0.045 ms in an ABBA A/B; BEST from session 22)
+    triton_v29 v28 with the K-split GEMMs' grids ordered (N tile, K split, expert): the worst
+               case's idle programs last in launch order (an EP8 rank's decode, hint 1-2;
+               v28's launches elsewhere; v28's bits)
+    triton_v30 v29 with those grids sized by the experts expected active (A_GRID = 2 x the
+               expectation, programs taking the active experts in turn) instead of the worst
+               case (v28's bits)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -104,7 +110,7 @@ BEST = "triton_v28"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), 22, 23, 24, 25, 26, 27, 28)}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 31))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -193,6 +199,10 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "launch where one program routes (T <= 64 at K 8): five launches instead of six",
     ("int4_moe", "triton_v28"): "v27's one routing + permute launch only up to ROUTE1 tokens "
     "(8 at K 8: decode), v26's launches above",
+    ("int4_moe", "triton_v29"): "v28 with the K-split GEMMs' grids ordered (N tile, K split, "
+    "expert) so the worst case's idle programs come last in launch order (v28's bits)",
+    ("int4_moe", "triton_v30"): "v29 with the K-split GEMMs' grids sized by the experts "
+    "expected active (2 x the expectation), programs taking the active experts in turn",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),

@@ -100,8 +100,8 @@ def _gemm_silu_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, 
     if a < tl.load(n_act_ptr):
         split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
                    w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
-                   out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA,
-                   BY_TOKEN, OUT_BY_SLOT, ABLATE, INTERPRET)
+                   out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, a, tl.program_id(2), K, BN, BM,
+                   NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT, ABLATE, INTERPRET)
         TPB: tl.constexpr = _KT // BN  # N tiles a block
         pid = tl.program_id(0)
         b = tl.where(pid >= NT1, pid - NT1, pid) // TPB  # gate and up tiles share a block
@@ -133,8 +133,8 @@ def _gemm_combine_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_des
     if a < tl.load(n_act_ptr):
         split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
                    w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
-                   out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA,
-                   BY_TOKEN, OUT_BY_SLOT, ABLATE, INTERPRET)
+                   out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, a, tl.program_id(2), K, BN, BM,
+                   NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT, ABLATE, INTERPRET)
     pid = tl.program_id(0)
     if _arrive(cnt_ptr + pid, tl.num_programs(1) * tl.num_programs(2)):
         d = pid * BN + tl.arange(0, BN)  # [BN] output columns

@@ -98,12 +98,30 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
                  K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
                  TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                  OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr,
-                 PDL: tl.constexpr = False, HOT: tl.constexpr = -1):
+                 PDL: tl.constexpr = False, HOT: tl.constexpr = -1,
+                 IDLE_LAST: tl.constexpr = False, A_STRIDE: tl.constexpr = 0):
     """v5's program (N tile, active expert, K split): `expert_tile` over the split's K tiles.
     PDL: launched as a programmatic dependent (v14, `_common.pdl_start`). HOT >= 0 (v16's
-    cold launch): experts with more than HOT slots are left to another launch."""
+    cold launch): experts with more than HOT slots are left to another launch. IDLE_LAST
+    (v29): the grid is (N tile, K split, active expert), the expert the slowest axis, so the
+    worst case's idle programs come last in launch order (same programs, same work).
+    A_STRIDE > 0 (v30, with IDLE_LAST's axes; HOT unused): A_STRIDE programs an (N tile, K
+    split) take the active experts in turn, a, a + A_STRIDE, ... (each expert's tile the work
+    of v7's program for it)."""
     pdl_start(PDL)
-    a = tl.program_id(1)
+    if A_STRIDE > 0:
+        for a in range(tl.program_id(2), tl.load(n_act_ptr), A_STRIDE):
+            split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
+                       w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
+                       out_ptr, s_ok, s_or, NOUT, NT1, IN, TPS, a, tl.program_id(1), K, BN,
+                       BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT, ABLATE, INTERPRET)
+        return
+    if IDLE_LAST:
+        a = tl.program_id(2)
+        ks = tl.program_id(1)
+    else:
+        a = tl.program_id(1)
+        ks = tl.program_id(2)
     if a >= tl.load(n_act_ptr):  # idle program of the worst-case grid
         return
     if HOT >= 0:
@@ -111,20 +129,19 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
             return
     split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
-               s_or, NOUT, NT1, IN, TPS, a, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT,
-               ABLATE, INTERPRET)
+               s_or, NOUT, NT1, IN, TPS, a, ks, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN,
+               OUT_BY_SLOT, ABLATE, INTERPRET)
 
 
 @triton.jit
 def split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
-               s_or, NOUT, NT1, IN, TPS, a, K: tl.constexpr, BN: tl.constexpr,
+               s_or, NOUT, NT1, IN, TPS, a, ks, K: tl.constexpr, BN: tl.constexpr,
                BM: tl.constexpr, NH: tl.constexpr, TWO: tl.constexpr, S_TMA: tl.constexpr,
                BY_TOKEN: tl.constexpr, OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr,
                INTERPRET: tl.constexpr):
-    """Program (N tile, active expert a, K split)'s work: `expert_tile` over the split's TPS
-    K tiles (`_gemm_kernel`'s and triton_v17's)."""
-    ks = tl.program_id(2)
+    """Program (N tile, active expert a, K split ks)'s work: `expert_tile` over the split's
+    TPS K tiles (`_gemm_kernel`'s and triton_v17's)."""
     kt0 = ks * TPS
     kt1 = tl.minimum(kt0 + TPS, tl.cdiv(IN, _KT))
     expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
