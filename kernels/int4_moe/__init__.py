@@ -82,10 +82,12 @@ Versions (README.md has the design and the version log), each with the contract 
                -0.045 ms in an ABBA A/B; BEST from session 22)
     triton_v29 v28 with the K-split GEMMs' grids ordered (N tile, K split, expert): the worst
                case's idle programs last in launch order (an EP8 rank's decode, hint 1-2;
-               v28's launches elsewhere; v28's bits)
+               v28's launches elsewhere; v28's bits; H200: one active expert's GEMMs 10.2 +
+               6.9 vs 12.5 + 8.4 µs, the EP8 C 1 AR step 5.469 / 5.474 vs 5.500 / 5.496 ms)
     triton_v30 v29 with those grids sized by the experts expected active (A_GRID = 2 x the
                expectation, programs taking the active experts in turn) instead of the worst
-               case (v28's bits)
+               case (v28's bits; H200: a rank with no expert 1.2 + 1.1 vs 2.1 + 2.0 µs of
+               GEMM launches, the EP8 C 1 AR step 5.456 / 5.452 ms; BEST from session 23)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -95,7 +97,11 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v28 from session 22 (v26's bits; the routing and the permute in one launch at decode,
+# triton_v30 from session 23 (v28's bits; an EP8 rank's decode GEMMs, split along K, on grids
+# sized by the experts expected active with the idle programs last: the EP8 C 1 AR step 5.456 /
+# 5.452 ms against v28's 5.500 / 5.496 and v29's 5.469 / 5.474 in one ABCCBA call; every other
+# shape runs v28's launches);
+# triton_v28 in session 22 (v26's bits; the routing and the permute in one launch at decode,
 # T <= 8: the EP8 C 1 AR step 5.49 / 5.50 vs v26's 5.54 / 5.54 ms in an ABBA same-call A/B, the
 # other configurations v26's launches or within the runs' spread; v27's fusion up to 64 tokens
 # slowed the verify);
@@ -105,7 +111,7 @@ _MOD = "workbench.kernels.int4_moe"
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v28"
+BEST = "triton_v30"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"

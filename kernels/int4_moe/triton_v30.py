@@ -12,6 +12,11 @@ where the worst-case grid runs ~2-4 waves of them: the same tiles, fewer launche
 idle dispatch. With no expert on the rank (a third of the step's layers at C 1) both GEMMs
 launch 512 / 448 programs that exit, instead of 2048 / 1792.
 
+Measured (H200, session 23 call 1, traces/gpu/session23/README.md): with no expert on the rank
+the two GEMM launches take 1.2 + 1.1 µs (v28 / v29: 2.1 + 2.0); with one, v29's 10.2 + 7.1; the
+EP8 C 1 AR step 5.456 / 5.452 ms against v29's 5.469 / 5.474 and v28's 5.500 / 5.496 (ABCCBA in
+one call). BEST from session 23.
+
 Bits: v28's (each expert's tile is the work v7's program does for it; no sum crosses experts).
 Graph-safe: A_GRID is a float of E and the hint, never the draw.
 Dimension legend: v16's.
