@@ -24,7 +24,8 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
             "triton_v7", "triton_v8", "triton_v9", "triton_v10", "triton_v11", "triton_v12",
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
             "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
-            "triton_v26", "triton_v27", "triton_v28", "triton_v29", "triton_v30")
+            "triton_v26", "triton_v27", "triton_v28", "triton_v29", "triton_v30",
+            "triton_v31")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -91,7 +92,7 @@ def test_edge_cases_match_reference(version):
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
              "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
              "triton_v26": (26,), "triton_v27": (27,), "triton_v28": (28,),
-             "triton_v29": (29,), "triton_v30": (30,)}
+             "triton_v29": (29,), "triton_v30": (30,), "triton_v31": (31,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -104,7 +105,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v19", "triton_v22", "triton_v23",
                                      "triton_v24", "triton_v25", "triton_v26",
                                      "triton_v27", "triton_v28", "triton_v29",
-                                     "triton_v30"])
+                                     "triton_v30", "triton_v31"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -2123,8 +2124,24 @@ def test_v30_a_grid_follows_the_expected_experts():
                                                                                   hint)
 
 
+def test_v31_tiles_are_v30s_at_96_registers_where_v30_runs_64_row_decode_tiles():
+    # why: v31 changes the registers of v19's 64-row decode tiles only (five CTAs an SM):
+    # every other key and shape is v30's
+    from workbench.kernels.int4_moe import triton_v30, triton_v31
+
+    K, D, I = 8, 7168, 2048
+    seen = set()
+    for T, E, hint in ((1, 384, None), (2, 384, None), (3, 384, None), (9, 384, None),
+                       (1, 48, 1), (8, 48, 8), (17, 48, 17), (33, 48, 33), (136, 48, 136)):
+        old, new = triton_v30.tiles(T, K, E, D, I, hint), triton_v31.tiles(T, K, E, D, I, hint)
+        decode = old["BN"] == 64 and old["maxnreg"] == 128
+        seen.add(decode)
+        assert new == (old | dict(maxnreg=96) if decode else old), (T, E, hint)
+    assert seen == {True, False}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["triton_v29", "triton_v30"])
+@pytest.mark.parametrize("version", ["triton_v29", "triton_v30", "triton_v31"])
 @pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
 def test_v29_is_v28_bit_for_bit_gpu(real_experts, version, skew):
     # why: Kimi shapes on all 384 experts and on a hinted EP8 rank, where T 1 and 2 (hints 1,

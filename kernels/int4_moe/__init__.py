@@ -88,6 +88,8 @@ Versions (README.md has the design and the version log), each with the contract 
                expectation, programs taking the active experts in turn) instead of the worst
                case (v28's bits; H200: a rank with no expert 1.2 + 1.1 vs 2.1 + 2.0 µs of
                GEMM launches, the EP8 C 1 AR step 5.456 / 5.452 ms; BEST from session 23)
+    triton_v31 v30 with the 64-row decode tiles at 96 registers a thread (five CTAs an SM
+               instead of four; v28's bits)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -116,7 +118,7 @@ BEST = "triton_v30"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 31))}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 32))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -209,6 +211,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "expert) so the worst case's idle programs come last in launch order (v28's bits)",
     ("int4_moe", "triton_v30"): "v29 with the K-split GEMMs' grids sized by the experts "
     "expected active (2 x the expectation), programs taking the active experts in turn",
+    ("int4_moe", "triton_v31"): "v30 with the 64-row decode tiles at 96 registers a thread: "
+    "five CTAs an SM instead of four (v28's bits)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),
