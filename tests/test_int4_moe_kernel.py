@@ -25,7 +25,7 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
             "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
             "triton_v26", "triton_v27", "triton_v28", "triton_v29", "triton_v30",
-            "triton_v31")
+            "triton_v31", "triton_v32")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -92,7 +92,8 @@ def test_edge_cases_match_reference(version):
              "triton_v18": (18,), "triton_v19": (19,), "triton_v22": (22,),
              "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
              "triton_v26": (26,), "triton_v27": (27,), "triton_v28": (28,),
-             "triton_v29": (29,), "triton_v30": (30,), "triton_v31": (31,)}
+             "triton_v29": (29,), "triton_v30": (30,), "triton_v31": (31,),
+             "triton_v32": (32,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -105,7 +106,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v19", "triton_v22", "triton_v23",
                                      "triton_v24", "triton_v25", "triton_v26",
                                      "triton_v27", "triton_v28", "triton_v29",
-                                     "triton_v30", "triton_v31"])
+                                     "triton_v30", "triton_v31", "triton_v32"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -2140,8 +2141,22 @@ def test_v31_tiles_are_v30s_at_96_registers_where_v30_runs_64_row_decode_tiles()
     assert seen == {True, False}
 
 
+def test_v32_takes_96_registers_only_past_one_and_a_half_waves():
+    # why: v31's 96 registers won on the EP8 verify's 1.75-wave gate/up grid (hint 17) and lost
+    # under one wave (hint 8, hint 1): v32 takes them only where the expected grid passes 1.5
+    # waves of four CTAs an SM, v30's tiles everywhere else (a float of the shape: graph-safe)
+    from workbench.kernels.int4_moe import triton_v30, triton_v32
+
+    K, D, I = 8, 7168, 2048
+    for T, E, hint, regs in ((1, 384, None, 128), (2, 384, None, 96), (1, 48, 1, 128),
+                             (8, 48, 8, 128), (9, 48, 9, 128), (14, 48, 14, 128),
+                             (17, 48, 17, 96), (3, 384, None, 168), (33, 48, 33, 168)):
+        old, new = triton_v30.tiles(T, K, E, D, I, hint), triton_v32.tiles(T, K, E, D, I, hint)
+        assert new == old | dict(maxnreg=regs), (T, E, hint, new["maxnreg"])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["triton_v29", "triton_v30", "triton_v31"])
+@pytest.mark.parametrize("version", ["triton_v29", "triton_v30", "triton_v31", "triton_v32"])
 @pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
 def test_v29_is_v28_bit_for_bit_gpu(real_experts, version, skew):
     # why: Kimi shapes on all 384 experts and on a hinted EP8 rank, where T 1 and 2 (hints 1,

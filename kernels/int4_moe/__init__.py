@@ -89,7 +89,11 @@ Versions (README.md has the design and the version log), each with the contract 
                case (v28's bits; H200: a rank with no expert 1.2 + 1.1 vs 2.1 + 2.0 µs of
                GEMM launches, the EP8 C 1 AR step 5.456 / 5.452 ms; BEST from session 23)
     triton_v31 v30 with the 64-row decode tiles at 96 registers a thread (five CTAs an SM
-               instead of four; v28's bits)
+               instead of four; v28's bits; H200: the EP8 C 1 DDTree-16 step 14.17 vs 14.28
+               ms, but C 1 AR 5.54 vs 5.48 and C 8 AR 9.59 vs 9.39: not BEST)
+    triton_v32 v31's 96 registers only where the 64-row tiles' gate/up grid is expected past
+               1.5 waves of four CTAs an SM (the EP8 C 1 verify at budget 16, T 2 on 384
+               experts), v30's tiles elsewhere (v28's bits)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -118,7 +122,7 @@ BEST = "triton_v30"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 32))}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 33))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -213,6 +217,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "expected active (2 x the expectation), programs taking the active experts in turn",
     ("int4_moe", "triton_v31"): "v30 with the 64-row decode tiles at 96 registers a thread: "
     "five CTAs an SM instead of four (v28's bits)",
+    ("int4_moe", "triton_v32"): "v30 with v31's 96 registers only where the 64-row tiles' "
+    "gate/up grid is expected past 1.5 waves of four CTAs an SM (v28's bits)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),
