@@ -37,13 +37,19 @@ def _int4_real(dev) -> list[tuple[str, tuple, dict]]:
     for T in (1, 17):
         out.append((f"T={T} E=384", (r.normal(T, 7168), r.distinct(384, 8, T),
                                     r.uniform(T, 8) + 0.05, ex), {}))
-    T = 136  # C 8 x DDTree-16 on one EP8 rank: its 48 experts, -1 elsewhere, hinted
-    ids = r.distinct(384, 8, T)
-    here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
     ex48 = type(ex)(*(t[:48] for t in ex))
-    out.append(("T=136 EP8 rank (48 experts, -1 slots, hint 136)",
-                (r.normal(T, 7168), here, r.uniform(T, 8) + 0.05, ex48),
-                {"expected_slots": 136}))
+    # one EP8 rank (its 48 experts, -1 elsewhere, hinted): C 8 x DDTree-16 (T 136), the C 1
+    # verify (T 17), and the decode's K-split grids (T 1 and 2; int4_moe v29-v32), there with
+    # all 8 slots of T 1 on the rank too (v30's A_GRID 2 programs take 8 experts in turns)
+    for T in (136, 17, 2, 1):
+        ids = r.distinct(384, 8, T)
+        here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        out.append((f"T={T} EP8 rank (48 experts, -1 slots, hint {T})",
+                    (r.normal(T, 7168), here, r.uniform(T, 8) + 0.05, ex48),
+                    {"expected_slots": T}))
+    out.append(("T=1 EP8 rank, all 8 slots on it (hint 1)",
+                (r.normal(1, 7168), r.distinct(48, 8, 1), r.uniform(1, 8) + 0.05, ex48),
+                {"expected_slots": 1}))
     return out
 
 
