@@ -93,7 +93,9 @@ Versions (README.md has the design and the version log), each with the contract 
                ms, but C 1 AR 5.54 vs 5.48 and C 8 AR 9.59 vs 9.39: not BEST)
     triton_v32 v31's 96 registers only where the 64-row tiles' gate/up grid is expected past
                1.5 waves of four CTAs an SM (the EP8 C 1 verify at budget 16, T 2 on 384
-               experts), v30's tiles elsewhere (v28's bits)
+               experts), v30's tiles elsewhere (v28's bits; H200: the EP8 C 1 DDTree-16 step
+               14.16 / 14.17 vs 14.27 / 14.28 ms, T 2 on 384 experts 132.9 vs 135.0 µs, C 1
+               AR and DDTree-8 v30's kernels; BEST from session 23)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -103,7 +105,10 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v30 from session 23 (v28's bits; an EP8 rank's decode GEMMs, split along K, on grids
+# triton_v32 from session 23 (v28's bits; v30 with 96 registers a thread, five CTAs an SM, where
+# the 64-row gate/up grid is expected past 1.5 waves of four: the EP8 C 1 DDTree-16 step 14.16 /
+# 14.17 ms against v30's 14.27 / 14.28 in one ABBA call, C 1 AR and DDTree-8 v30's kernels);
+# triton_v30 before it in session 23 (v28's bits; an EP8 rank's decode GEMMs, split along K, on grids
 # sized by the experts expected active with the idle programs last: the EP8 C 1 AR step 5.456 /
 # 5.452 ms against v28's 5.500 / 5.496 and v29's 5.469 / 5.474 in one ABCCBA call; every other
 # shape runs v28's launches);
@@ -117,7 +122,7 @@ _MOD = "workbench.kernels.int4_moe"
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v30"
+BEST = "triton_v32"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"

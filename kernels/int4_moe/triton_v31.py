@@ -9,6 +9,12 @@ keeps the K loop (401 -> 403 SASS an iteration) with no spill (`sm90` capture at
 experts). Session 18 measured 96 / 112 registers at T 1 on 384 experts and saw nothing (81.6 /
 82.1 vs 82.1 µs): there the gate/up grid is under one wave; the verify's is ~1.8.
 
+Measured (H200, session 23 call 3, traces/gpu/session23/README.md): at hint 17 the GEMMs took
+133.6 / 94.4 / 121.5 µs against v30's 138.9 / 94.8 / 123.7 over three draws, at hint 8 the
+gate/up GEMM 49.4 against 41.0; in the EP8 step (ABBA) C 1 DDTree-16 14.16 / 14.18 vs 14.26 /
+14.29 ms, C 1 AR 5.54 / 5.54 vs 5.49 / 5.47, C 8 AR 9.58 / 9.59 vs 9.39 / 9.40: not BEST
+(triton_v32 keeps the registers where they won).
+
 Bits: v28's (registers change neither the tile nor any sum's order).
 Dimension legend: v16's.
 """

@@ -13,6 +13,11 @@ A hypothesis for the split (not profiled): occupancy helps where a grid has more
 four CTAs an SM hold (the verify's 1.75 waves become 1.4), and the 96-register build is slower a
 program where every program is resident anyway.
 
+Measured (H200, session 23 call 4): GPU tests pass; T 2 on 384 experts 132.9 vs v30's 134.7 /
+135.4 µs; the EP8 step (ABBA) C 1 DDTree-16 14.163 / 14.171 vs 14.273 / 14.283 ms (int4 GEMMs
+6963 / 6966 vs 7071 / 7078 µs), C 1 AR and DDTree-8 (v30's kernels) within 0.02 ms. BEST from
+session 23.
+
 Bits: v28's (registers change neither the tile nor any sum's order).
 Dimension legend: v16's.
 """
