@@ -501,3 +501,31 @@ if all((s22 / f).exists() for f in [*runs22.values(), *ab27.values()]):
 else:
     view = "traces/gpu/session22 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 23: the int4 GEMMs' worst-case grids and their occupancy
+# `traces/gpu/session23/README.md` has the commands. Left: kernel ms a step from CUDA-graph
+# replays of the EP8 rank at C 1, int4_moe triton_v30 (the decode's K-split grids sized by the
+# experts expected active, the idle programs last) against triton_v32 (v30 with 96 registers,
+# five CTAs an SM, where the gate/up grid is expected past 1.5 waves: the budget-16 verify) in
+# ABBA order (call 4). Right: the int4 GEMMs' µs a step in the same runs: v32 changes only the
+# verify's, AR and DDTree-8 run v30's kernels.
+
+# %%
+s23 = traces / "gpu/session23"
+runs23 = {"v30 (A1)": "call4_emulate_graph_a1_v30.csv", "v32 (B1)": "call4_emulate_graph_b1_v32.csv",
+          "v32 (B2)": "call4_emulate_graph_b2_v32.csv", "v30 (A2)": "call4_emulate_graph_a2_v30.csv"}
+kern23 = {k: f.replace("emulate_graph", "emulate_kernels_graph") for k, f in runs23.items()}
+if all((s23 / f).exists() for f in [*runs23.values(), *kern23.values()]):
+    g, ms = graph_runs(s23, runs23)
+    verify = ms.loc[(1, "DDTree-16")]
+    assert max(verify["v32 (B1)"], verify["v32 (B2)"]) < min(verify["v30 (A1)"],
+                                                              verify["v30 (A2)"])
+    gemms = pd.concat({k: int4_kernels(s23 / f)["GEMMs"] for k, f in kern23.items()}, axis=1)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4))
+    step_bars(a1, ms, "kernel ms a step, graph-replayed")
+    step_bars(a2, gemms / 1e3, "int4 GEMMs, ms a step")
+    view = pd.concat({"kernel ms": ms.round(3), "int4 GEMM µs": gemms.round(0)}, axis=1)
+else:
+    view = "traces/gpu/session23 not in this checkout"
+view
