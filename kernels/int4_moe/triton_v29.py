@@ -6,7 +6,7 @@ there: the idle programs are last already).
 Why (a hypothesis; session 22's ncu of an EP8 rank, traces/gpu/session22/README.md): a grid's
 idle programs cost ~2 µs per ~2000 when a launch runs nothing else (a rank with no expert
 still takes ~9 µs of launches). The EP8 step's decode (C 1 AR: T 1, hint 1, at most 8 of the
-rank's 48 experts, ~1 expected) splits both GEMMs along K (v23's 4 and v13's 2 splits on the
+rank's 48 experts, ~1 expected) splits both GEMMs along K (4 and 2 splits by v13's rule on the
 64-row tiles), and v7's grid (NT, A, KS) puts the idle experts' programs between the K
 splits: with one active expert the gate/up launch's last real split is dispatched after
 3 x 7 x 64 = 1344 idle programs, the down launch's after 784. Ordered (NT, KS, A), the real
