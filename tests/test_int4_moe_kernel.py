@@ -25,7 +25,7 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
             "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
             "triton_v26", "triton_v27", "triton_v28", "triton_v29", "triton_v30",
-            "triton_v31", "triton_v32")
+            "triton_v31", "triton_v32", "triton_v33")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -93,7 +93,7 @@ def test_edge_cases_match_reference(version):
              "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
              "triton_v26": (26,), "triton_v27": (27,), "triton_v28": (28,),
              "triton_v29": (29,), "triton_v30": (30,), "triton_v31": (31,),
-             "triton_v32": (32,)}
+             "triton_v32": (32,), "triton_v33": (33,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -106,7 +106,8 @@ def test_edge_cases_match_reference(version):
                                      "triton_v19", "triton_v22", "triton_v23",
                                      "triton_v24", "triton_v25", "triton_v26",
                                      "triton_v27", "triton_v28", "triton_v29",
-                                     "triton_v30", "triton_v31", "triton_v32"])
+                                     "triton_v30", "triton_v31", "triton_v32",
+                                     "triton_v33"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -2154,6 +2155,21 @@ def test_v32_takes_96_registers_only_past_one_and_a_half_waves():
                              (17, 48, 17, 96), (3, 384, None, 168), (33, 48, 33, 168)):
         old, new = triton_v30.tiles(T, K, E, D, I, hint), triton_v32.tiles(T, K, E, D, I, hint)
         assert new == old | dict(maxnreg=regs), (T, E, hint, new["maxnreg"])
+
+
+def test_v33_splits_gate_up_twice_only_under_one_and_a_quarter_waves():
+    # why: the gate/up GEMM split twice won at hints 8-9 (~476-530 expected programs unsplit)
+    # and did nothing at hint 17 (~924): v33 splits where the 64-row grid expects 264-660,
+    # v32's tiles (splits, registers) everywhere else
+    from workbench.kernels.int4_moe import triton_v32, triton_v33
+
+    K, D, I = 8, 7168, 2048
+    for T, E, hint, split in ((1, 384, None, True), (2, 384, None, False), (1, 48, 1, False),
+                              (4, 48, 4, False), (5, 48, 5, True), (8, 48, 8, True),
+                              (11, 48, 11, True), (12, 48, 12, False), (17, 48, 17, False),
+                              (33, 48, 33, False)):
+        old, new = triton_v32.tiles(T, K, E, D, I, hint), triton_v33.tiles(T, K, E, D, I, hint)
+        assert new == (old | dict(KS1=2, TPS1=14) if split else old), (T, E, hint)
 
 
 @pytest.mark.gpu

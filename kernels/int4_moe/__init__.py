@@ -96,6 +96,9 @@ Versions (README.md has the design and the version log), each with the contract 
                experts), v30's tiles elsewhere (v28's bits; H200: the EP8 C 1 DDTree-16 step
                14.16 / 14.17 vs 14.27 / 14.28 ms, T 2 on 384 experts 132.9 vs 135.0 µs, C 1
                AR and DDTree-8 v30's kernels; BEST from session 23)
+    triton_v33 v32 with the gate/up GEMM split twice along K where the 64-row tiles expect
+               264-660 gate/up programs unsplit (an EP8 rank at hints 5-11, T 1 on 384
+               experts): twice the programs, each half as long (another K association there)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -127,7 +130,7 @@ BEST = "triton_v32"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 33))}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 34))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -224,6 +227,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "five CTAs an SM instead of four (v28's bits)",
     ("int4_moe", "triton_v32"): "v30 with v31's 96 registers only where the 64-row tiles' "
     "gate/up grid is expected past 1.5 waves of four CTAs an SM (v28's bits)",
+    ("int4_moe", "triton_v33"): "v32 with the gate/up GEMM split twice along K where the "
+    "64-row tiles expect 264-660 gate/up programs unsplit (under ~1.25 waves of four CTAs an SM)",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),
