@@ -98,7 +98,9 @@ Versions (README.md has the design and the version log), each with the contract 
                AR and DDTree-8 v30's kernels; BEST from session 23)
     triton_v33 v32 with the gate/up GEMM split twice along K where the 64-row tiles expect
                264-660 gate/up programs unsplit (an EP8 rank at hints 5-11, T 1 on 384
-               experts): twice the programs, each half as long (another K association there)
+               experts): twice the programs, each half as long (another K association there;
+               H200: the EP8 C 8 AR step 9.16 vs 9.38 ms, C 1 DDTree-8 11.41 vs 11.55, but T 1
+               on 384 experts 80.8 vs 78.4 µs; exact suite not run: not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.

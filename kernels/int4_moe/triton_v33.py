@@ -12,6 +12,16 @@ the down GEMM split, no better or worse. A hypothesis (not profiled): under one 
 streams its programs' 28 K tiles one after another with few loads in flight; twice the
 programs put twice the tiles in flight.
 
+Measured (H200, session 23 call 8): GPU tests pass (REAL shapes, graph replay); the EP8 step in
+ABBA order against v32: **C 8 AR 9.165 / 9.164 vs 9.402 / 9.357 ms** (int4 GEMMs 3915 / 3904 vs
+4148 / 4113 µs), **C 1 DDTree-8 11.405 / 11.414 vs 11.550 / 11.558**, C 1 AR and C 8 DDTree-8
+(v32's tiles) within 0.05; but **T 1 on 384 experts is slower**: 80.8 / 81.2 vs 78.4 / 78.4 µs
+(gate/up 43.3 vs 41.3, the SiLU summing two partials 2.3 vs 1.8), the REAL bench's and the
+`optimized` preset's decode. Not BEST: the split wins where an EP rank's hint sizes the grid and
+loses on all 384 experts at T 1 (~512 programs either way; why is not profiled), and the trained
+token-exact suite has not run with it (no device time left). Next: the split at hinted calls
+only (a rule on `slots`), then the exact suite.
+
 Numerics: another fp32 association of each gate/up output's K sum where the split changes
 (two partials summed by the SiLU launch, v13's scheme): within the harness tolerance of the
 reference, not v32's bits there (v32's elsewhere).
