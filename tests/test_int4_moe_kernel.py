@@ -25,7 +25,7 @@ VERSIONS = ("triton_v1", "triton_v2", "triton_v3", "triton_v4", "triton_v5", "tr
             "triton_v13", "triton_v14", "triton_v15", "triton_v16", "triton_v17", "triton_v18",
             "triton_v19", "triton_v22", "triton_v23", "triton_v24", "triton_v25",
             "triton_v26", "triton_v27", "triton_v28", "triton_v29", "triton_v30",
-            "triton_v31", "triton_v32", "triton_v33")
+            "triton_v31", "triton_v32", "triton_v33", "triton_v34")
 # the file runs > 3 min under the interpreter: the older versions' costly CPU cases are `slow`
 # (each version keeps its EDGE-case test unmarked); the newest version runs everything
 _SLOW = pytest.mark.slow
@@ -93,7 +93,7 @@ def test_edge_cases_match_reference(version):
              "triton_v23": (23,), "triton_v24": (24,), "triton_v25": (25,),
              "triton_v26": (26,), "triton_v27": (27,), "triton_v28": (28,),
              "triton_v29": (29,), "triton_v30": (30,), "triton_v31": (31,),
-             "triton_v32": (32,), "triton_v33": (33,)}
+             "triton_v32": (32,), "triton_v33": (33,), "triton_v34": (34,)}
     for seed in seeds[version]:
         _check(version, [c for c in int4_moe_cases("edge", seed) if "duplicate" not in c.label])
 
@@ -107,7 +107,7 @@ def test_edge_cases_match_reference(version):
                                      "triton_v24", "triton_v25", "triton_v26",
                                      "triton_v27", "triton_v28", "triton_v29",
                                      "triton_v30", "triton_v31", "triton_v32",
-                                     "triton_v33"])
+                                     "triton_v33", "triton_v34"])
 @pytest.mark.parametrize("T, D, I, E, K, route, why", [
     (1, 64, 64, 16, 4, "uniform", "T = 1: one slot per active expert"),
     (3, 96, 160, 8, 2, "uniform", "T = 3 prime; D = 96 and I = 160: K tiles of 32, an N tail"),
@@ -2170,6 +2170,20 @@ def test_v33_splits_gate_up_twice_only_under_one_and_a_quarter_waves():
                               (33, 48, 33, False)):
         old, new = triton_v32.tiles(T, K, E, D, I, hint), triton_v33.tiles(T, K, E, D, I, hint)
         assert new == (old | dict(KS1=2, TPS1=14) if split else old), (T, E, hint)
+
+
+def test_v34_splits_only_hinted_calls():
+    # why: v33's split lost at T 1 on all 384 experts (no hint) and won on hinted EP8 ranks:
+    # v34 takes v33's tiles with a hint and v32's without
+    from workbench.kernels.int4_moe import triton_v32, triton_v33, triton_v34
+
+    K, D, I = 8, 7168, 2048
+    for T, E, hint in ((1, 384, None), (2, 384, None), (9, 384, None), (1, 48, 1), (8, 48, 8),
+                       (9, 48, 9), (17, 48, 17)):
+        want = (triton_v32 if hint is None else triton_v33).tiles(T, K, E, D, I, hint)
+        assert triton_v34.tiles(T, K, E, D, I, hint) == want, (T, E, hint)
+    assert triton_v34.tiles(1, K, 384, D, I)["KS1"] == 1  # where v33 splits
+    assert triton_v34.tiles(8, K, 48, D, I, 8)["KS1"] == 2
 
 
 @pytest.mark.gpu

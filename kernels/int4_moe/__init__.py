@@ -101,6 +101,8 @@ Versions (README.md has the design and the version log), each with the contract 
                experts): twice the programs, each half as long (another K association there;
                H200: the EP8 C 8 AR step 9.16 vs 9.38 ms, C 1 DDTree-8 11.41 vs 11.55, but T 1
                on 384 experts 80.8 vs 78.4 µs; exact suite not run: not BEST)
+    triton_v34 v33's split only where the op's hint sizes the grid (an EP rank), v32's tiles
+               without a hint (prepared, CPU-tested; not yet run on a GPU)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -132,7 +134,7 @@ BEST = "triton_v32"
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 34))}
+    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -231,6 +233,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "gate/up grid is expected past 1.5 waves of four CTAs an SM (v28's bits)",
     ("int4_moe", "triton_v33"): "v32 with the gate/up GEMM split twice along K where the "
     "64-row tiles expect 264-660 gate/up programs unsplit (under ~1.25 waves of four CTAs an SM)",
+    ("int4_moe", "triton_v34"): "v33's twice-split gate/up only where the op's hint sizes the "
+    "grid (an expert-parallel rank), v32's tiles without a hint",
     ("int4_moe", "gluon_v21"): ("gluon_v20 with four CTAs an SM at the decode tiles (BN 64: "
                                 "three K tiles in flight, 64 registers at launch) instead of "
                                 "three", ("sm90", "triton")),
