@@ -525,6 +525,15 @@ def _poisoned_buffers(monkeypatch, *modules):
         monkeypatch.setattr(m, "torch", _NaNTorch())
 
 
+def _grids_of(monkeypatch, module, name="_gemm_kernel"):
+    """Record the grid of every launch of kernel `name` that `module` makes (then run it)."""
+    grids = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, type("G", (), {
+        "__getitem__": lambda self, grid: grids.append(grid) or real[grid]})())
+    return grids
+
+
 def test_v12_piece_bound():
     # why: a run of L >= LMIN units meets at most PMAX programs per N tile, for every tile
     # position and run length (brute force over the partition the kernel computes)
@@ -1996,10 +2005,7 @@ def test_v27_is_v26_bit_for_bit_with_one_launch_less(monkeypatch, version, fused
     if hint is not None:
         ids = torch.where(ids < 6, ids, torch.full_like(ids, -1))
     x = torch.randn(T, D).bfloat16()
-    permutes = []
-    real = triton_v7._permute_kernel
-    monkeypatch.setattr(triton_v7, "_permute_kernel", type("P", (), {
-        "__getitem__": lambda self, grid: permutes.append(grid) or real[grid]})())
+    permutes = _grids_of(monkeypatch, triton_v7, "_permute_kernel")
     out = mod.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
     assert len(permutes) == (T > triton_v27.tiles(T, K, E, D, I)[fused_upto])
     want = triton_v26.int4_moe_triton(x, ids, w, ex, expected_slots=hint)
@@ -2043,14 +2049,6 @@ def test_v27_is_v26_bit_for_bit_gpu(real_experts, version, skew):
     _assert_bits_as(fn, triton_v26.int4_moe_triton, real_experts, (1, 8, 9, 17, 64, 65),
                     (1, 8, 17, 20), 2700, 2750, skew)
 
-
-def _grids_of(monkeypatch, module):
-    """Record the grid of every `_gemm_kernel` launch `module` makes (then run it)."""
-    grids = []
-    real = module._gemm_kernel
-    monkeypatch.setattr(module, "_gemm_kernel", type("G", (), {
-        "__getitem__": lambda self, grid: grids.append(grid) or real[grid]})())
-    return grids
 
 
 @pytest.mark.parametrize("version, a_grid", [("triton_v29", None), ("triton_v30", None),
