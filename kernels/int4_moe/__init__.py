@@ -102,7 +102,9 @@ Versions (README.md has the design and the version log), each with the contract 
                H200: the EP8 C 8 AR step 9.16 vs 9.38 ms, C 1 DDTree-8 11.41 vs 11.55, but T 1
                on 384 experts 80.8 vs 78.4 µs; exact suite not run: not BEST)
     triton_v34 v33's split only where the op's hint sizes the grid (an EP rank), v32's tiles
-               without a hint (prepared, CPU-tested; not yet run on a GPU)
+               without a hint (v32's bits without a hint; H200, session 24 ABBA: the EP8 C 8
+               AR step 9.17 / 9.17 vs 9.35 / 9.36 ms, C 1 DDTree-8 11.43 / 11.40 vs 11.53 /
+               11.54, T 1 on 384 experts 78.0 vs 77.9 µs; BEST from session 24)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -112,6 +114,10 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
+# triton_v34 from session 24 (v32's tiles and bits without a hint; v33's twice-split gate/up on
+# an EP rank's hinted calls: the EP8 C 8 AR step 9.175 / 9.169 ms against v32's 9.347 / 9.355,
+# C 1 DDTree-8 11.428 / 11.399 against 11.531 / 11.543 in one ABBA call, the other step
+# configurations within the runs' spread, T 1 on 384 experts 78.0 vs 77.9 µs);
 # triton_v32 from session 23 (v28's bits; v30 with 96 registers a thread, five CTAs an SM, where
 # the 64-row gate/up grid is expected past 1.5 waves of four: the EP8 C 1 DDTree-16 step 14.16 /
 # 14.17 ms against v30's 14.27 / 14.28 in one ABBA call, C 1 AR and DDTree-8 v30's kernels);
@@ -129,7 +135,7 @@ _MOD = "workbench.kernels.int4_moe"
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v32"
+BEST = "triton_v34"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
