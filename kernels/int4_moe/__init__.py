@@ -141,9 +141,17 @@ BEST = "triton_v34"
 INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
-    | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)},
+    | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2)},
 }
-DESCRIPTIONS: dict[tuple[str, str], str] = {
+DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
+    ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
+                              "registers in fragment order (an exact one-time repack), the "
+                              "exact bf16 dequant, SiLU fused into gate/up; Triton routing and "
+                              "combine; 4 launches, no sync", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v2"): ("cuda_v1 with each scale group's fp32 partial scaled instead of "
+                              "the weights (the mma takes 128 + q, a -136 sum(x) correction "
+                              "mma): ~1.8 instead of 2.3 SASS a weight", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -1,0 +1,305 @@
+// int4_moe cuda_v1: the W4A16 expert GEMMs as warp-level mma.sync (m16n8k16, bf16 -> fp32)
+// with the weights streamed global -> registers in the fragment order (layout: mma_layout.py).
+//
+// Legend: E experts, NU row units an expert (32 output rows: gate/up = 16 gate + the same 16
+// up rows, down = two 16-row tiles), C 64-deep K chunks, KW warps splitting one unit's K,
+// RW units a CTA, NN 8-slot n-tiles a pass, U chunk pairs loaded ahead. A lane is (g, t) =
+// (lane / 4, lane % 4), the mma fragment coordinates.
+//
+// One warp, one unit, one K part: per chunk it loads one 16-byte word block a tile (the 32
+// int4 weights its A fragments need for 4 mma steps), dequantises them with the bf16x2 magic
+// (lop3 | 0x4300 -> 128 + q, - 136, * scale: bf16((q - 8) s) exactly, reference/int4.py) and
+// issues NN mmas a step (down: twice, hi and lo halves of h). No shared memory on the K path:
+// the bytes in flight are the registers of U chunk pairs. K parts meet in shared memory at the
+// end, summed in part order (deterministic), then the epilogue: gate/up -> h = silu(g) * u in
+// fp32 as bf16 hi + lo (triton_v3's split), down -> y[slot] fp32 rows for the combine.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  // weights: read once, keep them out of L1 (the activations live there)
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint4 ld_act(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint2 ld_scale(const uint2* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+// nibbles (0, 4) of q -> bf16x2 ((n0 - 8) s, (n4 - 8) s), both roundings exact but the last
+__device__ __forceinline__ u32 dq(u32 q, u32 s2) {
+  u32 t;
+  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;" : "=r"(t) : "r"(q));
+  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(t) : "r"(t), "r"(0x43084308u));
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(t) : "r"(t), "r"(s2));
+  return t;
+}
+
+// nibbles (0, 4) of q -> bf16x2 (128 + n0, 128 + n4), the stored values as they are (cuda_v2)
+__device__ __forceinline__ u32 raw(u32 q) {
+  u32 t;
+  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;" : "=r"(t) : "r"(q));
+  return t;
+}
+
+__device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_cd(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1,
+                                       float c0, float c1, float c2, float c3) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%11,%12,%13};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3));
+}
+
+__device__ __forceinline__ u16 to_bf16(float f) {
+  u16 r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ float from_bf16(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ u32 word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is unrolled: no local memory
+}
+
+// one chunk pair's loads: weights [chunk][tile], scales [tile] (both chunks), activations
+// [n-tile][chunk][half][group half] (NH = 2 halves for down: hi, lo), 8 inputs a lane, group
+template <int NN, int NH>
+struct Pair {
+  uint4 w[2][2];
+  uint4 s[2];
+  uint4 x[NN][2][NH][2];
+};
+
+// MODE 0: gate/up (act = x [T, ld], rows by token = slot / TOPK; out h hi / lo [S, ldo] bf16)
+// MODE 1: down    (act = h hi / lo [S, ld], rows by sorted position; out y [S, ldo] fp32)
+// POST 0 (cuda_v1): A = bf16((q - 8) s) dequantised, as the reference rounds it.
+// POST 1 (cuda_v2): A = 128 + q' (q' = q + 8, the stored nibble: one lop3), a group's two mma
+//   steps accumulate onto -136 sum(x) of the group (two mmas with a constant A, shared by
+//   both tiles), and the group's fp32 partial sum_k (q - 8) x_k is scaled once: acc += s p.
+// KPAD: inputs past k_real exist (the last chunk pair is partly padding): mask their loads.
+template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U>
+__global__ void __launch_bounds__(32 * KW * RW, (MODE == 0 ? 14 : 12) / (KW * RW) > 0 ? (MODE == 0 ? 14 : 12) / (KW * RW) : 1)
+int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
+             u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
+             int topk, int NU, int C, int ld, int k_real, int n_real, int ldo) {
+  constexpr int NH = MODE == 0 ? 1 : 2;
+  const int* slots = (const int*)slots_ptr;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int kw = warp % KW, rw = warp / KW;
+  const int u = blockIdx.x * RW + rw;  // this warp's row unit
+  const bool unit_ok = u < NU;
+  const int CW = C / KW, c0 = kw * CW, NP = CW / 2;  // chunks and chunk pairs of this K part
+  __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
+  const int n_act = *(const int*)n_act_ptr;
+
+  for (int a = blockIdx.y; a < n_act; a += gridDim.y) {  // CTA-uniform loops (barriers below)
+    const int e = ((const int*)act_e_ptr)[a];
+    const int start = ((const int*)act_start_ptr)[a];
+    const int cnt = ((const int*)act_cnt_ptr)[a];
+    const size_t unit = (size_t)e * NU + (unit_ok ? u : 0);
+    for (int p0 = 0; p0 < cnt; p0 += 8 * NN) {
+      // this lane's B column, slot g of each n-tile: its activation row; a column past the
+      // expert's slots reads the first slot's row (its outputs are never stored, and the mma
+      // keeps columns apart, so whatever it holds stays in its own column)
+      const uint4* xq[NN][NH];
+#pragma unroll
+      for (int q = 0; q < NN; ++q) {
+        const int col = p0 + q * 8 + g;
+        const int pos = start + (col < cnt ? col : 0);
+        const int row = MODE == 0 ? slots[pos] / topk : pos;
+        const size_t off = (size_t)row * (ld / 8) + 8 * c0 + t;
+        xq[q][0] = (const uint4*)act_ptr + off;
+        if (NH == 2) xq[q][NH - 1] = (const uint4*)act_lo_ptr + off;
+      }
+      const uint4* wq = (const uint4*)w_ptr + (unit * C + c0) * 64 + lane;
+      const uint4* sq = (const uint4*)s_ptr + (unit * (C / 2) + c0 / 2) * 16 + g;
+      float acc[2][NN][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int q = 0; q < NN; ++q)
+#pragma unroll
+          for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
+
+      int kin = 64 * c0 + 8 * t;  // KPAD: this lane's first input of the next pair to load
+      auto load = [&](Pair<NN, NH>& b) {
+#pragma unroll
+        for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) b.w[ch][i] = ld_stream(wq + ch * 64 + i * 32);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) b.s[i] = ld_act(sq + i * 8);
+#pragma unroll
+        for (int q = 0; q < NN; ++q)
+#pragma unroll
+          for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const bool ok = !KPAD || kin + 64 * ch + 32 * hf < k_real;  // 8 inputs, all or none
+#pragma unroll
+              for (int h = 0; h < NH; ++h)
+                b.x[q][ch][h][hf] = ok ? ld_act(xq[q][h] + ch * 8 + hf * 4) : make_uint4(0, 0, 0, 0);
+            }
+        wq += 128;
+        sq += 16;
+        kin += 128;
+#pragma unroll
+        for (int q = 0; q < NN; ++q)
+#pragma unroll
+          for (int h = 0; h < NH; ++h) xq[q][h] += 16;
+      };
+      auto compute = [&](const Pair<NN, NH>& b) {
+#pragma unroll
+        for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {  // scale group 2 ch + hf of the pair: mma steps 2 hf, 2 hf + 1
+            float corr[NN][4];  // POST: -136 sum(x) over the group's inputs (hi and lo), a column
+            if (POST) {
+              const u32 m136 = 0xC308C308u;  // bf16x2 (-136, -136)
+#pragma unroll
+              for (int n = 0; n < NN; ++n)
+#pragma unroll
+                for (int h = 0; h < NH; ++h) {
+                  const uint4& xv = b.x[n][ch][h][hf];
+                  if (h == 0) mma_cd(corr[n], m136, m136, m136, m136, xv.x, xv.y, 0.f, 0.f, 0.f, 0.f);
+                  else mma(corr[n], m136, m136, m136, m136, xv.x, xv.y);
+                  mma(corr[n], m136, m136, m136, m136, xv.z, xv.w);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const u32 sw = word(b.s[i], 2 * ch + hf);  // (row g, row g + 8) of the group
+              float part[NN][4];  // POST: the group's fp32 partial, a column
+              const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+                const u32 q = word(b.w[ch][i], 2 * hf + jj);
+                u32 a0, a1, a2, a3;
+                if (POST) {
+                  a0 = raw(q), a1 = raw(q >> 4), a2 = raw(q >> 8), a3 = raw(q >> 12);
+                } else {
+                  a0 = dq(q, sg), a1 = dq(q >> 4, sg8), a2 = dq(q >> 8, sg), a3 = dq(q >> 12, sg8);
+                }
+#pragma unroll
+                for (int n = 0; n < NN; ++n)
+#pragma unroll
+                  for (int h = 0; h < NH; ++h) {
+                    const uint4& xv = b.x[n][ch][h][hf];
+                    const u32 b0 = jj ? xv.z : xv.x, b1 = jj ? xv.w : xv.y;
+                    if (POST) {
+                      if (h == 0 && jj == 0)  // the group's partial starts from its correction
+                        mma_cd(part[n], a0, a1, a2, a3, b0, b1, corr[n][0], corr[n][1], corr[n][2], corr[n][3]);
+                      else
+                        mma(part[n], a0, a1, a2, a3, b0, b1);
+                    } else {
+                      mma(acc[i][n], a0, a1, a2, a3, b0, b1);
+                    }
+                  }
+              }
+              if (POST) {
+                const float s_g = __uint_as_float(sw << 16), s_g8 = __uint_as_float(sw & 0xFFFF0000u);
+#pragma unroll
+                for (int n = 0; n < NN; ++n) {
+                  acc[i][n][0] = fmaf(s_g, part[n][0], acc[i][n][0]);
+                  acc[i][n][1] = fmaf(s_g, part[n][1], acc[i][n][1]);
+                  acc[i][n][2] = fmaf(s_g8, part[n][2], acc[i][n][2]);
+                  acc[i][n][3] = fmaf(s_g8, part[n][3], acc[i][n][3]);
+                }
+              }
+            }
+          }
+      };
+
+      if (unit_ok) {  // U pairs in flight while one is computed: U + 1 buffers, taken in turn
+        Pair<NN, NH> buf[U + 1];
+#pragma unroll
+        for (int i = 0; i < U; ++i)
+          if (i < NP) load(buf[i]);
+        for (int pr = 0; pr < NP; pr += U + 1) {
+#pragma unroll
+          for (int i = 0; i <= U; ++i) {
+            if (pr + i < NP) {
+              if (pr + i + U < NP) load(buf[(i + U) % (U + 1)]);
+              compute(buf[i]);
+            }
+          }
+        }
+      }
+
+      // K parts -> part 0's warp, summed in part order
+      if (KW > 1) {
+        float* mine = red + ((size_t)(kw * RW + rw) * 2 * NN) * 128 + lane * 4;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int q = 0; q < NN; ++q)
+#pragma unroll
+            for (int m = 0; m < 4; ++m) mine[(i * NN + q) * 128 + m] = acc[i][q][m];
+        __syncthreads();
+        if (kw == 0) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int q = 0; q < NN; ++q)
+#pragma unroll
+              for (int m = 0; m < 4; ++m) {
+                float s = 0.f;
+                for (int k2 = 0; k2 < KW; ++k2)
+                  s += red[((size_t)(k2 * RW + rw) * 2 * NN + i * NN + q) * 128 + lane * 4 + m];
+                acc[i][q][m] = s;
+              }
+        }
+        __syncthreads();  // red is reused by the next pass
+      }
+      if (kw == 0 && unit_ok) {
+#pragma unroll
+        for (int q = 0; q < NN; ++q)
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int col = p0 + q * 8 + 2 * t + (m & 1);  // slot within the expert
+            if (col >= cnt) continue;
+            const int pos = start + col;
+            if (MODE == 0) {
+              const int i_row = u * 16 + g + 8 * (m >> 1);
+              if (i_row >= n_real) continue;
+              const float gt = acc[0][q][m], up = acc[1][q][m];
+              const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
+              const u16 hi = to_bf16(hv);
+              const u16 lo = to_bf16(hv - from_bf16(hi));
+              ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;
+              ((u16*)out_lo_ptr)[(size_t)pos * ldo + i_row] = lo;
+            } else {
+              const int slot = slots[pos];
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int r = u * 32 + i * 16 + g + 8 * (m >> 1);
+                if (r < n_real) ((float*)out_ptr)[(size_t)slot * ldo + r] = acc[i][q][m];
+              }
+            }
+          }
+      }
+    }
+  }
+}

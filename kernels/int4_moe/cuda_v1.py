@@ -1,0 +1,171 @@
+"""int4_moe cuda_v1: the expert GEMMs in hand-written CUDA (cupy RawModule, NVRTC), warp-level
+mma.sync on weights streamed straight into registers in the mma fragment order.
+
+Why (session 23's SASS count, kernels/int4_moe/README.md): the Triton GEMMs are issue-bound:
+401 SASS a K tile of 128 weights a thread (3.13 a weight; 240 of them the bf16x2 dequant) at
+the 64-row decode tiles, where T 1 on 384 experts needs ~2.3 a weight to stream at the copy
+bandwidth with the IPC ncu measured (2.7). The wgmma path pays its own: shared-memory words,
+the scale broadcast, three CTA barriers and a wgmma wait a K tile. Here a lane's 32 weights
+of a 16-row tile and 64 inputs are one 16-byte load in the order its mma A fragments need
+(`mma_layout.py`, a one-time exact repack), so a weight costs its dequant (1.875: lop3, sub,
+mul a pair, a shift every 8 weights) plus 1/8 of an mma and ~1/16 of a load: ~2.1 expected.
+No shared memory on the K path; the K parts of a unit meet once, in shared memory.
+
+Launches (four): the routing metadata (Triton, triton_v24's router), gate/up (MODE 0: the
+SiLU fused, h written as bf16 hi + lo in sorted-slot order), down (MODE 1: hi and lo through
+the same dequantised weights, fp32 rows by slot), the combine (Triton, `_common.combine`). x
+is read in its own order: no permute launch. Grids are sized from shapes only (the op's
+`expected_slots` hint where given): CUDA-graph capturable once the repack is cached.
+
+Numerics: W = bf16((q - 8) s) exactly (reference/int4.py), bf16 x bf16 products exact in the
+mma, fp32 sums: inside an mma step's 16 inputs the tensor core's order, then the steps in input
+order within a K part, the K parts in part order; h hi + lo as triton_v3. Not triton_v34's
+association: tolerance against the reference, not bits.
+
+GPU only (cupy launches; the CPU twin of its layout is `mma_layout.unpack`, tested bitwise).
+Dimension legend: cuda_v1.cu's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+from torch import Tensor
+
+from . import mma_layout
+from ._common import _require, check_inputs, combine
+
+SMS = 132  # H200 multiprocessors (the tile rule's target; shapes only, not read off a device)
+WARPS_TARGET = 24 * SMS  # warps a GEMM launch aims at: ~24 resident a multiprocessor
+# warps a CTA splits one unit's K over, by GEMM: the CTA's registers fit one SM at the K
+# loop's ~160 a thread (at 14 warps ptxas caps gate/up at 128 and spills)
+KW_MAX = {1: 8, 2: 8}
+_SRC = os.path.join(os.path.dirname(__file__), "cuda_v1.cu")
+
+
+def expected_active(E: int, slots: int) -> float:
+    """Experts expected to hold at least one of `slots` slots spread uniformly over E."""
+    return E * (1.0 - (1.0 - 1.0 / E) ** slots) if E > 0 else 0.0
+
+
+def _split(NU: int, C: int, active: float, kw_max: int) -> tuple[int, int]:
+    """(KW, RW) of one GEMM: the fewest K parts (a divisor of the C / 2 chunk pairs, <= kw_max)
+    that give the launch ~WARPS_TARGET warps over the experts expected active; RW units a CTA
+    so that a CTA has at least 4 warps."""
+    pairs = C // 2
+    kws = [k for k in range(1, min(kw_max, pairs) + 1) if pairs % k == 0]
+    kw = next((k for k in kws if NU * k * active >= WARPS_TARGET), kws[-1])
+    return kw, max(1, 4 // kw)
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
+    """Shapes only (graph-safe): per GEMM n (1 gate/up, 2 down) the K parts KWn, units a CTA
+    RWn, 8-slot n-tiles a pass NNn, chunk pairs loaded ahead Un; A_GRID CTAs along the
+    experts (each takes the active experts in turn: a, a + A_GRID, ...)."""
+    S = T * K if slots is None else slots
+    active = max(1.0, expected_active(E, S))
+    per_expert = S / active  # slots an active expert expects
+    nn = 1 if per_expert <= 6 else 2  # NN 4 does not fit the registers
+    c = dict(A_GRID=max(1, min(E, T * K, math.ceil(2 * active))))
+    for n, (N, KI, gate_up) in ((1, (I, D, True)), (2, (D, I, False))):
+        NU, C, _ = mma_layout.dims(N, KI, gate_up)
+        kw, rw = _split(NU, C, active, KW_MAX[n])
+        c |= {f"KW{n}": kw, f"RW{n}": rw, f"NN{n}": nn, f"U{n}": 1}
+    return c
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(*targs: int):
+    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U> (NVRTC through cupy,
+    cached)."""
+    import cupy
+
+    name = f"int4_moe_mma<{', '.join(map(str, targs))}>"
+    with open(_SRC) as f:
+        mod = cupy.RawModule(code=f.read(), options=("-std=c++17",), name_expressions=[name])
+    return mod.get_function(name)
+
+
+def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple) -> None:
+    import cupy
+    import numpy as np
+
+    n = mode + 1
+    kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
+    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u)
+    conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        fn((-(-grid_x // rw), c["A_GRID"]), (32 * kw * rw,), conv)
+
+
+def _router(topk_ids: Tensor, E: int, T: int, K: int, D: int, I: int):
+    from .triton_v24 import _router as router_v24
+    from .triton_v24 import tiles as tiles_v24
+
+    return router_v24(topk_ids, E, tiles_v24(T, K, E, D, I))
+
+
+def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                  validate: bool | None = None, cfg: dict | None = None,
+                  expected_slots: int | None = None) -> Tensor:
+    """x [T, D] bf16 (CUDA), topk_ids [T, K] int32/int64, topk_weights [T, K] float, experts
+    (Int4Experts, checkpoint layout; repacked once and cached, `mma_layout.repacked`) -> [T, D]
+    bf16: the contract of `workbench.reference.int4_moe.int4_moe`; `validate` see
+    `_common.check_inputs`. cfg: overrides of `tiles`' keys, for sweeps."""
+    return launch(x, topk_ids, topk_weights, experts, validate, cfg, expected_slots, post=0)
+
+
+def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
+           expected_slots, post: int) -> Tensor:
+    """The four launches with the dequant of cuda_v1 (post 0: W = bf16((q - 8) s) in the
+    mma) or cuda_v2 (post 1: the scales on each group's fp32 partial)."""
+    _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v1 launches CUDA C++ through cupy)",
+             f"a tensor on {x.device}")
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
+    gp, gs, up, us, dp, ds = experts
+    T, D = x.shape
+    K = topk_ids.shape[1]
+    E, I = gp.shape[0], gp.shape[1]
+    if T == 0:
+        return torch.empty(0, D, dtype=x.dtype, device=x.device)
+    c = tiles(T, K, E, D, I, expected_slots) | (cfg or {})
+    for n in (1, 2):
+        _require(c[f"U{n}"] in (1, 2) and c[f"NN{n}"] in (1, 2) and c[f"KW{n}"] >= 1
+                 and c[f"RW{n}"] >= 1 and 32 * c[f"KW{n}"] * c[f"RW{n}"] <= 1024, "cfg",
+                 f"U{n} in (1, 2), NN{n} in (1, 2), KW{n} x RW{n} <= 32 warps", c)
+    w1, s1 = mma_layout.repacked((gp, up), (gs, us))
+    w2, s2 = mma_layout.repacked((dp,), (ds,))
+    NU1, C1, _ = mma_layout.dims(I, D, True)
+    NU2, C2, KP2 = mma_layout.dims(D, I, False)
+    for n, C in ((1, C1), (2, C2)):
+        _require((C // 2) % c[f"KW{n}"] == 0, "cfg", f"KW{n} dividing {C // 2} chunk pairs",
+                 c[f"KW{n}"])
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # 16-byte activation loads
+        x = x.contiguous()
+    r = _router(topk_ids, E, T, K, D, I)
+    S = T * K
+    h = torch.empty(2, S, KP2, dtype=torch.bfloat16, device=x.device)  # [hi / lo, S sorted, I]
+    meta = (r.slots, r.act_e, r.act_start, r.act_cnt, r.n_act)
+    _launch(0, post, D % mma_layout.KALIGN != 0, c, NU1,
+            (w1, s1, x, x, *meta, h[0], h[1], K, NU1, C1, x.stride(0), D, I, KP2))
+    y = torch.empty(S, D, dtype=torch.float32, device=x.device)  # [S, D] slot order
+    _launch(1, post, I % mma_layout.KALIGN != 0, c, NU2,
+            (w2, s2, h[0], h[1], *meta, y, y, K, NU2, C2, KP2, I, D, D))
+    return combine(y, topk_ids, topk_weights, r, T, D)
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v1's launcher):
+
+        python -m workbench.kernels.int4_moe.cuda_v1 [--ep 8] [--T 1,9,17]
+            [--cfgs "v=34;base;KW1=8"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=34;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,309 @@
+"""int4_moe cuda_v1 / cuda_v2 (hand-written CUDA through cupy): the fragment layout and the
+kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build, and on the
+H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay, NaN-poisoned
+intermediates)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from workbench.kernels.int4_moe import mma_layout as L
+from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
+from workbench.reference.int4_moe import int4_moe
+
+CUDA_VERSIONS = ("cuda_v1", "cuda_v2")
+
+
+def _mats(E, N, KI, n, seed):
+    """n checkpoint matrices (packed int32 [E, N, KI/8], scales bf16 [E, N, KI/32])."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        q, s = quantize_int4_g32(torch.randn(E * N, KI, generator=g))
+        out.append((pack_int4(q).view(E, N, KI // 8), s.view(E, N, KI // 32)))
+    return out
+
+
+# ------------------------------------------------------------------ the layout (CPU)
+
+
+@pytest.mark.parametrize("E, N, KI", [(2, 64, 128), (1, 48, 96), (3, 40, 320), (1, 7, 32)])
+@pytest.mark.parametrize("gate_up", [True, False], ids=["gate_up", "down"])
+def test_repack_is_exact(E, N, KI, gate_up):
+    # why: the one-time repack is a permutation of the checkpoint's nibbles and scales plus
+    # q = 0 padding: its inverse through the same index math gives reference/int4.py's W bit
+    # for bit; N not a multiple of 16 / 32 rows, KI of 128 inputs (96, 320, 32) pad
+    mats = _mats(E, N, KI, 2 if gate_up else 1, seed=E * N + KI)
+    words, scales = L.repack(tuple(p for p, _ in mats), tuple(s for _, s in mats))
+    NU, C, KP = L.dims(N, KI, gate_up)
+    assert tuple(words.shape) == (E, NU, C, 2, 32, 4) and words.dtype == torch.int32
+    assert tuple(scales.shape) == (E, NU, C // 2, 2, 8, 8) and KP % L.KALIGN == 0
+    got = L.unpack(words, scales, N, KI, gate_up)
+    want = torch.cat([dequant_int4_g32(p, s) for p, s in mats], dim=1)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_repack_is_cached_per_tensor():
+    # why: the repack is a load step, not a per-call cost; an in-place change repacks again
+    (p, s), = _mats(2, 32, 128, 1, seed=5)
+    a = L.repacked((p,), (s,))
+    assert L.repacked((p,), (s,)) is a
+    p.add_(0)  # bumps the version counter
+    assert L.repacked((p,), (s,)) is not a
+
+
+def _twin_unit(words, scales, act, u, post):
+    """One warp's K loop on unit u (both tiles, all chunks), lane by lane as cuda_v1.cu reads
+    the layout and as the PTX ISA lays out mma.m16n8k16's fragments (A row-major 16 x 16: a0
+    = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t+8..), a3 = (g + 8, 2t+8..); B 16 x 8: b0
+    = (2t..2t+1, g), b1 = (2t+8.., g)). act [8, KP] float64 (column n = slot n). -> [2, 16, 8]
+    float64 (tile, row, column)."""
+    C = words.shape[1]
+    out = torch.zeros(2, 16, 8, dtype=torch.float64)
+    wu = words[u].to(torch.int64) & 0xFFFFFFFF  # [C, 2, 32, 4]
+    su = scales[u].view(torch.int16).to(torch.int64) & 0xFFFF  # [C/2, 2, 8, 8] bf16 bits
+    bf = lambda bits: (bits << 16).to(torch.int32).view(torch.float32).double()  # noqa: E731
+    for c in range(C):
+        for tile in range(2):
+            for hf in range(2):  # a scale group: mma steps 2 hf, 2 hf + 1
+                part = torch.zeros(16, 8, dtype=torch.float64)
+                corr = torch.zeros(16, 8, dtype=torch.float64)
+                s_entry = su[c // 2, tile, :, 4 * (c % 2) + 2 * hf: 4 * (c % 2) + 2 * hf + 2]
+                for jj in range(2):
+                    j = 2 * hf + jj
+                    A = torch.zeros(16, 16, dtype=torch.float64)
+                    B = torch.zeros(16, 8, dtype=torch.float64)
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        q = int(wu[c, tile, lane, j])
+                        for i in range(4):  # a_i: nibbles (i, i + 4) of the word
+                            row = g + 8 * (i & 1)
+                            kap = 2 * t + 8 * (i >> 1)
+                            s_bits = su.new_tensor(int(s_entry[g, i & 1]))
+                            for half, nib in ((0, (q >> 4 * i) & 0xF), (1, (q >> 4 * (i + 4)) & 0xF)):
+                                if post:
+                                    A[row, kap + half] = 128 + nib
+                                else:  # bf16((q - 8) s): exact product, then one rounding
+                                    w = torch.tensor((nib - 8) * float(bf(s_bits)))
+                                    A[row, kap + half] = w.to(torch.bfloat16).double()
+                        k0 = 64 * c + 32 * hf + 8 * t + 4 * jj  # the lane's x inputs of step j
+                        B[2 * t: 2 * t + 2, g] = act[g, k0: k0 + 2]
+                        B[2 * t + 8: 2 * t + 10, g] = act[g, k0 + 2: k0 + 4]
+                    if post:
+                        part += A @ B
+                        corr += torch.full((16, 16), -136.0, dtype=torch.float64) @ B
+                    else:
+                        out[tile] += A @ B
+                if post:
+                    rows_s = bf(s_entry[torch.arange(16) % 8, torch.arange(16) // 8])  # [16]
+                    out[tile] += rows_s[:, None] * (part + corr)
+    return out
+
+
+@pytest.mark.parametrize("post", [0, 1], ids=["cuda_v1", "cuda_v2"])
+@pytest.mark.parametrize("gate_up", [True, False], ids=["gate_up", "down"])
+def test_kernels_reading_of_the_layout_is_the_matrix(post, gate_up):
+    # why: the CPU twin of one warp's K loop (which word, which shift, which scale half, which
+    # x inputs feed which mma fragment element) gives the matrix the checkpoint holds: W x
+    # with W = bf16((q - 8) s) for cuda_v1, the exact (q - 8) s for cuda_v2; two units, an N
+    # tail, KI padded (96 inputs of 128)
+    E, N, KI = 1, 40 if gate_up else 56, 96
+    mats = _mats(E, N, KI, 2 if gate_up else 1, seed=11 + post)
+    words, scales = L.repack(tuple(p for p, _ in mats), tuple(s for _, s in mats))
+    NU, C, KP = L.dims(N, KI, gate_up)
+    act = torch.zeros(8, KP, dtype=torch.float64)
+    act[:, :KI] = torch.randn(8, KI, generator=torch.Generator().manual_seed(3)).bfloat16().double()
+    for p, s in mats:
+        assert torch.isfinite(s.float()).all()
+    if post:
+        W = torch.cat([((dequant_int4_g32(p, torch.ones_like(s)).double())
+                        * s.double().repeat_interleave(32, -1)) for p, s in mats], 1)[0]
+    else:
+        W = torch.cat([dequant_int4_g32(p, s) for p, s in mats], 1)[0].double()
+    want = W @ act[:, :KI].T  # [rows (x 2), 8]
+    for u in range(NU):
+        got = _twin_unit(words[0], scales[0], act, u, post)
+        for tile in range(2):
+            rows = (torch.arange(16) + u * 16 + tile * N) if gate_up else \
+                (torch.arange(16) + u * 32 + tile * 16)
+            ok = rows < (tile + 1) * N if gate_up else rows < N
+            torch.testing.assert_close(got[tile][ok], want[rows[ok]], rtol=1e-12, atol=1e-9)
+
+
+# ------------------------------------------------------------------ the launch rule (CPU)
+
+
+@pytest.mark.parametrize("T, hint", [(1, None), (9, None), (17, None), (65, None), (512, None),
+                                     (1, 1), (8, 8), (17, 17), (136, 136)])
+def test_tiles_split_k_into_whole_chunk_pairs(T, hint):
+    # why: every K part is a whole number of chunk pairs (one scale load covers a pair), a CTA
+    # holds at most 32 warps, and the experts' CTAs never exceed the worst case's experts; at
+    # Kimi shapes on 384 experts, or one EP8 rank of 48 with the loop's hint
+    from workbench.kernels.int4_moe import cuda_v1
+
+    E = 384 if hint is None else 48
+    c = cuda_v1.tiles(T, 8, E, 7168, 2048, hint)
+    for n, (N, KI, gu) in ((1, (2048, 7168, True)), (2, (7168, 2048, False))):
+        NU, C, _ = L.dims(N, KI, gu)
+        assert (C // 2) % c[f"KW{n}"] == 0 and c[f"KW{n}"] * c[f"RW{n}"] <= 32
+    assert 1 <= c["A_GRID"] <= min(E, T * 8)
+
+
+def test_cuda_versions_refuse_cpu_tensors():
+    # why: a CPU tensor gets an error naming x, not a cupy failure inside a launch
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v2
+
+    (p, s), = _mats(2, 32, 64, 1, seed=1)
+    ex = (p, s, p, s, p[:, :, :4].repeat(1, 2, 1).contiguous(), s[:, :, :1].repeat(1, 2, 1))
+    x, ids, w = torch.randn(1, 64).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
+    for mod in (cuda_v1, cuda_v2):
+        with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
+            mod.int4_moe_cuda(x, ids, w, ex)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
+@pytest.mark.parametrize("post", [0, 1])
+def test_kernels_build_for_sm90_without_spills(tmp_path, post):
+    # why: the instances the launch rule picks at Kimi shapes (T 1 / 17 on 384 experts, an EP8
+    # rank's decode) compile for sm_90 with no local memory and mma.sync on bf16 (HMMA.16816)
+    from workbench.kernels.int4_moe import cuda_v1
+
+    picks = set()
+    for T, E, hint in ((1, 384, None), (17, 384, None), (1, 48, 1), (17, 48, 17)):
+        c = cuda_v1.tiles(T, 8, E, 7168, 2048, hint)
+        for mode in (0, 1):
+            n = mode + 1
+            picks.add((mode, post, 0, c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]))
+    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int"
+    src = tmp_path / "inst.cu"
+    src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
+        f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
+        for p in sorted(picks)))
+    cubin = tmp_path / "inst.cubin"
+    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v",
+                        "-o", str(cubin), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("0 bytes spill stores, 0 bytes spill loads") == len(picks), r.stderr
+    dump = shutil.which("cuobjdump")
+    if dump is None:
+        import triton
+        import os
+
+        dump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    sass = subprocess.run([dump, "-sass", str(cubin)], capture_output=True, text=True).stdout
+    assert "HMMA.16816.F32.BF16" in sass
+    assert "LDL" not in sass and "STL" not in sass
+
+
+# ------------------------------------------------------------------ the H200
+
+
+@pytest.fixture(scope="module")
+def real_experts():
+    from workbench.config import ModelConfig
+    from workbench.ops.cases import _experts, _Rand
+
+    cfg = ModelConfig.preset("kimi-k2.6")
+    return _experts(_Rand(0, "cuda"), cfg.n_routed_experts, cfg.hidden_size,
+                    cfg.moe_intermediate), cfg
+
+
+def _check(version, cases):
+    from workbench.check import check
+    from workbench.kernels.int4_moe import register
+
+    register()
+    df = check("int4_moe", version, cases=cases)
+    bad = df[~df["pass"]]
+    assert bad.empty, bad.to_string()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+def test_edge_cases_match_reference_gpu(version):
+    from workbench.ops.cases import int4_moe_cases
+
+    for seed in (0, 1):
+        _check(version, [c for c in int4_moe_cases("edge", seed, device="cuda")
+                         if "duplicate" not in c.label])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+@pytest.mark.parametrize("skew", [0.0, 1.2], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("T", (1, 9, 17, 33, 65, 128, 512))
+def test_real_shapes_gpu(real_experts, version, T, skew):
+    from workbench.ops.case import Case
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    for seed in (0, 1):
+        r = _Rand(100 + seed + T, "cuda")
+        ids = r.zipf(E, K, T, skew) if skew else r.distinct(E, K, T)
+        w = r.uniform(T, K) + 0.05
+        x = r.normal(T, D)
+        dims = dict(T=T, D=D, I=cfg.moe_intermediate, E=E, K=K,
+                    E_touched=int(ids.unique().numel()))
+        _check(version, [Case("int4_moe", f"T={T} skew={skew}", (x, ids, w, ex), dims=dims,
+                              kind="real")])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+@pytest.mark.parametrize("T", (1, 8, 17, 136))
+def test_ep8_rank_gpu(real_experts, version, T):
+    # why: one EP8 rank on the replicated stream (48 of 384 experts, -1 elsewhere, the hint the
+    # loop passes): the launch rule's widest K splits (hint 1) and the verify's shapes
+    from workbench.kernels.int4_moe import register
+    from workbench.ops.cases import _Rand
+    from workbench.ops.registry import op_spec
+
+    register()
+    fn = op_spec("int4_moe").variant(version).load()
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(700 + T, "cuda")
+    ids = r.distinct(E, K, T)
+    here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+    out = fn(x, here, w, ex48, expected_slots=-(-T * K // 8))
+    ref = int4_moe(x, here, w, ex48)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+@pytest.mark.parametrize("T", (1, 33))
+def test_cuda_graph_replay_equals_eager_gpu(real_experts, version, T):
+    from workbench.kernels.int4_moe import register
+    from workbench.ops.cases import _Rand
+    from workbench.ops.registry import op_spec
+
+    register()
+    fn = op_spec("int4_moe").variant(version).load()
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(40 + T, "cuda")
+    ids, w, x = r.distinct(E, K, T), r.uniform(T, K) + 0.05, r.normal(T, cfg.hidden_size)
+    fn(x, ids, w, ex)  # warm-up: compiles, repacks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # the launch path must not sync
+    try:
+        fn(x, ids, w, ex)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(x, ids, w, ex)
+    ids.copy_(r.distinct(E, K, T))
+    x.copy_(r.normal(T, cfg.hidden_size))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, fn(x, ids, w, ex))
