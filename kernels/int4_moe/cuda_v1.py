@@ -67,8 +67,9 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     experts (each takes the active experts in turn: a, a + A_GRID, ...)."""
     S = T * K if slots is None else slots
     active = max(1.0, expected_active(E, S))
-    per_expert = S / active  # slots an active expert expects
-    nn = 1 if per_expert <= 6 else 2  # NN 4 does not fit the registers
+    # one 8-slot n-tile a pass: at NN 2 the K loop spills (down: 740 B); an expert with more
+    # slots streams its weights once a pass (decode and the verify expect 1-3 a rank)
+    nn = 1
     c = dict(A_GRID=max(1, min(E, T * K, math.ceil(2 * active))))
     for n, (N, KI, gate_up) in ((1, (I, D, True)), (2, (D, I, False))):
         NU, C, _ = mma_layout.dims(N, KI, gate_up)
