@@ -84,12 +84,27 @@ __device__ __forceinline__ u32 word(const uint4& v, int i) {
 
 // one chunk pair's loads: weights [chunk][tile], scales [tile] (both chunks), activations
 // [n-tile][chunk][half][group half] (NH = 2 halves for down: hi, lo), 8 inputs a lane, group
-template <int NN, int NH>
-struct Pair {
+struct WS {  // a chunk pair's weights [chunk][tile] and scales [tile]
   uint4 w[2][2];
   uint4 s[2];
+};
+template <int NN, int NH>
+struct XS {  // its activations [n-tile][chunk][half][group half]
   uint4 x[NN][2][NH][2];
 };
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+__device__ __forceinline__ uint4 lds(u32 a) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
+  return r;
+}
 
 // MODE 0: gate/up (act = x [T, ld], rows by token = slot / TOPK; out h hi / lo [S, ldo] bf16)
 // MODE 1: down    (act = h hi / lo [S, ld], rows by sorted position; out y [S, ldo] fp32)
@@ -98,8 +113,16 @@ struct Pair {
 //   steps accumulate onto -136 sum(x) of the group (two mmas with a constant A, shared by
 //   both tiles), and the group's fp32 partial sum_k (q - 8) x_k is scaled once: acc += s p.
 // KPAD: inputs past k_real exist (the last chunk pair is partly padding): mask their loads.
+// U 1-2: the weights of U chunk pairs in flight in registers (U + 1 buffers); U >= 3: a ring
+//   of U chunk pairs in shared memory a warp, filled by cp.async (U - 1 in flight; each lane
+//   reads back only the 16-byte words it copied: no barrier), the activations one pair ahead
+//   in registers.
+template <int MODE, int U>
+struct Occupancy {  // the CTAs an SM __launch_bounds__ asks registers for, as warps an SM
+  static constexpr int warps = U >= 3 ? (MODE == 0 ? 16 : 12) : (MODE == 0 ? 14 : 12);
+};
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U>
-__global__ void __launch_bounds__(32 * KW * RW, (MODE == 0 ? 14 : 12) / (KW * RW) > 0 ? (MODE == 0 ? 14 : 12) / (KW * RW) : 1)
+__global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U>::warps / (KW * RW) > 0 ? Occupancy<MODE, U>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
              int topk, int NU, int C, int ld, int k_real, int n_real, int ldo) {
@@ -112,6 +135,7 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
   const bool unit_ok = u < NU;
   const int CW = C / KW, c0 = kw * CW, NP = CW / 2;  // chunks and chunk pairs of this K part
   __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
+  extern __shared__ uint4 dsm[];  // U >= 3: [warp][stage][6 words][32 lanes]
   const int n_act = *(const int*)n_act_ptr;
 
   for (int a = blockIdx.y; a < n_act; a += gridDim.y) {  // CTA-uniform loops (barriers below)
@@ -144,13 +168,17 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
           for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
 
       int kin = 64 * c0 + 8 * t;  // KPAD: this lane's first input of the next pair to load
-      auto load = [&](Pair<NN, NH>& b) {
+      auto loadw = [&](WS& b) {
 #pragma unroll
         for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
           for (int i = 0; i < 2; ++i) b.w[ch][i] = ld_stream(wq + ch * 64 + i * 32);
 #pragma unroll
         for (int i = 0; i < 2; ++i) b.s[i] = ld_act(sq + i * 8);
+        wq += 128;
+        sq += 16;
+      };
+      auto loadx = [&](XS<NN, NH>& b) {
 #pragma unroll
         for (int q = 0; q < NN; ++q)
 #pragma unroll
@@ -162,15 +190,13 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
               for (int h = 0; h < NH; ++h)
                 b.x[q][ch][h][hf] = ok ? ld_act(xq[q][h] + ch * 8 + hf * 4) : make_uint4(0, 0, 0, 0);
             }
-        wq += 128;
-        sq += 16;
         kin += 128;
 #pragma unroll
         for (int q = 0; q < NN; ++q)
 #pragma unroll
           for (int h = 0; h < NH; ++h) xq[q][h] += 16;
       };
-      auto compute = [&](const Pair<NN, NH>& b) {
+      auto compute = [&](const WS& b, const XS<NN, NH>& bx) {
 #pragma unroll
         for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
@@ -182,7 +208,7 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
               for (int n = 0; n < NN; ++n)
 #pragma unroll
                 for (int h = 0; h < NH; ++h) {
-                  const uint4& xv = b.x[n][ch][h][hf];
+                  const uint4& xv = bx.x[n][ch][h][hf];
                   if (h == 0) mma_cd(corr[n], m136, m136, m136, m136, xv.x, xv.y, 0.f, 0.f, 0.f, 0.f);
                   else mma(corr[n], m136, m136, m136, m136, xv.x, xv.y);
                   mma(corr[n], m136, m136, m136, m136, xv.z, xv.w);
@@ -206,7 +232,7 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
                 for (int n = 0; n < NN; ++n)
 #pragma unroll
                   for (int h = 0; h < NH; ++h) {
-                    const uint4& xv = b.x[n][ch][h][hf];
+                    const uint4& xv = bx.x[n][ch][h][hf];
                     const u32 b0 = jj ? xv.z : xv.x, b1 = jj ? xv.w : xv.y;
                     if (POST) {
                       if (h == 0 && jj == 0)  // the group's partial starts from its correction
@@ -232,17 +258,60 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
           }
       };
 
-      if (unit_ok) {  // U pairs in flight while one is computed: U + 1 buffers, taken in turn
-        Pair<NN, NH> buf[U + 1];
+      if (unit_ok && U < 3) {  // U pairs in flight while one is computed: U + 1 buffers in turn
+        WS bw[U + 1];
+        XS<NN, NH> bx[U + 1];
 #pragma unroll
         for (int i = 0; i < U; ++i)
-          if (i < NP) load(buf[i]);
+          if (i < NP) loadw(bw[i]), loadx(bx[i]);
         for (int pr = 0; pr < NP; pr += U + 1) {
 #pragma unroll
           for (int i = 0; i <= U; ++i) {
             if (pr + i < NP) {
-              if (pr + i + U < NP) load(buf[(i + U) % (U + 1)]);
-              compute(buf[i]);
+              if (pr + i + U < NP) loadw(bw[(i + U) % (U + 1)]), loadx(bx[(i + U) % (U + 1)]);
+              compute(bw[i], bx[i]);
+            }
+          }
+        }
+      } else if (unit_ok) {  // the shared-memory ring
+        constexpr int NS = U >= 3 ? U : 3;
+        const u32 ring = (u32)__cvta_generic_to_shared(dsm) + (warp * NS * 6 * 32 + lane) * 16;
+        auto issue = [&](int stage) {
+          const u32 dst = ring + stage * (6 * 32 * 16);
+#pragma unroll
+          for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) cp_async16(dst + (ch * 2 + i) * 512, wq + ch * 64 + i * 32);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) cp_async16(dst + (4 + i) * 512, sq + i * 8);
+          wq += 128;
+          sq += 16;
+        };
+#pragma unroll
+        for (int i = 0; i < NS - 1; ++i) {
+          if (i < NP) issue(i);
+          cp_commit();  // empty groups past the end keep the count uniform
+        }
+        XS<NN, NH> bx[2];
+        loadx(bx[0]);
+        for (int pr = 0; pr < NP; pr += 2) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int p = pr + i;
+            if (p < NP) {
+              cp_wait<NS - 2>();  // pair p has landed
+              const u32 src = ring + (p % NS) * (6 * 32 * 16);
+              WS cur;
+#pragma unroll
+              for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+                for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
+#pragma unroll
+              for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
+              if (p + NS - 1 < NP) issue((p + NS - 1) % NS);  // the stage read one pair ago
+              cp_commit();
+              if (p + 1 < NP) loadx(bx[i ^ 1]);
+              compute(cur, bx[i]);
             }
           }
         }
