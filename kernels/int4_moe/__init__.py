@@ -105,6 +105,13 @@ Versions (README.md has the design and the version log), each with the contract 
                without a hint (v32's bits without a hint; H200, session 24 ABBA: the EP8 C 8
                AR step 9.17 / 9.17 vs 9.35 / 9.36 ms, C 1 DDTree-8 11.43 / 11.40 vs 11.53 /
                11.54, T 1 on 384 experts 78.0 vs 77.9 µs; BEST from session 24)
+    cuda_v1    the expert GEMMs in CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed
+               through a per-warp cp.async ring in the A fragments' order (mma_layout: an exact
+               one-time repack), the exact dequant (H200: 42 GPU tests passed; REAL T 1 81.9 µs,
+               uniform T 9-128 0.92-0.97x v34: not BEST)
+    cuda_v2    cuda_v1 with the scales on each group's fp32 partial (1.77 SASS a weight; its
+               gate/up GEMM 5-8 % faster than v34's from T 9, its down GEMM 10-20 % slower; REAL
+               T 9 470.5 vs v34 482.8 µs, 1.02x Humming skewed; not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
