@@ -39,3 +39,6 @@ def test_wheel_contains_every_package(tmp_path):
             rel = init.relative_to(ROOT / folder).as_posix()
             assert f"{pkg}/{rel}" in names, f"{pkg}/{rel} missing: list it in pyproject packages"
     assert not any(n.startswith("kernels/") or n.startswith("reference/") for n in names)
+    for src in (ROOT / "kernels").rglob("*.cu"):  # CUDA C++ compiled at run time (cupy NVRTC)
+        rel = src.relative_to(ROOT / "kernels").as_posix()
+        assert f"workbench/kernels/{rel}" in names, f"{rel} missing: list it in package-data"
