@@ -118,8 +118,7 @@ def test_kernels_reading_of_the_layout_is_the_matrix(post, gate_up):
     NU, C, KP = L.dims(N, KI, gate_up)
     act = torch.zeros(8, KP, dtype=torch.float64)
     act[:, :KI] = torch.randn(8, KI, generator=torch.Generator().manual_seed(3)).bfloat16().double()
-    for p, s in mats:
-        assert torch.isfinite(s.float()).all()
+    assert all(torch.isfinite(s.float()).all() for _, s in mats)
     if post:
         W = torch.cat([((dequant_int4_g32(p, torch.ones_like(s)).double())
                         * s.double().repeat_interleave(32, -1)) for p, s in mats], 1)[0]

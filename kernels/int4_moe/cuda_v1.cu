@@ -1,5 +1,6 @@
 // int4_moe cuda_v1: the W4A16 expert GEMMs as warp-level mma.sync (m16n8k16, bf16 -> fp32)
-// with the weights streamed global -> registers in the fragment order (layout: mma_layout.py).
+// with the weights streamed in the fragment order (layout: mma_layout.py), through registers
+// (U 1-2) or a per-warp cp.async shared-memory ring (U >= 3, the default).
 //
 // Legend: E experts, NU row units an expert (32 output rows: gate/up = 16 gate + the same 16
 // up rows, down = two 16-row tiles), C 64-deep K chunks, KW warps splitting one unit's K,
@@ -9,8 +10,8 @@
 // One warp, one unit, one K part: per chunk it loads one 16-byte word block a tile (the 32
 // int4 weights its A fragments need for 4 mma steps), dequantises them with the bf16x2 magic
 // (lop3 | 0x4300 -> 128 + q, - 136, * scale: bf16((q - 8) s) exactly, reference/int4.py) and
-// issues NN mmas a step (down: twice, hi and lo halves of h). No shared memory on the K path:
-// the bytes in flight are the registers of U chunk pairs. K parts meet in shared memory at the
+// issues NN mmas a step (down: twice, hi and lo halves of h). No CTA barrier on the K path: a
+// lane reads back from the ring only the words it copied. K parts meet in shared memory at the
 // end, summed in part order (deterministic), then the epilogue: gate/up -> h = silu(g) * u in
 // fp32 as bf16 hi + lo (triton_v3's split), down -> y[slot] fp32 rows for the combine.
 

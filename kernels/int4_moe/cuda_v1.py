@@ -1,5 +1,5 @@
 """int4_moe cuda_v1: the expert GEMMs in hand-written CUDA (cupy RawModule, NVRTC), warp-level
-mma.sync on weights streamed straight into registers in the mma fragment order.
+mma.sync on weights streamed in the mma fragment order through a per-warp cp.async ring.
 
 Why (session 23's SASS count, kernels/int4_moe/README.md): the Triton GEMMs are issue-bound:
 401 SASS a K tile of 128 weights a thread (3.13 a weight; 240 of them the bf16x2 dequant) at
@@ -8,8 +8,15 @@ bandwidth with the IPC ncu measured (2.7). The wgmma path pays its own: shared-m
 the scale broadcast, three CTA barriers and a wgmma wait a K tile. Here a lane's 32 weights
 of a 16-row tile and 64 inputs are one 16-byte load in the order its mma A fragments need
 (`mma_layout.py`, a one-time exact repack), so a weight costs its dequant (1.875: lop3, sub,
-mul a pair, a shift every 8 weights) plus 1/8 of an mma and ~1/16 of a load: ~2.1 expected.
-No shared memory on the K path; the K parts of a unit meet once, in shared memory.
+mul a pair, a shift every 8 weights) plus 1/8 of an mma and ~1/16 of a load: ~2.1 expected
+(measured 2.34 in the register build). No CTA barrier on the K path; the K parts of a unit meet
+once, in shared memory.
+
+Measured (H200, session 24, kernels/int4_moe/README.md "The CUDA versions"): with the weights
+only in registers (U 1) the gate/up GEMM ran at triton_v34's speed with 30 % fewer
+instructions, latency-bound on ~2 KB of weights in flight a warp; the ring (U 3) makes it 5-8 %
+faster than v34's from T 9, while the down GEMM (h twice, ~168 registers) stays 10-20 % slower.
+Not BEST.
 
 Launches (four): the routing metadata (Triton, triton_v24's router), gate/up (MODE 0: the
 SiLU fused, h written as bf16 hi + lo in sorted-slot order), down (MODE 1: hi and lo through
@@ -82,7 +89,7 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return c
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(*targs: int):
     """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U> (NVRTC through cupy,
     cached)."""
