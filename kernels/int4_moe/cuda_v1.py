@@ -44,6 +44,7 @@ from torch import Tensor
 
 from . import mma_layout
 from ._common import _require, check_inputs, combine
+from .triton_v26 import expected_active
 
 SMS = 132  # H200 multiprocessors (the tile rule's target; shapes only, not read off a device)
 WARPS_TARGET = 24 * SMS  # warps a GEMM launch aims at: ~24 resident a multiprocessor
@@ -55,11 +56,6 @@ KW_MAX = {1: 8, 2: 8}
 # gate/up at v34's speed with 30 % fewer instructions: latency-bound, hence the ring
 STAGES = 3
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v1.cu")
-
-
-def expected_active(E: int, slots: int) -> float:
-    """Experts expected to hold at least one of `slots` slots spread uniformly over E."""
-    return E * (1.0 - (1.0 - 1.0 / E) ** slots) if E > 0 else 0.0
 
 
 def _split(NU: int, C: int, active: float, kw_max: int) -> tuple[int, int]:
