@@ -1,7 +1,7 @@
 """int4_moe cuda_v1 / cuda_v2 (hand-written CUDA through cupy): the fragment layout and the
 kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build, and on the
-H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay, NaN-poisoned
-intermediates)."""
+H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
+NaN-poisons the outputs)."""
 
 from __future__ import annotations
 
@@ -231,6 +231,14 @@ def real_experts():
                     cfg.moe_intermediate), cfg
 
 
+def _variant(version):
+    from workbench.kernels.int4_moe import register
+    from workbench.ops.registry import op_spec
+
+    register()
+    return op_spec("int4_moe").variant(version).load()
+
+
 def _check(version, cases):
     from workbench.check import check
     from workbench.kernels.int4_moe import register
@@ -278,12 +286,9 @@ def test_real_shapes_gpu(real_experts, version, T, skew):
 def test_ep8_rank_gpu(real_experts, version, T):
     # why: one EP8 rank on the replicated stream (48 of 384 experts, -1 elsewhere, the hint the
     # loop passes): the launch rule's widest K splits (hint 1) and the verify's shapes
-    from workbench.kernels.int4_moe import register
     from workbench.ops.cases import _Rand
-    from workbench.ops.registry import op_spec
 
-    register()
-    fn = op_spec("int4_moe").variant(version).load()
+    fn = _variant(version)
     ex, cfg = real_experts
     E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
     r = _Rand(700 + T, "cuda")
@@ -301,12 +306,9 @@ def test_ep8_rank_gpu(real_experts, version, T):
 @pytest.mark.parametrize("version", CUDA_VERSIONS)
 @pytest.mark.parametrize("T", (1, 33))
 def test_cuda_graph_replay_equals_eager_gpu(real_experts, version, T):
-    from workbench.kernels.int4_moe import register
     from workbench.ops.cases import _Rand
-    from workbench.ops.registry import op_spec
 
-    register()
-    fn = op_spec("int4_moe").variant(version).load()
+    fn = _variant(version)
     ex, cfg = real_experts
     E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
     r = _Rand(40 + T, "cuda")

@@ -34,12 +34,6 @@ __device__ __forceinline__ uint4 ld_act(const uint4* p) {
   return r;
 }
 
-__device__ __forceinline__ uint2 ld_scale(const uint2* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-
 // nibbles (0, 4) of q -> bf16x2 ((n0 - 8) s, (n4 - 8) s), both roundings exact but the last
 __device__ __forceinline__ u32 dq(u32 q, u32 s2) {
   u32 t;
