@@ -1,5 +1,5 @@
-"""int4_moe cuda_v1 / cuda_v2 (hand-written CUDA through cupy): the fragment layout and the
-kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build, and on the
+"""int4_moe cuda_v1 / cuda_v2 / cuda_v3 (hand-written CUDA through cupy): the fragment layout
+and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build, and on the
 H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
 NaN-poisons the outputs)."""
 
@@ -16,7 +16,7 @@ from workbench.kernels.int4_moe import mma_layout as L
 from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
 from workbench.reference.int4_moe import int4_moe
 
-CUDA_VERSIONS = ("cuda_v1", "cuda_v2")
+CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3")
 
 
 def _mats(E, N, KI, n, seed):
@@ -153,14 +153,28 @@ def test_tiles_split_k_into_whole_chunk_pairs(T, hint):
     assert 1 <= c["A_GRID"] <= min(E, T * 8)
 
 
+@pytest.mark.parametrize("T, hint", [(1, None), (3, None), (8, None), (1, 1), (8, 8)])
+def test_v3_tiles_fit_its_cta(T, hint):
+    # why: cuda_v3's one CTA shape serves both GEMMs: each K split divides the W warps and its
+    # GEMM's chunk pairs; the decode shapes it fuses (T K <= 64) at Kimi's dims
+    from workbench.kernels.int4_moe import cuda_v3
+
+    E = 384 if hint is None else 48
+    c = cuda_v3.tiles(T, 8, E, 7168, 2048, hint)
+    for n, (N, KI, gu) in ((1, (2048, 7168, True)), (2, (7168, 2048, False))):
+        NU, C, _ = L.dims(N, KI, gu)
+        assert c["W"] % c[f"KW{n}"] == 0 and (C // 2) % c[f"KW{n}"] == 0
+    assert T * 8 <= cuda_v3.SMAX
+
+
 def test_cuda_versions_refuse_cpu_tensors():
     # why: a CPU tensor gets an error naming x, not a cupy failure inside a launch
-    from workbench.kernels.int4_moe import cuda_v1, cuda_v2
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3
 
     (p, s), = _mats(2, 32, 64, 1, seed=1)
     ex = (p, s, p, s, p[:, :, :4].repeat(1, 2, 1).contiguous(), s[:, :, :1].repeat(1, 2, 1))
     x, ids, w = torch.randn(1, 64).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
-    for mod in (cuda_v1, cuda_v2):
+    for mod in (cuda_v1, cuda_v2, cuda_v3):
         with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
             mod.int4_moe_cuda(x, ids, w, ex)
 
@@ -204,18 +218,61 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
         assert loop and not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
 
 
-def _innermost_mma_loop(sass: str) -> list[str]:
-    """The instructions of the shortest backward-branch range of one kernel's SASS that holds
-    an HMMA (the K loop)."""
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
+def test_v3_fused_kernel_builds_for_sm90_without_spills_in_its_k_loops(tmp_path):
+    # why: the one-launch kernel holds both GEMMs' K loops; at the instances cuda_v3's rule
+    # picks (Kimi decode on 384 experts, an EP8 rank) neither loop touches local memory at the
+    # registers its __launch_bounds__ allows (MINB CTAs an SM)
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v3
+
+    picks = set()
+    for T, E, hint in ((1, 384, None), (8, 384, None), (1, 48, 1), (8, 48, 8)):
+        c = cuda_v3.tiles(T, 8, E, 7168, 2048, hint)
+        picks.add((1, 0, 0, c["W"], c["KW1"], c["KW2"], c["U"], c["MINB"]))
+    sig = ",".join(["u64"] * 3 + ["int"] * 4 + ["u64"] * 4 + ["int"] * 4 + ["u64"] + ["int"] * 3
+                   + ["u64"] + ["int"] * 2 + ["u64"] * 3 + ["int"] * 4)
+    src = tmp_path / "fused.cu"
+    src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v3._SRC}"\n' + "".join(
+        f"template __global__ void int4_moe_fused<{', '.join(map(str, p))}>({sig});\n"
+        for p in sorted(picks)))
+    cubin = tmp_path / "fused.cubin"
+    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v",
+                        "-o", str(cubin), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    dump = shutil.which("cuobjdump")
+    if dump is None:
+        import os
+
+        import triton
+
+        dump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    sass = subprocess.run([dump, "-sass", str(cubin)], capture_output=True, text=True).stdout
+    fns = sass.split("Function : ")[1:]
+    assert len(fns) == len(picks)
+    for fn in fns:
+        loops = _mma_loops(fn)
+        assert len(loops) >= 2, fn[:80]  # gate/up's and down's innermost K loops
+        for loop in sorted(loops, key=len)[:2]:
+            assert not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
+
+
+def _mma_loops(sass: str) -> list[list[str]]:
+    """Every backward-branch range of one kernel's SASS that holds an HMMA."""
     ins = [(int(a, 16), i) for a, i in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    best = []
+    out = []
     for a, i in ins:
         m = re.search(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", i)
         if m and int(m.group(1), 16) < a:
             body = [x for b, x in ins if int(m.group(1), 16) <= b <= a]
-            if any("HMMA" in x for x in body) and (not best or len(body) < len(best)):
-                best = body
-    return best
+            if any("HMMA" in x for x in body):
+                out.append(body)
+    return out
+
+
+def _innermost_mma_loop(sass: str) -> list[str]:
+    """The instructions of the shortest backward-branch range of one kernel's SASS that holds
+    an HMMA (the K loop)."""
+    return min(_mma_loops(sass), key=len, default=[])
 
 
 # ------------------------------------------------------------------ the H200
@@ -328,3 +385,55 @@ def test_cuda_graph_replay_equals_eager_gpu(real_experts, version, T):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, fn(x, ids, w, ex))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", (1, 3, 8))
+def test_v3_fused_routing_edges_gpu(real_experts, T):
+    # why: the fused launch routes in each CTA's shared memory: int32 ids, an int64 strided
+    # view, every token on one expert, bf16 weights, a rank with nothing routed (zeros), a
+    # token naming one expert twice (its row NaN, the other rows the reference's)
+    from workbench.ops.cases import _Rand
+
+    fn = _variant("cuda_v3")
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    r = _Rand(900 + T, "cuda")
+    x, w, ids = r.normal(T, D), r.uniform(T, K) + 0.05, r.distinct(E, K, T)
+    rest = r.distinct(E - 1, K - 1, T)
+    one = torch.cat([torch.full_like(ids[:, :1], 5), rest + (rest >= 5).to(rest.dtype)], 1)
+    for label, i, wt in (("int32", ids.int(), w), ("strided", torch.stack([ids, ids], 2)[..., 0], w),
+                         ("one expert", one, w), ("bf16 weights", ids, w.bfloat16())):
+        out = fn(x, i, wt, ex)
+        ref = int4_moe(x, i.long(), wt.float(), ex)
+        assert not out.isnan().any(), label
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2, msg=label)
+    none = fn(x, torch.full_like(ids, -1), w, ex)
+    assert torch.equal(none, torch.zeros_like(none))
+    dup = ids.clone()
+    dup[0, 1] = dup[0, 0]
+    out = fn(x, dup, w, ex)
+    assert out[0].isnan().all()
+    if T > 1:
+        ref = int4_moe(x[1:], dup[1:], w[1:], ex)
+        torch.testing.assert_close(out[1:].float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_v3_counters_reset_between_launches_gpu(real_experts):
+    # why: each launch's last CTA zeroes the work counters the next launch starts from: 24
+    # launches over changing T and routings (a rank with nothing routed among them), then the
+    # first input again gives the first output bit for bit (deterministic, nothing left over)
+    from workbench.ops.cases import _Rand
+
+    fn = _variant("cuda_v3")
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    r = _Rand(950, "cuda")
+    first = (r.normal(2, D), r.distinct(E, K, 2), r.uniform(2, K) + 0.05)
+    want = fn(*first, ex).clone()
+    for n in range(24):
+        T = 1 + n % 8
+        ids = r.distinct(E, K, T) if n % 5 else torch.full((T, K), -1, device="cuda")
+        fn(r.normal(T, D), ids, r.uniform(T, K), ex)
+    assert torch.equal(fn(*first, ex), want)

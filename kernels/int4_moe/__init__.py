@@ -112,6 +112,10 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v2    cuda_v1 with the scales on each group's fp32 partial (1.77 SASS a weight; its
                gate/up GEMM 5-8 % faster than v34's from T 9, its down GEMM 10-20 % slower; REAL
                T 9 470.5 vs v34 482.8 µs, 1.02x Humming skewed; not BEST)
+    cuda_v3    cuda_v2's GEMMs with the decode MoE (T K <= 64 slots) in one persistent launch:
+               routing in each CTA's shared memory, gate/up then down work items from a
+               counter (a down item issues its weights before it waits for its expert's h),
+               the combine by the CTA that finishes a row block; cuda_v2's launches past 64
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -149,7 +153,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -159,6 +163,10 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v2"): ("cuda_v1 with each scale group's fp32 partial scaled instead of "
                               "the weights (the mma takes 128 + q, a -136 sum(x) correction "
                               "mma): ~1.8 instead of 2.3 SASS a weight", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v3"): ("cuda_v2's GEMMs with the decode MoE (T K <= 64) in one launch: "
+                              "each CTA routes in shared memory, work items from a counter "
+                              "(gate/up, then down waiting on its expert's h), the combine by "
+                              "a row block's last CTA; cuda_v2 past 64 slots", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -116,254 +116,285 @@ template <int MODE, int U>
 struct Occupancy {  // the CTAs an SM __launch_bounds__ asks registers for, as warps an SM
   static constexpr int warps = U >= 3 ? (MODE == 0 ? 16 : 12) : (MODE == 0 ? 14 : 12);
 };
-template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U>
-__global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U>::warps / (KW * RW) > 0 ? Occupancy<MODE, U>::warps / (KW * RW) : 1)
-int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
-             u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
-             int topk, int NU, int C, int ld, int k_real, int n_real, int ldo) {
+
+struct GemmArgs {  // one GEMM's operands: weights, scales, activations (hi, lo), outputs
+  u64 w_ptr, s_ptr, act_ptr, act_lo_ptr, out_ptr, out_lo_ptr;
+  int NU, C, ld, k_real, n_real, ldo;
+};
+
+__device__ __forceinline__ uint4 ld_cg(const uint4* p) {
+  // activations another CTA of this launch wrote (cuda_v3's h): from L2, never a stale L1 line
+  uint4 r;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// One CTA work item: the RW units ublk * RW .. of expert e, whose cnt slots sit at sorted
+// positions start.. (slots: sorted position -> slot id, in global or shared memory). Every
+// warp of the CTA calls it (the K-part reduction has CTA barriers). CG: activations by ld.cg
+// (written earlier in this launch); ready(): called by each warp that has a unit, after its
+// first weight pairs are issued and before its first activation load (cuda_v3's wait for h).
+template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, class Ready>
+__device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, int topk, int e,
+                                           int start, int cnt, int ublk, float* red, uint4* dsm,
+                                           Ready ready) {
   constexpr int NH = MODE == 0 ? 1 : 2;
-  const int* slots = (const int*)slots_ptr;
+  const int NU = A.NU, C = A.C, ld = A.ld, k_real = A.k_real, n_real = A.n_real, ldo = A.ldo;
+  const u64 w_ptr = A.w_ptr, s_ptr = A.s_ptr, act_ptr = A.act_ptr, act_lo_ptr = A.act_lo_ptr;
+  const u64 out_ptr = A.out_ptr, out_lo_ptr = A.out_lo_ptr;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int kw = warp % KW, rw = warp / KW;
-  const int u = blockIdx.x * RW + rw;  // this warp's row unit
+  const int u = ublk * RW + rw;  // this warp's row unit
   const bool unit_ok = u < NU;
   const int CW = C / KW, c0 = kw * CW, NP = CW / 2;  // chunks and chunk pairs of this K part
-  __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
-  extern __shared__ uint4 dsm[];  // U >= 3: [warp][stage][6 words][32 lanes]
-  const int n_act = *(const int*)n_act_ptr;
+  const size_t unit = (size_t)e * NU + (unit_ok ? u : 0);
+  for (int p0 = 0; p0 < cnt; p0 += 8 * NN) {
+    // this lane's B column, slot g of each n-tile: its activation row; a column past the
+    // expert's slots reads the first slot's row (its outputs are never stored, and the mma
+    // keeps columns apart, so whatever it holds stays in its own column)
+    const uint4* xq[NN][NH];
+#pragma unroll
+    for (int q = 0; q < NN; ++q) {
+      const int col = p0 + q * 8 + g;
+      const int pos = start + (col < cnt ? col : 0);
+      const int row = MODE == 0 ? slots[pos] / topk : pos;
+      const size_t off = (size_t)row * (ld / 8) + 8 * c0 + t;
+      xq[q][0] = (const uint4*)act_ptr + off;
+      if (NH == 2) xq[q][NH - 1] = (const uint4*)act_lo_ptr + off;
+    }
+    const uint4* wq = (const uint4*)w_ptr + (unit * C + c0) * 64 + lane;
+    const uint4* sq = (const uint4*)s_ptr + (unit * (C / 2) + c0 / 2) * 16 + g;
+    float acc[2][NN][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int q = 0; q < NN; ++q)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
 
-  for (int a = blockIdx.y; a < n_act; a += gridDim.y) {  // CTA-uniform loops (barriers below)
-    const int e = ((const int*)act_e_ptr)[a];
-    const int start = ((const int*)act_start_ptr)[a];
-    const int cnt = ((const int*)act_cnt_ptr)[a];
-    const size_t unit = (size_t)e * NU + (unit_ok ? u : 0);
-    for (int p0 = 0; p0 < cnt; p0 += 8 * NN) {
-      // this lane's B column, slot g of each n-tile: its activation row; a column past the
-      // expert's slots reads the first slot's row (its outputs are never stored, and the mma
-      // keeps columns apart, so whatever it holds stays in its own column)
-      const uint4* xq[NN][NH];
+    int kin = 64 * c0 + 8 * t;  // KPAD: this lane's first input of the next pair to load
+    auto loadw = [&](WS& b) {
 #pragma unroll
-      for (int q = 0; q < NN; ++q) {
-        const int col = p0 + q * 8 + g;
-        const int pos = start + (col < cnt ? col : 0);
-        const int row = MODE == 0 ? slots[pos] / topk : pos;
-        const size_t off = (size_t)row * (ld / 8) + 8 * c0 + t;
-        xq[q][0] = (const uint4*)act_ptr + off;
-        if (NH == 2) xq[q][NH - 1] = (const uint4*)act_lo_ptr + off;
-      }
-      const uint4* wq = (const uint4*)w_ptr + (unit * C + c0) * 64 + lane;
-      const uint4* sq = (const uint4*)s_ptr + (unit * (C / 2) + c0 / 2) * 16 + g;
-      float acc[2][NN][4];
+      for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < 2; ++i) b.w[ch][i] = ld_stream(wq + ch * 64 + i * 32);
 #pragma unroll
-        for (int q = 0; q < NN; ++q)
+      for (int i = 0; i < 2; ++i) b.s[i] = ld_act(sq + i * 8);
+      wq += 128;
+      sq += 16;
+    };
+    auto loadx = [&](XS<NN, NH>& b) {
 #pragma unroll
-          for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
-
-      int kin = 64 * c0 + 8 * t;  // KPAD: this lane's first input of the next pair to load
-      auto loadw = [&](WS& b) {
+      for (int q = 0; q < NN; ++q)
 #pragma unroll
         for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) b.w[ch][i] = ld_stream(wq + ch * 64 + i * 32);
+          for (int hf = 0; hf < 2; ++hf) {
+            const bool ok = !KPAD || kin + 64 * ch + 32 * hf < k_real;  // 8 inputs, all or none
 #pragma unroll
-        for (int i = 0; i < 2; ++i) b.s[i] = ld_act(sq + i * 8);
-        wq += 128;
-        sq += 16;
-      };
-      auto loadx = [&](XS<NN, NH>& b) {
+            for (int h = 0; h < NH; ++h)
+              b.x[q][ch][h][hf] = !ok ? make_uint4(0, 0, 0, 0)
+                  : CG ? ld_cg(xq[q][h] + ch * 8 + hf * 4) : ld_act(xq[q][h] + ch * 8 + hf * 4);
+          }
+      kin += 128;
 #pragma unroll
-        for (int q = 0; q < NN; ++q)
+      for (int q = 0; q < NN; ++q)
 #pragma unroll
-          for (int ch = 0; ch < 2; ++ch)
+        for (int h = 0; h < NH; ++h) xq[q][h] += 16;
+    };
+    auto compute = [&](const WS& b, const XS<NN, NH>& bx) {
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              const bool ok = !KPAD || kin + 64 * ch + 32 * hf < k_real;  // 8 inputs, all or none
+      for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
-              for (int h = 0; h < NH; ++h)
-                b.x[q][ch][h][hf] = ok ? ld_act(xq[q][h] + ch * 8 + hf * 4) : make_uint4(0, 0, 0, 0);
-            }
-        kin += 128;
+        for (int hf = 0; hf < 2; ++hf) {  // scale group 2 ch + hf of the pair: mma steps 2 hf, 2 hf + 1
+          float corr[NN][4];  // POST: -136 sum(x) over the group's inputs (hi and lo), a column
+          if (POST) {
+            const u32 m136 = 0xC308C308u;  // bf16x2 (-136, -136)
 #pragma unroll
-        for (int q = 0; q < NN; ++q)
+            for (int n = 0; n < NN; ++n)
 #pragma unroll
-          for (int h = 0; h < NH; ++h) xq[q][h] += 16;
-      };
-      auto compute = [&](const WS& b, const XS<NN, NH>& bx) {
+              for (int h = 0; h < NH; ++h) {
+                const uint4& xv = bx.x[n][ch][h][hf];
+                if (h == 0) mma_cd(corr[n], m136, m136, m136, m136, xv.x, xv.y, 0.f, 0.f, 0.f, 0.f);
+                else mma(corr[n], m136, m136, m136, m136, xv.x, xv.y);
+                mma(corr[n], m136, m136, m136, m136, xv.z, xv.w);
+              }
+          }
 #pragma unroll
-        for (int ch = 0; ch < 2; ++ch)
+          for (int i = 0; i < 2; ++i) {
+            const u32 sw = word(b.s[i], 2 * ch + hf);  // (row g, row g + 8) of the group
+            float part[NN][4];  // POST: the group's fp32 partial, a column
+            const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {  // scale group 2 ch + hf of the pair: mma steps 2 hf, 2 hf + 1
-            float corr[NN][4];  // POST: -136 sum(x) over the group's inputs (hi and lo), a column
-            if (POST) {
-              const u32 m136 = 0xC308C308u;  // bf16x2 (-136, -136)
+            for (int jj = 0; jj < 2; ++jj) {
+              const u32 q = word(b.w[ch][i], 2 * hf + jj);
+              u32 a0, a1, a2, a3;
+              if (POST) {
+                a0 = raw(q), a1 = raw(q >> 4), a2 = raw(q >> 8), a3 = raw(q >> 12);
+              } else {
+                a0 = dq(q, sg), a1 = dq(q >> 4, sg8), a2 = dq(q >> 8, sg), a3 = dq(q >> 12, sg8);
+              }
 #pragma unroll
               for (int n = 0; n < NN; ++n)
 #pragma unroll
                 for (int h = 0; h < NH; ++h) {
                   const uint4& xv = bx.x[n][ch][h][hf];
-                  if (h == 0) mma_cd(corr[n], m136, m136, m136, m136, xv.x, xv.y, 0.f, 0.f, 0.f, 0.f);
-                  else mma(corr[n], m136, m136, m136, m136, xv.x, xv.y);
-                  mma(corr[n], m136, m136, m136, m136, xv.z, xv.w);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const u32 sw = word(b.s[i], 2 * ch + hf);  // (row g, row g + 8) of the group
-              float part[NN][4];  // POST: the group's fp32 partial, a column
-              const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
-#pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
-                const u32 q = word(b.w[ch][i], 2 * hf + jj);
-                u32 a0, a1, a2, a3;
-                if (POST) {
-                  a0 = raw(q), a1 = raw(q >> 4), a2 = raw(q >> 8), a3 = raw(q >> 12);
-                } else {
-                  a0 = dq(q, sg), a1 = dq(q >> 4, sg8), a2 = dq(q >> 8, sg), a3 = dq(q >> 12, sg8);
-                }
-#pragma unroll
-                for (int n = 0; n < NN; ++n)
-#pragma unroll
-                  for (int h = 0; h < NH; ++h) {
-                    const uint4& xv = bx.x[n][ch][h][hf];
-                    const u32 b0 = jj ? xv.z : xv.x, b1 = jj ? xv.w : xv.y;
-                    if (POST) {
-                      if (h == 0 && jj == 0)  // the group's partial starts from its correction
-                        mma_cd(part[n], a0, a1, a2, a3, b0, b1, corr[n][0], corr[n][1], corr[n][2], corr[n][3]);
-                      else
-                        mma(part[n], a0, a1, a2, a3, b0, b1);
-                    } else {
-                      mma(acc[i][n], a0, a1, a2, a3, b0, b1);
-                    }
+                  const u32 b0 = jj ? xv.z : xv.x, b1 = jj ? xv.w : xv.y;
+                  if (POST) {
+                    if (h == 0 && jj == 0)  // the group's partial starts from its correction
+                      mma_cd(part[n], a0, a1, a2, a3, b0, b1, corr[n][0], corr[n][1], corr[n][2], corr[n][3]);
+                    else
+                      mma(part[n], a0, a1, a2, a3, b0, b1);
+                  } else {
+                    mma(acc[i][n], a0, a1, a2, a3, b0, b1);
                   }
-              }
-              if (POST) {
-                const float s_g = __uint_as_float(sw << 16), s_g8 = __uint_as_float(sw & 0xFFFF0000u);
-#pragma unroll
-                for (int n = 0; n < NN; ++n) {
-                  acc[i][n][0] = fmaf(s_g, part[n][0], acc[i][n][0]);
-                  acc[i][n][1] = fmaf(s_g, part[n][1], acc[i][n][1]);
-                  acc[i][n][2] = fmaf(s_g8, part[n][2], acc[i][n][2]);
-                  acc[i][n][3] = fmaf(s_g8, part[n][3], acc[i][n][3]);
                 }
+            }
+            if (POST) {
+              const float s_g = __uint_as_float(sw << 16), s_g8 = __uint_as_float(sw & 0xFFFF0000u);
+#pragma unroll
+              for (int n = 0; n < NN; ++n) {
+                acc[i][n][0] = fmaf(s_g, part[n][0], acc[i][n][0]);
+                acc[i][n][1] = fmaf(s_g, part[n][1], acc[i][n][1]);
+                acc[i][n][2] = fmaf(s_g8, part[n][2], acc[i][n][2]);
+                acc[i][n][3] = fmaf(s_g8, part[n][3], acc[i][n][3]);
               }
             }
           }
-      };
+        }
+    };
 
-      if (unit_ok && U < 3) {  // U pairs in flight while one is computed: U + 1 buffers in turn
-        WS bw[U + 1];
-        XS<NN, NH> bx[U + 1];
+    if (unit_ok && U < 3) {  // U pairs in flight while one is computed: U + 1 buffers in turn
+      WS bw[U + 1];
+      XS<NN, NH> bx[U + 1];
+      ready();
 #pragma unroll
-        for (int i = 0; i < U; ++i)
-          if (i < NP) loadw(bw[i]), loadx(bx[i]);
-        for (int pr = 0; pr < NP; pr += U + 1) {
+      for (int i = 0; i < U; ++i)
+        if (i < NP) loadw(bw[i]), loadx(bx[i]);
+      for (int pr = 0; pr < NP; pr += U + 1) {
 #pragma unroll
-          for (int i = 0; i <= U; ++i) {
-            if (pr + i < NP) {
-              if (pr + i + U < NP) loadw(bw[(i + U) % (U + 1)]), loadx(bx[(i + U) % (U + 1)]);
-              compute(bw[i], bx[i]);
-            }
-          }
-        }
-      } else if (unit_ok) {  // the shared-memory ring
-        constexpr int NS = U >= 3 ? U : 3;
-        const u32 ring = (u32)__cvta_generic_to_shared(dsm) + (warp * NS * 6 * 32 + lane) * 16;
-        auto issue = [&](int stage) {
-          const u32 dst = ring + stage * (6 * 32 * 16);
-#pragma unroll
-          for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) cp_async16(dst + (ch * 2 + i) * 512, wq + ch * 64 + i * 32);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) cp_async16(dst + (4 + i) * 512, sq + i * 8);
-          wq += 128;
-          sq += 16;
-        };
-#pragma unroll
-        for (int i = 0; i < NS - 1; ++i) {
-          if (i < NP) issue(i);
-          cp_commit();  // empty groups past the end keep the count uniform
-        }
-        XS<NN, NH> bx[2];
-        loadx(bx[0]);
-        for (int pr = 0; pr < NP; pr += 2) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int p = pr + i;
-            if (p < NP) {
-              cp_wait<NS - 2>();  // pair p has landed
-              const u32 src = ring + (p % NS) * (6 * 32 * 16);
-              WS cur;
-#pragma unroll
-              for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-                for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
-#pragma unroll
-              for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
-              if (p + NS - 1 < NP) issue((p + NS - 1) % NS);  // the stage read one pair ago
-              cp_commit();
-              if (p + 1 < NP) loadx(bx[i ^ 1]);
-              compute(cur, bx[i]);
-            }
+        for (int i = 0; i <= U; ++i) {
+          if (pr + i < NP) {
+            if (pr + i + U < NP) loadw(bw[(i + U) % (U + 1)]), loadx(bx[(i + U) % (U + 1)]);
+            compute(bw[i], bx[i]);
           }
         }
       }
+    } else if (unit_ok) {  // the shared-memory ring
+      constexpr int NS = U >= 3 ? U : 3;
+      const u32 ring = (u32)__cvta_generic_to_shared(dsm) + (warp * NS * 6 * 32 + lane) * 16;
+      auto issue = [&](int stage) {
+        const u32 dst = ring + stage * (6 * 32 * 16);
+#pragma unroll
+        for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) cp_async16(dst + (ch * 2 + i) * 512, wq + ch * 64 + i * 32);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) cp_async16(dst + (4 + i) * 512, sq + i * 8);
+        wq += 128;
+        sq += 16;
+      };
+#pragma unroll
+      for (int i = 0; i < NS - 1; ++i) {
+        if (i < NP) issue(i);
+        cp_commit();  // empty groups past the end keep the count uniform
+      }
+      XS<NN, NH> bx[2];
+      ready();  // the first pairs' weights are in flight already
+      loadx(bx[0]);
+      for (int pr = 0; pr < NP; pr += 2) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int p = pr + i;
+          if (p < NP) {
+            cp_wait<NS - 2>();  // pair p has landed
+            const u32 src = ring + (p % NS) * (6 * 32 * 16);
+            WS cur;
+#pragma unroll
+            for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+              for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
+#pragma unroll
+            for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
+            if (p + NS - 1 < NP) issue((p + NS - 1) % NS);  // the stage read one pair ago
+            cp_commit();
+            if (p + 1 < NP) loadx(bx[i ^ 1]);
+            compute(cur, bx[i]);
+          }
+        }
+      }
+    }
 
-      // K parts -> part 0's warp, summed in part order
-      if (KW > 1) {
-        float* mine = red + ((size_t)(kw * RW + rw) * 2 * NN) * 128 + lane * 4;
+    // K parts -> part 0's warp, summed in part order
+    if (KW > 1) {
+      float* mine = red + ((size_t)(kw * RW + rw) * 2 * NN) * 128 + lane * 4;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int q = 0; q < NN; ++q)
+#pragma unroll
+          for (int m = 0; m < 4; ++m) mine[(i * NN + q) * 128 + m] = acc[i][q][m];
+      __syncthreads();
+      if (kw == 0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int q = 0; q < NN; ++q)
 #pragma unroll
-            for (int m = 0; m < 4; ++m) mine[(i * NN + q) * 128 + m] = acc[i][q][m];
-        __syncthreads();
-        if (kw == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int q = 0; q < NN; ++q)
-#pragma unroll
-              for (int m = 0; m < 4; ++m) {
-                float s = 0.f;
-                for (int k2 = 0; k2 < KW; ++k2)
-                  s += red[((size_t)(k2 * RW + rw) * 2 * NN + i * NN + q) * 128 + lane * 4 + m];
-                acc[i][q][m] = s;
-              }
-        }
-        __syncthreads();  // red is reused by the next pass
+            for (int m = 0; m < 4; ++m) {
+              float s = 0.f;
+              for (int k2 = 0; k2 < KW; ++k2)
+                s += red[((size_t)(k2 * RW + rw) * 2 * NN + i * NN + q) * 128 + lane * 4 + m];
+              acc[i][q][m] = s;
+            }
       }
-      if (kw == 0 && unit_ok) {
+      __syncthreads();  // red is reused by the next pass
+    }
+    if (kw == 0 && unit_ok) {
 #pragma unroll
-        for (int q = 0; q < NN; ++q)
+      for (int q = 0; q < NN; ++q)
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            const int col = p0 + q * 8 + 2 * t + (m & 1);  // slot within the expert
-            if (col >= cnt) continue;
-            const int pos = start + col;
-            if (MODE == 0) {
-              const int i_row = u * 16 + g + 8 * (m >> 1);
-              if (i_row >= n_real) continue;
-              const float gt = acc[0][q][m], up = acc[1][q][m];
-              const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
-              const u16 hi = to_bf16(hv);
-              const u16 lo = to_bf16(hv - from_bf16(hi));
-              ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;
-              ((u16*)out_lo_ptr)[(size_t)pos * ldo + i_row] = lo;
-            } else {
-              const int slot = slots[pos];
+        for (int m = 0; m < 4; ++m) {
+          const int col = p0 + q * 8 + 2 * t + (m & 1);  // slot within the expert
+          if (col >= cnt) continue;
+          const int pos = start + col;
+          if (MODE == 0) {
+            const int i_row = u * 16 + g + 8 * (m >> 1);
+            if (i_row >= n_real) continue;
+            const float gt = acc[0][q][m], up = acc[1][q][m];
+            const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
+            const u16 hi = to_bf16(hv);
+            const u16 lo = to_bf16(hv - from_bf16(hi));
+            ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;
+            ((u16*)out_lo_ptr)[(size_t)pos * ldo + i_row] = lo;
+          } else {
+            const int slot = slots[pos];
 #pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int r = u * 32 + i * 16 + g + 8 * (m >> 1);
-                if (r < n_real) ((float*)out_ptr)[(size_t)slot * ldo + r] = acc[i][q][m];
-              }
+            for (int i = 0; i < 2; ++i) {
+              const int r = u * 32 + i * 16 + g + 8 * (m >> 1);
+              if (r < n_real) ((float*)out_ptr)[(size_t)slot * ldo + r] = acc[i][q][m];
             }
           }
-      }
+        }
     }
   }
+}
+
+template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U>
+__global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U>::warps / (KW * RW) > 0 ? Occupancy<MODE, U>::warps / (KW * RW) : 1)
+int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
+             u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
+             int topk, int NU, int C, int ld, int k_real, int n_real, int ldo) {
+  __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
+  extern __shared__ uint4 dsm[];  // U >= 3: [warp][stage][6 words][32 lanes]
+  const GemmArgs A{w_ptr, s_ptr, act_ptr, act_lo_ptr, out_ptr, out_lo_ptr, NU, C, ld, k_real,
+                   n_real, ldo};
+  const int n_act = *(const int*)n_act_ptr;
+  for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
+    unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0>(
+        A, (const int*)slots_ptr, topk, ((const int*)act_e_ptr)[a],
+        ((const int*)act_start_ptr)[a], ((const int*)act_cnt_ptr)[a], blockIdx.x, red, dsm,
+        [] {});
 }

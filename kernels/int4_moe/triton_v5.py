@@ -499,15 +499,17 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
 def _cli_config(name: str, launcher):
     """`_main`'s config `name` as a callable (x, ids, w, experts) -> out: `base` / `nodequant`
     (the launcher as is) or comma-separated int overrides, `v=N` naming triton_vN's launcher
-    (its int4_moe_triton) for this config."""
+    (its int4_moe_triton) for this config, `v=cuda_vN` cuda_vN's (its int4_moe_cuda)."""
     import functools
     import importlib
 
     cfg = {} if name in ("base", "nodequant") else {
-        k.strip(): int(v) for k, v in (kv.split("=") for kv in name.split(","))}
-    if "v" in cfg:
-        mod = importlib.import_module(f"{__package__}.triton_v{cfg.pop('v')}")
-        launcher = mod.int4_moe_triton
+        k.strip(): v.strip() for k, v in (kv.split("=") for kv in name.split(","))}
+    if "v" in cfg:  # v=34: triton_v34's launcher; v=cuda_v2: cuda_v2's
+        v = cfg.pop("v")
+        mod = importlib.import_module(f"{__package__}.{'triton_v' + v if v.isdigit() else v}")
+        launcher = getattr(mod, "int4_moe_triton", None) or mod.int4_moe_cuda
+    cfg = {k: int(v) for k, v in cfg.items()}
     return functools.partial(launcher, cfg=cfg)
 
 
