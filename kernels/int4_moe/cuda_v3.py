@@ -69,12 +69,18 @@ def _kernel(*targs: int):
 
 @functools.cache
 def _grid_cap(fn, threads: int, smem: int, device_index: int) -> int:
-    """CTAs of one wave: the occupancy the compiled kernel gets times the device's SMs."""
-    from cupy.cuda import driver
-
-    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, smem)
-    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return max(1, per_sm) * sms
+    """CTAs of one wave: the CTAs an SM holds by the compiled kernel's registers (allocated 256
+    a warp at a time), its shared memory (static + dynamic + 1 KB reserved a CTA) and threads,
+    times the SMs. An overestimate only adds CTAs that find no work item left."""
+    a = fn.attributes
+    p = torch.cuda.get_device_properties(device_index)
+    warps = threads // 32
+    regs_warp = -(-a["num_regs"] * 32 // 256) * 256
+    by_regs = getattr(p, "regs_per_multiprocessor", 65536) // (regs_warp * warps)
+    by_smem = getattr(p, "shared_memory_per_multiprocessor", 233472) // (
+        a["shared_size_bytes"] + smem + 1024)
+    by_threads = getattr(p, "max_threads_per_multi_processor", 2048) // threads
+    return max(1, min(by_regs, by_smem, by_threads, 32)) * p.multi_processor_count
 
 
 def _counters(device: torch.device, n: int) -> Tensor:
