@@ -193,7 +193,7 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
         for mode in (0, 1):
             n = mode + 1
             picks.add((mode, post, 0, c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]))
-    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int"
+    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
     src = tmp_path / "inst.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
@@ -230,7 +230,7 @@ def test_v3_fused_kernel_builds_for_sm90_without_spills_in_its_k_loops(tmp_path)
         c = cuda_v3.tiles(T, 8, E, 7168, 2048, hint)
         picks.add((1, 0, 0, c["W"], c["KW1"], c["KW2"], c["U"], c["MINB"]))
     sig = ",".join(["u64"] * 3 + ["int"] * 4 + ["u64"] * 4 + ["int"] * 4 + ["u64"] + ["int"] * 3
-                   + ["u64"] + ["int"] * 2 + ["u64"] * 3 + ["int"] * 4)
+                   + ["u64"] + ["int"] * 2 + ["u64"] * 3 + ["int"] * 8)
     src = tmp_path / "fused.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v3._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_fused<{', '.join(map(str, p))}>({sig});\n"

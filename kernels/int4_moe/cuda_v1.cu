@@ -94,6 +94,11 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+__device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
+  // one instruction asks the memory system for a whole range (16-byte aligned and sized): the
+  // bytes a warp will stream arrive in L2 without a register or a shared-memory slot held
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ uint4 lds(u32 a) {
   uint4 r;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -120,6 +125,8 @@ struct Occupancy {  // the CTAs an SM __launch_bounds__ asks registers for, as w
 struct GemmArgs {  // one GEMM's operands: weights, scales, activations (hi, lo), outputs
   u64 w_ptr, s_ptr, act_ptr, act_lo_ptr, out_ptr, out_lo_ptr;
   int NU, C, ld, k_real, n_real, ldo;
+  int pf0, pf;  // L2 prefetch of a warp's slice: its first pf0 chunk pairs at the start, then
+                // pair p + pf while pair p is computed (0, 0: none)
 };
 
 __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
@@ -296,6 +303,16 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
         wq += 128;
         sq += 16;
       };
+      const char* wslice = (const char*)wq;  // this warp's K part: NP pairs of 2 KB weights
+      const char* sslice = (const char*)sq;  // and of 256 B scales (lane 0's, g = 0: the start)
+      auto prefetch = [&](int p, int n) {  // pairs [p, p + n) of the slice into L2, one lane
+        n = min(n, NP - p);
+        if (lane == 0 && n > 0) {
+          prefetch_l2(wslice + (size_t)p * 2048, n * 2048);
+          prefetch_l2(sslice + (size_t)p * 256, n * 256);
+        }
+      };
+      if (A.pf0 > NS - 1) prefetch(NS - 1, A.pf0 - (NS - 1));  // past what the ring issues
 #pragma unroll
       for (int i = 0; i < NS - 1; ++i) {
         if (i < NP) issue(i);
@@ -318,6 +335,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
               for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
 #pragma unroll
             for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
+            if (A.pf > 0 && p + A.pf >= max(A.pf0, NS - 1)) prefetch(p + A.pf, 1);
             if (p + NS - 1 < NP) issue((p + NS - 1) % NS);  // the stage read one pair ago
             cp_commit();
             if (p + 1 < NP) loadx(bx[i ^ 1]);
@@ -386,11 +404,12 @@ template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U>
 __global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U>::warps / (KW * RW) > 0 ? Occupancy<MODE, U>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
-             int topk, int NU, int C, int ld, int k_real, int n_real, int ldo) {
+             int topk, int NU, int C, int ld, int k_real, int n_real, int ldo, int pf0,
+             int pf) {
   __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
   extern __shared__ uint4 dsm[];  // U >= 3: [warp][stage][6 words][32 lanes]
   const GemmArgs A{w_ptr, s_ptr, act_ptr, act_lo_ptr, out_ptr, out_lo_ptr, NU, C, ld, k_real,
-                   n_real, ldo};
+                   n_real, ldo, pf0, pf};
   const int n_act = *(const int*)n_act_ptr;
   for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
     unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0>(

@@ -70,7 +70,8 @@ def _split(NU: int, C: int, active: float, kw_max: int) -> tuple[int, int]:
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only (graph-safe): per GEMM n (1 gate/up, 2 down) the K parts KWn, units a CTA
-    RWn, 8-slot n-tiles a pass NNn, chunk pairs loaded ahead Un; A_GRID CTAs along the
+    RWn, 8-slot n-tiles a pass NNn, chunk pairs loaded ahead Un, the L2 prefetch of a warp's
+    slice (PF0n pairs at the start, then PFn pairs ahead; 0: none); A_GRID CTAs along the
     experts (each takes the active experts in turn: a, a + A_GRID, ...)."""
     S = T * K if slots is None else slots
     active = max(1.0, expected_active(E, S))
@@ -81,7 +82,7 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     for n, (N, KI, gate_up) in ((1, (I, D, True)), (2, (D, I, False))):
         NU, C, _ = mma_layout.dims(N, KI, gate_up)
         kw, rw = _split(NU, C, active, KW_MAX[n])
-        c |= {f"KW{n}": kw, f"RW{n}": rw, f"NN{n}": nn, f"U{n}": STAGES}
+        c |= {f"KW{n}": kw, f"RW{n}": rw, f"NN{n}": nn, f"U{n}": STAGES, f"PF0{n}": 0, f"PF{n}": 0}
     return c
 
 
@@ -107,6 +108,7 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple)
     n = mode + 1
     kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
     fn = _kernel(mode, post, int(kpad), kw, rw, nn, u)
+    args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     smem = kw * rw * u * 6 * 32 * 16 if u >= 3 else 0  # the ring: [warp][stage][6][32] uint4
     if smem > _SMEM_SET.get(id(fn), 0):  # past 48 KB with the static part: opt in

@@ -13,8 +13,9 @@
 //   2. CTAs take work items from a counter, all gate/up items (active expert major) before
 //      all down items, so a CTA that takes a down item for expert a only waits on gate/up
 //      items other running CTAs hold: no deadlock whatever the grid or the residency;
-//   3. a down item issues its first weight pairs, then waits for expert a's h (a count of
-//      finished gate/up items, release / acquire at gpu scope), so the wait overlaps loads;
+//   3. a down item issues its first weight pairs (and an L2 prefetch of its slice: pf02),
+//      then waits for expert a's h (a count of finished gate/up items, release / acquire at
+//      gpu scope), so the wait overlaps loads;
 //   4. the CTA that finishes the last down item of a unit block (its count reaches A)
 //      combines those rows for every token: sum_j w[t, j] y[t K + j] in j order, as
 //      `_common._combine_kernel` (no atomics on values: deterministic);
@@ -36,7 +37,8 @@ __global__ void __launch_bounds__(32 * W, MINB)
 int4_moe_fused(u64 w1, u64 s1, u64 x_ptr, int ldx, int D, int NU1, int C1,
                u64 w2, u64 s2, u64 h_ptr, u64 h_lo_ptr, int ldh, int I, int NU2, int C2,
                u64 ids_ptr, int ids64, int s_it, int s_ik, u64 wt_ptr, int s_wt, int s_wk,
-               u64 y_ptr, u64 out_ptr, u64 ctr_ptr, int n_ctr, int T, int topk, int E) {
+               u64 y_ptr, u64 out_ptr, u64 ctr_ptr, int n_ctr, int T, int topk, int E,
+               int pf01, int pf1, int pf02, int pf2) {
   constexpr int RW1 = W / KW1, RW2 = W / KW2, NN = 1;
   static_assert(RW1 * KW1 == W && RW2 * KW2 == W && U >= 3 && W >= 2, "CTA shape");
   __shared__ float red[W * 2 * NN * 32 * 4];
@@ -97,8 +99,8 @@ int4_moe_fused(u64 w1, u64 s1, u64 x_ptr, int ldx, int D, int NU1, int C1,
   __syncthreads();
 
   const int n_act = s_nact;
-  const GemmArgs g1{w1, s1, x_ptr, x_ptr, h_ptr, h_lo_ptr, NU1, C1, ldx, D, I, ldh};
-  const GemmArgs g2{w2, s2, h_ptr, h_lo_ptr, y_ptr, y_ptr, NU2, C2, ldh, I, D, D};
+  const GemmArgs g1{w1, s1, x_ptr, x_ptr, h_ptr, h_lo_ptr, NU1, C1, ldx, D, I, ldh, pf01, pf1};
+  const GemmArgs g2{w2, s2, h_ptr, h_lo_ptr, y_ptr, y_ptr, NU2, C2, ldh, I, D, D, pf02, pf2};
   const int NB1 = (NU1 + RW1 - 1) / RW1, NB2 = (NU2 + RW2 - 1) / RW2;
   const int n1 = n_act * NB1, total = n1 + n_act * NB2;
 

@@ -35,6 +35,7 @@ from .triton_v26 import expected_active
 SMAX = 64  # slots the fused launch routes in one CTA's shared memory (cuda_v3.cu)
 W = 4  # warps a CTA: both GEMMs' K parts x units
 STAGES = 3  # cuda_v1's ring depth
+PF_ALL = 1 << 16  # PF0n "every pair of the slice"
 MINB = 3  # CTAs an SM __launch_bounds__ asks registers for: 168 a thread at W 4 (at 4, 128: the
 # down path spills ~400 B, nvcc sm_90)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v3.cu")
@@ -44,10 +45,11 @@ _CTR: dict = {}  # (device, stream, n) -> int32 [n] zeros: the launches' work co
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only: per GEMM n the K parts KWn (a divisor of W and of its C / 2 chunk pairs):
     the fewest that give ~WARPS_TARGET warps over the experts expected active (cuda_v1's
-    rule with the CTA fixed at W warps)."""
+    rule with the CTA fixed at W warps); the L2 prefetch PF0n / PFn (cuda_v1's keys): a down
+    item asks for its whole slice before it waits for h."""
     S = T * K if slots is None else slots
     active = max(1.0, expected_active(E, S))
-    c = {"W": W, "U": STAGES, "MINB": MINB}
+    c = {"W": W, "U": STAGES, "MINB": MINB, "PF01": 0, "PF1": 0, "PF02": PF_ALL, "PF2": 0}
     for n, (N, KI, gate_up) in ((1, (I, D, True)), (2, (D, I, False))):
         NU, C, _ = mma_layout.dims(N, KI, gate_up)
         kws = [k for k in (1, 2, 4, 8) if W % k == 0 and (C // 2) % k == 0]
@@ -140,7 +142,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
 
     args = (w1, s1, x, x.stride(0), D, NU1, C1, w2, s2, h[0], h[1], KP2, I, NU2, C2,
             topk_ids, int(topk_ids.dtype == torch.int64), topk_ids.stride(0), topk_ids.stride(1),
-            wt, wt.stride(0), wt.stride(1), y, out, ctr, ctr.numel(), T, K, E)
+            wt, wt.stride(0), wt.stride(1), y, out, ctr, ctr.numel(), T, K, E,
+            c["PF01"], c["PF1"], c["PF02"], c["PF2"])
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
         fn((grid,), (32 * w,), conv, shared_mem=smem)
