@@ -437,3 +437,20 @@ def test_v3_counters_reset_between_launches_gpu(real_experts):
         ids = r.distinct(E, K, T) if n % 5 else torch.full((T, K), -1, device="cuda")
         fn(r.normal(T, D), ids, r.uniform(T, K), ex)
     assert torch.equal(fn(*first, ex), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", (1, 9, 33))
+def test_one_activation_buffer_is_bitwise_two_gpu(real_experts, T):
+    # why: XB only moves the activation loads (one pair ahead, or right before the pair's mma
+    # steps); the arithmetic and its order are the same, so either buffering gives the same bits
+    from workbench.kernels.int4_moe import cuda_v2
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    r = _Rand(970 + T, "cuda")
+    x, ids, w = r.normal(T, D), r.distinct(E, K, T), r.uniform(T, K) + 0.05
+    two = cuda_v2.int4_moe_cuda(x, ids, w, ex, cfg={"XB1": 2, "XB2": 2})
+    one = cuda_v2.int4_moe_cuda(x, ids, w, ex, cfg={"XB1": 1, "XB2": 1})
+    assert not two.isnan().any() and torch.equal(one, two)

@@ -117,9 +117,13 @@ __device__ __forceinline__ uint4 lds(u32 a) {
 //   of U chunk pairs in shared memory a warp, filled by cp.async (U - 1 in flight; each lane
 //   reads back only the 16-byte words it copied: no barrier), the activations one pair ahead
 //   in registers.
-template <int MODE, int U>
+// XB: activation buffers of the ring path: 2 (the next pair's loaded while one is computed) or
+//   1 (loaded right before its mma steps, from L1: 32 fewer registers a thread for down's hi +
+//   lo, so it fits 128 and 16 warps an SM).
+template <int MODE, int U, int XB = 2>
 struct Occupancy {  // the CTAs an SM __launch_bounds__ asks registers for, as warps an SM
-  static constexpr int warps = U >= 3 ? (MODE == 0 ? 16 : 12) : (MODE == 0 ? 14 : 12);
+  static constexpr int warps =
+      U >= 3 ? (MODE == 0 || XB == 1 ? 16 : 12) : (MODE == 0 ? 14 : 12);
 };
 
 struct GemmArgs {  // one GEMM's operands: weights, scales, activations (hi, lo), outputs
@@ -142,7 +146,8 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
 // warp of the CTA calls it (the K-part reduction has CTA barriers). CG: activations by ld.cg
 // (written earlier in this launch); ready(): called by each warp that has a unit, after its
 // first weight pairs are issued and before its first activation load (cuda_v3's wait for h).
-template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, class Ready>
+template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, int XB,
+          class Ready>
 __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, int topk, int e,
                                            int start, int cnt, int ublk, float* red, uint4* dsm,
                                            Ready ready) {
@@ -318,9 +323,9 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
         if (i < NP) issue(i);
         cp_commit();  // empty groups past the end keep the count uniform
       }
-      XS<NN, NH> bx[2];
+      XS<NN, NH> bx[XB];
       ready();  // the first pairs' weights are in flight already
-      loadx(bx[0]);
+      if (XB == 2) loadx(bx[0]);
       for (int pr = 0; pr < NP; pr += 2) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -338,8 +343,13 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
             if (A.pf > 0 && p + A.pf >= max(A.pf0, NS - 1)) prefetch(p + A.pf, 1);
             if (p + NS - 1 < NP) issue((p + NS - 1) % NS);  // the stage read one pair ago
             cp_commit();
-            if (p + 1 < NP) loadx(bx[i ^ 1]);
-            compute(cur, bx[i]);
+            if (XB == 2) {
+              if (p + 1 < NP) loadx(bx[(i ^ 1) % XB]);
+              compute(cur, bx[i % XB]);
+            } else {
+              loadx(bx[0]);
+              compute(cur, bx[0]);
+            }
           }
         }
       }
@@ -400,8 +410,8 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
   }
 }
 
-template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U>
-__global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U>::warps / (KW * RW) > 0 ? Occupancy<MODE, U>::warps / (KW * RW) : 1)
+template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2>
+__global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB>::warps / (KW * RW) > 0 ? Occupancy<MODE, U, XB>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
              int topk, int NU, int C, int ld, int k_real, int n_real, int ldo, int pf0,
@@ -412,7 +422,7 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
                    n_real, ldo, pf0, pf};
   const int n_act = *(const int*)n_act_ptr;
   for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
-    unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0>(
+    unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB>(
         A, (const int*)slots_ptr, topk, ((const int*)act_e_ptr)[a],
         ((const int*)act_start_ptr)[a], ((const int*)act_cnt_ptr)[a], blockIdx.x, red, dsm,
         [] {});

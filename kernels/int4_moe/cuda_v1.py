@@ -71,7 +71,8 @@ def _split(NU: int, C: int, active: float, kw_max: int) -> tuple[int, int]:
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only (graph-safe): per GEMM n (1 gate/up, 2 down) the K parts KWn, units a CTA
     RWn, 8-slot n-tiles a pass NNn, chunk pairs loaded ahead Un, the L2 prefetch of a warp's
-    slice (PF0n pairs at the start, then PFn pairs ahead; 0: none); A_GRID CTAs along the
+    slice (PF0n pairs at the start, then PFn pairs ahead; 0: none), activation buffers XBn
+    (cuda_v1.cu's XB); A_GRID CTAs along the
     experts (each takes the active experts in turn: a, a + A_GRID, ...)."""
     S = T * K if slots is None else slots
     active = max(1.0, expected_active(E, S))
@@ -82,14 +83,15 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     for n, (N, KI, gate_up) in ((1, (I, D, True)), (2, (D, I, False))):
         NU, C, _ = mma_layout.dims(N, KI, gate_up)
         kw, rw = _split(NU, C, active, KW_MAX[n])
-        c |= {f"KW{n}": kw, f"RW{n}": rw, f"NN{n}": nn, f"U{n}": STAGES, f"PF0{n}": 0, f"PF{n}": 0}
+        c |= {f"KW{n}": kw, f"RW{n}": rw, f"NN{n}": nn, f"U{n}": STAGES, f"PF0{n}": 0, f"PF{n}": 0,
+              f"XB{n}": 2}
     return c
 
 
 @functools.cache
 def _kernel(*targs: int):
-    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U> (NVRTC through cupy,
-    cached)."""
+    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U, XB> (NVRTC through
+    cupy, cached)."""
     import cupy
 
     name = f"int4_moe_mma<{', '.join(map(str, targs))}>"
@@ -107,7 +109,7 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple)
 
     n = mode + 1
     kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
-    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u)
+    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"])
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     smem = kw * rw * u * 6 * 32 * 16 if u >= 3 else 0  # the ring: [warp][stage][6][32] uint4
@@ -152,9 +154,10 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     for n in (1, 2):
         _require(1 <= c[f"U{n}"] <= 6 and c[f"NN{n}"] in (1, 2) and c[f"KW{n}"] >= 1
                  and c[f"RW{n}"] >= 1 and 32 * c[f"KW{n}"] * c[f"RW{n}"] <= 1024
-                 and c[f"KW{n}"] * c[f"RW{n}"] * c[f"U{n}"] * 3 <= 227, "cfg",
+                 and c[f"KW{n}"] * c[f"RW{n}"] * c[f"U{n}"] * 3 <= 227
+                 and c[f"XB{n}"] in (1, 2) and (c[f"XB{n}"] == 2 or c[f"U{n}"] >= 3), "cfg",
                  f"U{n} in 1..6, NN{n} in (1, 2), KW{n} x RW{n} <= 32 warps, their ring "
-                 f"<= 227 KB", c)
+                 f"<= 227 KB, XB{n} in (1, 2) (1 with the ring only)", c)
     w1, s1 = mma_layout.repacked((gp, up), (gs, us))
     w2, s2 = mma_layout.repacked((dp,), (ds,))
     NU1, C1, _ = mma_layout.dims(I, D, True)

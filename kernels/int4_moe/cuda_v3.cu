@@ -127,7 +127,7 @@ int4_moe_fused(u64 w1, u64 s1, u64 x_ptr, int ldx, int D, int NU1, int C1,
     if (tid == 0) nxt = atomicAdd(ctr, 1);  // the next item, in flight while this one runs
     if (item < n1) {
       const int a = item / NB1;
-      unit_block<0, POST, KPAD1, KW1, RW1, NN, U, 0>(g1, s_slots, topk, s_ae[a], s_as[a], s_ac[a],
+      unit_block<0, POST, KPAD1, KW1, RW1, NN, U, 0, 2>(g1, s_slots, topk, s_ae[a], s_as[a], s_ac[a],
                                                      item % NB1, red, dsm, [] {});
       __threadfence();  // this thread's h stores, then the count (release by the fence + barrier)
       __syncthreads();
@@ -135,7 +135,7 @@ int4_moe_fused(u64 w1, u64 s1, u64 x_ptr, int ldx, int D, int NU1, int C1,
     } else {
       const int a = (item - n1) / NB2, b = (item - n1) % NB2;
       const int* ready_at = done1 + a;
-      unit_block<1, POST, KPAD2, KW2, RW2, NN, U, 1>(
+      unit_block<1, POST, KPAD2, KW2, RW2, NN, U, 1, 2>(
           g2, s_slots, topk, s_ae[a], s_as[a], s_ac[a], b, red, dsm, [&] {
             while (ld_acquire(ready_at) < NB1) __nanosleep(128);
           });
