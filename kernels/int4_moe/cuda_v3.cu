@@ -13,8 +13,8 @@
 //   2. CTAs take work items from a counter, all gate/up items (active expert major) before
 //      all down items, so a CTA that takes a down item for expert a only waits on gate/up
 //      items other running CTAs hold: no deadlock whatever the grid or the residency;
-//   3. a down item issues its first weight pairs (and an L2 prefetch of its slice: pf02),
-//      then waits for expert a's h (a count of finished gate/up items, release / acquire at
+//   3. a down item issues its first weight pairs (and, with pf02, an L2 prefetch of its
+//      slice: measured slower, off by default), then waits for expert a's h (a count of finished gate/up items, release / acquire at
 //      gpu scope), so the wait overlaps loads;
 //   4. the CTA that finishes the last down item of a unit block (its count reaches A)
 //      combines those rows for every token: sum_j w[t, j] y[t K + j] in j order, as
