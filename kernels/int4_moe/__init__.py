@@ -116,6 +116,9 @@ Versions (README.md has the design and the version log), each with the contract 
                routing in each CTA's shared memory, gate/up then down work items from a
                counter (a down item issues its weights before it waits for its expert's h),
                the combine by the CTA that finishes a row block; cuda_v2's launches past 64
+               slots (H200, session 25: 25 GPU tests passed; slower than the four launches:
+               REAL T 1 95.3 µs against v34's 79.6, an EP8 rank's T 1 29 against 25-27;
+               a measured negative, not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.

@@ -10,6 +10,12 @@ that issue their weights before they wait for their expert's h, and the combine 
 CTA that finishes a row block's last expert. The routing is every CTA's own (S <= 64 slots in
 shared memory), so nothing runs before the GEMMs.
 
+Measured (H200, session 25, kernels/int4_moe/README.md "One launch for decode"): correct (25
+GPU tests) and slower than the four launches it replaces: REAL T 1 95.3 µs against triton_v34's
+79.6 and Humming's 91.6; T 8 on 384 experts 528-560 against cuda_v2's 412-422; an EP8 rank's
+T 1 29.2-29.7 against 25-27. ncu (T 8): DRAM at 62 % against cuda_v2's gate/up 81 %; one
+register budget (the down path's 168) holds both phases to 12 warps an SM. Not BEST.
+
 Numerics: cuda_v2's (POST 1) in each GEMM, the combine's j order of `_common._combine_kernel`;
 tolerance against the reference, not bits. Graph-safe: grid and buffers from shapes and the
 device's occupancy only; the work counters are zeroed by the last CTA of each launch, so
