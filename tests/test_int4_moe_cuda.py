@@ -134,6 +134,81 @@ def test_kernels_reading_of_the_layout_is_the_matrix(post, gate_up):
             torch.testing.assert_close(got[tile][ok], want[rows[ok]], rtol=1e-12, atol=1e-9)
 
 
+def _local_experts(E, D, I, seed):
+    from workbench.dist.moe import LocalExperts
+
+    m = LocalExperts(E, D, I, 32)
+    for proj, (n, k) in (("gate", (I, D)), ("up", (I, D)), ("down", (D, I))):
+        (p, s), = _mats(E, n, k, 1, seed=seed + n + k + len(proj))
+        getattr(m, f"{proj}_packed").copy_(p)
+        getattr(m, f"{proj}_scale").copy_(s)
+    return m
+
+
+def test_replace_with_repacked_frees_the_checkpoint_copy():
+    # why: the load step for a full-size rank (two copies of 71 GB do not fit): each buffer
+    # becomes a checkpoint-shaped view of the repacked tensor, `repacked` returns those words
+    # without a copy, and they are `repack`'s bits for the original checkpoint
+    m = _local_experts(2, 128, 256, seed=3)
+    want1 = L.repack((m.gate_packed, m.up_packed), (m.gate_scale, m.up_scale))
+    want2 = L.repack((m.down_packed,), (m.down_scale,))
+    shapes = {n: tuple(b.shape) for n, b in m.named_buffers()}
+    L.replace_with_repacked(m)
+    assert {n: tuple(b.shape) for n, b in m.named_buffers()} == shapes
+    assert all(getattr(b, L.LAYOUT_ATTR) == "mma" for b in m.buffers())
+    got1 = L.repacked((m.gate_packed, m.up_packed), (m.gate_scale, m.up_scale))
+    got2 = L.repacked((m.down_packed,), (m.down_scale,))
+    for got, want in ((got1, want1), (got2, want2)):
+        assert all(torch.equal(g.view(torch.int16) if g.dtype == torch.bfloat16 else g,
+                               w.view(torch.int16) if w.dtype == torch.bfloat16 else w)
+                   for g, w in zip(got, want))
+    assert got1[0].data_ptr() == m.gate_packed.data_ptr()  # a view, not a second copy
+    assert got1[0].view(-1)[m.gate_packed.numel():].data_ptr() == m.up_packed.data_ptr()
+    assert got2[1].data_ptr() == m.down_scale.data_ptr()
+
+
+def test_replaced_experts_are_refused_by_the_checkpoint_versions():
+    # why: after the load step the buffers hold the fragment layout under checkpoint shapes; a
+    # version that reads the checkpoint layout must say so, not compute with them
+    from workbench.kernels.int4_moe._common import check_inputs
+    from workbench.reference.int4_moe import Int4Experts
+
+    m = _local_experts(2, 128, 128, seed=4)
+    L.replace_with_repacked(m)
+    ex = Int4Experts(m.gate_packed, m.gate_scale, m.up_packed, m.up_scale, m.down_packed,
+                     m.down_scale)
+    x, ids, w = torch.randn(1, 128).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
+    with pytest.raises(ValueError, match="experts.gate_packed: expected the checkpoint layout"):
+        check_inputs(x, ids, w, ex, validate=False)
+    check_inputs(x, ids, w, ex, validate=False, mma_ok=True)
+
+
+def test_replace_with_repacked_needs_unpadded_matrices():
+    # why: a padded layout has more elements than the checkpoint tensor it would replace
+    # (I = 96: the down GEMM's 96 inputs pad to 128)
+    m = _local_experts(1, 128, 96, seed=5)
+    with pytest.raises(ValueError, match="holder.down_packed: expected a matrix"):
+        L.replace_with_repacked(m)
+
+
+def test_emulation_loads_the_fragment_layout_only_for_cuda_versions():
+    # why: `emulate --kernels ...,int4_moe=cuda_vN` repacks every rank layer's experts in place
+    # before the first step; any other selection leaves the checkpoint layout alone
+    from workbench.dist.emulate import load_for
+
+    class Rank(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = _local_experts(1, 128, 128, seed=6), _local_experts(1, 128, 128, 7)
+
+    r = Rank()
+    for sel in (None, "engine", {"int4_moe": "triton_v34"}):
+        load_for(sel, r)
+        assert not any(hasattr(b, L.LAYOUT_ATTR) for b in r.buffers())
+    load_for({"int4_moe": "cuda_v2", "linear": "triton_v5"}, r)
+    assert all(getattr(b, L.LAYOUT_ATTR) == "mma" for b in r.buffers())
+
+
 # ------------------------------------------------------------------ the launch rule (CPU)
 
 
@@ -454,3 +529,23 @@ def test_one_activation_buffer_is_bitwise_two_gpu(real_experts, T):
     two = cuda_v2.int4_moe_cuda(x, ids, w, ex, cfg={"XB1": 2, "XB2": 2})
     one = cuda_v2.int4_moe_cuda(x, ids, w, ex, cfg={"XB1": 1, "XB2": 1})
     assert not two.isnan().any() and torch.equal(one, two)
+
+
+@pytest.mark.gpu
+def test_replaced_experts_give_the_same_bits_gpu():
+    # why: the in-place load step hands the kernels the words `repacked` would have built, so
+    # cuda_v2 / cuda_v3 outputs before and after it are equal bit for bit
+    from workbench.kernels.int4_moe import cuda_v2, cuda_v3
+    from workbench.ops.cases import _Rand
+    from workbench.reference.int4_moe import Int4Experts
+
+    m = _local_experts(6, 256, 512, seed=8).cuda()
+    r = _Rand(990, "cuda")
+    x, ids, w = r.normal(5, 256), r.distinct(6, 2, 5), r.uniform(5, 2) + 0.05
+    stack = lambda: Int4Experts(m.gate_packed, m.gate_scale, m.up_packed, m.up_scale,  # noqa: E731
+                                m.down_packed, m.down_scale)
+    before = [mod.int4_moe_cuda(x, ids, w, stack()) for mod in (cuda_v2, cuda_v3)]
+    L.replace_with_repacked(m)
+    after = [mod.int4_moe_cuda(x, ids, w, stack()) for mod in (cuda_v2, cuda_v3)]
+    for b, a in zip(before, after):
+        assert not b.isnan().any() and torch.equal(a, b)

@@ -143,7 +143,7 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     mma) or cuda_v2 (post 1: the scales on each group's fp32 partial)."""
     _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v1 launches CUDA C++ through cupy)",
              f"a tensor on {x.device}")
-    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=True)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
     K = topk_ids.shape[1]

@@ -109,7 +109,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     T, K = topk_ids.shape if topk_ids.dim() == 2 else (0, 0)
     if T * K > SMAX:
         return launch(x, topk_ids, topk_weights, experts, validate, None, expected_slots, post=1)
-    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=True)
     gp, gs, up, us, dp, ds = experts
     D = x.shape[1]
     E, I = gp.shape[0], gp.shape[1]

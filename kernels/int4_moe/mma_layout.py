@@ -142,12 +142,63 @@ def unpack(words: Tensor, scales: Tensor, N: int, KI: int, gate_up: bool) -> Ten
 def repacked(packed: tuple[Tensor, ...], scale: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
     """`repack`, cached per checkpoint tensor (weakly: freed with it; an in-place change of a
     tensor, its `_version`, repacks again). The cache holds a second copy of the experts."""
-    key = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t._version, t.device)
-                for t in (*packed, *scale))
+    key = _key(packed, scale)
     hit = _CACHE.get(key)
     if hit is not None and all(r() is t for r, t in zip(hit[0], (*packed, *scale))):
         return hit[1]
     value = repack(packed, scale)
+    _remember(packed, scale, value)
+    return value
+
+
+def _key(packed, scale) -> tuple:
+    return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t._version, t.device)
+                 for t in (*packed, *scale))
+
+
+def _remember(packed, scale, value) -> None:
+    """Cache `value` for these checkpoint tensors, weakly (dropped with packed[0])."""
+    key = _key(packed, scale)
     _CACHE[key] = (tuple(weakref.ref(t) for t in (*packed, *scale)), value)
     weakref.finalize(packed[0], _CACHE.pop, key, None)
-    return value
+
+
+LAYOUT_ATTR = "_int4_layout"  # set to "mma" on checkpoint-shaped views holding this layout
+
+
+def replace_with_repacked(holder) -> None:
+    """The load step for where two copies of the experts do not fit (the full-size EP8 rank:
+    71 GB of experts on a 141 GB GPU): repack `holder`'s six expert buffers (gate / up / down
+    `_packed` and `_scale`, checkpoint layout: `workbench.dist.moe.LocalExperts`) one GEMM at
+    a time and replace each buffer by a view of the repacked tensor with the checkpoint's
+    shape, so the old storage is freed and `repacked` hands the kernels the fragment layout
+    without a copy. The views hold the fragment layout, not the checkpoint's: they are
+    tagged (`LAYOUT_ATTR`), and `_common.check_inputs` refuses them to every version that
+    reads the checkpoint layout. Needs D and I multiples of 128 (no padding: the repacked
+    tensors then have exactly the checkpoint's element counts)."""
+    names = ("gate_packed", "gate_scale", "up_packed", "up_scale", "down_packed", "down_scale")
+    gp, gs, up, us, dp, ds = (getattr(holder, n) for n in names)
+    I, D = gp.shape[1], gp.shape[2] * 8
+    for what, (n, KI, gu) in (("gate_packed", (I, D, True)), ("down_packed", (D, I, False))):
+        NU, C, KP = dims(n, KI, gu)
+        rows = NU * (16 if gu else UNIT)
+        if KP != KI or rows != n:
+            raise ValueError(f"holder.{what}: expected a matrix of {'16' if gu else '32'}-row "
+                             f"units over a multiple of {KALIGN} inputs (no padding), got "
+                             f"{n} rows x {KI} inputs")
+    for packed, scale, pn, sn in (((gp, up), (gs, us), ("gate_packed", "up_packed"),
+                                   ("gate_scale", "up_scale")),
+                                  ((dp,), (ds,), ("down_packed",), ("down_scale",))):
+        words, scales = repack(packed, scale)
+        views = []
+        for src, dst in ((packed, words), (scale, scales)):
+            flat, at = dst.view(-1), 0
+            for t in src:
+                v = flat[at:at + t.numel()].view(t.shape)
+                at += t.numel()
+                setattr(v, LAYOUT_ATTR, "mma")
+                views.append(v)
+        for v, name in zip(views, (*pn, *sn)):
+            setattr(holder, name, v)  # the checkpoint tensor is dropped here
+        pv, sv = views[:len(packed)], views[len(packed):]
+        _remember(pv, sv, (words, scales))

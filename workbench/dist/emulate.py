@@ -162,6 +162,23 @@ def fill_direct(model: DistKimiModel, seed: int = 0, logit_scale: float = 10.0) 
             t.copy_(normal_weight(g, t.shape, _fan_in(cfg, name) ** -0.5, dev))
 
 
+def load_for(kernels, model: DistKimiModel) -> None:
+    """The load step the selected int4_moe needs: the CUDA versions read the experts in the
+    mma fragment layout, repacked in place (`mma_layout.replace_with_repacked`): a second copy
+    of a full-size rank's 71 GB of experts does not fit beside the first. Other selections:
+    nothing to do."""
+    variant = kernels.get("int4_moe", "") if isinstance(kernels, dict) else ""
+    if not str(variant).startswith("cuda_"):
+        return
+    from workbench.kernels.int4_moe import mma_layout
+
+    from .moe import LocalExperts
+
+    for m in model.modules():
+        if isinstance(m, LocalExperts):
+            mma_layout.replace_with_repacked(m)
+
+
 def rank_model(cfg, layout_name: str, world: int = 8, rank: int = 0, device="cpu",
                seed: int = 0):
     """(DistKimiModel, StandInComm) for rank `rank` of `tpN` / `epN` / `epAxtpB`."""
@@ -478,6 +495,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     rows = []
     for name in layouts:
         model, comm = rank_model(cfg, name, world, 0, device, seed)
+        load_for(kernels, model)
         drafter = DistDrafter(build_drafter(model.cfg, seed=seed, device=device), model)
         for C in batches:
             for b in budgets:
