@@ -242,6 +242,26 @@ def test_v3_tiles_fit_its_cta(T, hint):
     assert T * 8 <= cuda_v3.SMAX
 
 
+def test_operands_are_the_repacked_experts():
+    # why: both CUDA launchers take their GEMM operands from `cuda_v1.operands`: the cached
+    # repack of each GEMM, its unit / chunk counts, x with 16-byte rows, and a cfg whose K
+    # parts do not divide a GEMM's chunk pairs refused by name
+    from workbench.kernels.int4_moe import cuda_v1
+    from workbench.reference.int4_moe import Int4Experts
+
+    m = _local_experts(2, 128, 256, seed=9)
+    ex = Int4Experts(m.gate_packed, m.gate_scale, m.up_packed, m.up_scale, m.down_packed,
+                     m.down_scale)
+    x = torch.randn(3, 2 * 128).bfloat16()[:, ::2]  # a stride-2 view: 2-byte row pieces
+    xx, (w1, s1, NU1, C1), (w2, s2, NU2, C2, KP2) = cuda_v1.operands(x, ex, {"KW1": 1, "KW2": 2})
+    assert xx.is_contiguous() and torch.equal(xx, x)
+    assert (NU1, C1, NU2, C2, KP2) == (*L.dims(256, 128, True)[:2], *L.dims(128, 256, False))
+    assert w1 is L.repacked((m.gate_packed, m.up_packed), (m.gate_scale, m.up_scale))[0]
+    assert w2 is L.repacked((m.down_packed,), (m.down_scale,))[0]
+    with pytest.raises(ValueError, match="cfg: expected KW2 dividing 2 chunk pairs"):
+        cuda_v1.operands(x, ex, {"KW1": 1, "KW2": 4})
+
+
 def test_cuda_versions_refuse_cpu_tensors():
     # why: a CPU tensor gets an error naming x, not a cupy failure inside a launch
     from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3
@@ -273,20 +293,9 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
     src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
         for p in sorted(picks)))
-    cubin = tmp_path / "inst.cubin"
-    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v",
-                        "-o", str(cubin), str(src)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    spills = [int(b) for b in re.findall(r"(\d+) bytes spill stores", r.stderr)]
-    assert len(spills) == len(picks) and max(spills) <= 16, r.stderr  # outside the K loop
-    dump = shutil.which("cuobjdump")
-    if dump is None:
-        import os
-
-        import triton
-
-        dump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    sass = subprocess.run([dump, "-sass", str(cubin)], capture_output=True, text=True).stdout
+    log, sass = _build_sm90(src)
+    spills = [int(b) for b in re.findall(r"(\d+) bytes spill stores", log)]
+    assert len(spills) == len(picks) and max(spills) <= 16, log  # outside the K loop
     assert "HMMA.16816.F32.BF16" in sass
     for fn in sass.split("Function : ")[1:]:  # each kernel's innermost loop that issues mmas
         loop = _innermost_mma_loop(fn)
@@ -310,7 +319,19 @@ def test_v3_fused_kernel_builds_for_sm90_without_spills_in_its_k_loops(tmp_path)
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v3._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_fused<{', '.join(map(str, p))}>({sig});\n"
         for p in sorted(picks)))
-    cubin = tmp_path / "fused.cubin"
+    _, sass = _build_sm90(src)
+    fns = sass.split("Function : ")[1:]
+    assert len(fns) == len(picks)
+    for fn in fns:
+        loops = _mma_loops(fn)
+        assert len(loops) >= 2, fn[:80]  # gate/up's and down's innermost K loops
+        for loop in sorted(loops, key=len)[:2]:
+            assert not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
+
+
+def _build_sm90(src) -> tuple[str, str]:
+    """nvcc's ptxas report and cuobjdump's SASS of the sm_90 cubin built from src."""
+    cubin = src.with_suffix(".cubin")
     r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v",
                         "-o", str(cubin), str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -322,13 +343,7 @@ def test_v3_fused_kernel_builds_for_sm90_without_spills_in_its_k_loops(tmp_path)
 
         dump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     sass = subprocess.run([dump, "-sass", str(cubin)], capture_output=True, text=True).stdout
-    fns = sass.split("Function : ")[1:]
-    assert len(fns) == len(picks)
-    for fn in fns:
-        loops = _mma_loops(fn)
-        assert len(loops) >= 2, fn[:80]  # gate/up's and down's innermost K loops
-        for loop in sorted(loops, key=len)[:2]:
-            assert not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
+    return r.stderr, sass
 
 
 def _mma_loops(sass: str) -> list[list[str]]:

@@ -137,6 +137,25 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     return launch(x, topk_ids, topk_weights, experts, validate, cfg, expected_slots, post=0)
 
 
+def operands(x: Tensor, experts, c: dict):
+    """The GEMMs' operands, shared by the CUDA launchers: x with 16-byte rows, and per GEMM
+    the repacked weights and scales (`mma_layout.repacked`, cached) with NU, C (and the down
+    GEMM's padded input width KP2), after checking that cfg's K parts KW1 / KW2 divide each
+    GEMM's chunk pairs."""
+    gp, gs, up, us, dp, ds = experts
+    D, I = x.shape[1], gp.shape[1]
+    w1, s1 = mma_layout.repacked((gp, up), (gs, us))
+    w2, s2 = mma_layout.repacked((dp,), (ds,))
+    NU1, C1, _ = mma_layout.dims(I, D, True)
+    NU2, C2, KP2 = mma_layout.dims(D, I, False)
+    for n, C in ((1, C1), (2, C2)):
+        _require((C // 2) % c[f"KW{n}"] == 0, "cfg", f"KW{n} dividing {C // 2} chunk pairs",
+                 c[f"KW{n}"])
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # 16-byte activation loads
+        x = x.contiguous()
+    return x, (w1, s1, NU1, C1), (w2, s2, NU2, C2, KP2)
+
+
 def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
            expected_slots, post: int) -> Tensor:
     """The four launches with the dequant of cuda_v1 (post 0: W = bf16((q - 8) s) in the
@@ -144,10 +163,9 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v1 launches CUDA C++ through cupy)",
              f"a tensor on {x.device}")
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=True)
-    gp, gs, up, us, dp, ds = experts
     T, D = x.shape
     K = topk_ids.shape[1]
-    E, I = gp.shape[0], gp.shape[1]
+    E, I = experts[0].shape[:2]  # gate_packed [E, I, D / 8]
     if T == 0:
         return torch.empty(0, D, dtype=x.dtype, device=x.device)
     c = tiles(T, K, E, D, I, expected_slots) | (cfg or {})
@@ -158,15 +176,7 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
                  and c[f"XB{n}"] in (1, 2) and (c[f"XB{n}"] == 2 or c[f"U{n}"] >= 3), "cfg",
                  f"U{n} in 1..6, NN{n} in (1, 2), KW{n} x RW{n} <= 32 warps, their ring "
                  f"<= 227 KB, XB{n} in (1, 2) (1 with the ring only)", c)
-    w1, s1 = mma_layout.repacked((gp, up), (gs, us))
-    w2, s2 = mma_layout.repacked((dp,), (ds,))
-    NU1, C1, _ = mma_layout.dims(I, D, True)
-    NU2, C2, KP2 = mma_layout.dims(D, I, False)
-    for n, C in ((1, C1), (2, C2)):
-        _require((C // 2) % c[f"KW{n}"] == 0, "cfg", f"KW{n} dividing {C // 2} chunk pairs",
-                 c[f"KW{n}"])
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # 16-byte activation loads
-        x = x.contiguous()
+    x, (w1, s1, NU1, C1), (w2, s2, NU2, C2, KP2) = operands(x, experts, c)
     r = _router(topk_ids, E, T, K, D, I)
     S = T * K
     h = torch.empty(2, S, KP2, dtype=torch.bfloat16, device=x.device)  # [hi / lo, S sorted, I]

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from . import mma_layout
 from ._common import _require, check_inputs
-from .cuda_v1 import _SMEM_SET, WARPS_TARGET, launch
+from .cuda_v1 import _SMEM_SET, WARPS_TARGET, launch, operands
 from .cuda_v1 import _SRC as _SRC_V1
 from .triton_v26 import expected_active
 
@@ -110,9 +110,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     if T * K > SMAX:
         return launch(x, topk_ids, topk_weights, experts, validate, None, expected_slots, post=1)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=True)
-    gp, gs, up, us, dp, ds = experts
     D = x.shape[1]
-    E, I = gp.shape[0], gp.shape[1]
+    E, I = experts[0].shape[:2]  # gate_packed [E, I, D / 8]
     if T == 0:
         return torch.empty(0, D, dtype=x.dtype, device=x.device)
     c = tiles(T, K, E, D, I, expected_slots) | (cfg or {})
@@ -120,15 +119,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(w in (2, 4, 8) and all(w % c[f"KW{n}"] == 0 for n in (1, 2)) and c["U"] >= 3
              and w * c["U"] * 3 <= 200 and c["MINB"] >= 1, "cfg",
              "W in (2, 4, 8), KW1 and KW2 dividing W, U >= 3, the ring <= 200 KB", c)
-    w1, s1 = mma_layout.repacked((gp, up), (gs, us))
-    w2, s2 = mma_layout.repacked((dp,), (ds,))
-    NU1, C1, _ = mma_layout.dims(I, D, True)
-    NU2, C2, KP2 = mma_layout.dims(D, I, False)
-    for n, C in ((1, C1), (2, C2)):
-        _require((C // 2) % c[f"KW{n}"] == 0, "cfg", f"KW{n} dividing {C // 2} chunk pairs",
-                 c[f"KW{n}"])
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # 16-byte activation loads
-        x = x.contiguous()
+    x, (w1, s1, NU1, C1), (w2, s2, NU2, C2, KP2) = operands(x, experts, c)
     wt = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     S = T * K
     h = torch.empty(2, S, KP2, dtype=torch.bfloat16, device=x.device)  # [hi / lo, S sorted, I]
