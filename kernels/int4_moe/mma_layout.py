@@ -141,7 +141,8 @@ def unpack(words: Tensor, scales: Tensor, N: int, KI: int, gate_up: bool) -> Ten
 
 def repacked(packed: tuple[Tensor, ...], scale: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
     """`repack`, cached per checkpoint tensor (weakly: freed with it; an in-place change of a
-    tensor, its `_version`, repacks again). The cache holds a second copy of the experts."""
+    tensor, its `_version`, repacks again). The cache holds a second copy of the experts,
+    except after `replace_with_repacked`: then its entry is the only copy."""
     key = _key(packed, scale)
     hit = _CACHE.get(key)
     if hit is not None and all(r() is t for r, t in zip(hit[0], (*packed, *scale))):
@@ -199,6 +200,6 @@ def replace_with_repacked(holder) -> None:
                 setattr(v, LAYOUT_ATTR, "mma")
                 views.append(v)
         for v, name in zip(views, (*pn, *sn)):
-            setattr(holder, name, v)  # the checkpoint tensor is dropped here
+            setattr(holder, name, v)  # the checkpoint tensor is freed when this call returns
         pv, sv = views[:len(packed)], views[len(packed):]
         _remember(pv, sv, (words, scales))
