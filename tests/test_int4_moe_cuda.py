@@ -1,6 +1,6 @@
-"""int4_moe cuda_v1 / cuda_v2 / cuda_v3 (hand-written CUDA through cupy): the fragment layout
-and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build, and on the
-H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
+"""int4_moe cuda_v1 / cuda_v2 / cuda_v3 / cuda_v4 (hand-written CUDA through cupy): the fragment
+layout and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build,
+and on the H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
 NaN-poisons the outputs)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from workbench.kernels.int4_moe import mma_layout as L
 from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
 from workbench.reference.int4_moe import int4_moe
 
-CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3")
+CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4")
 
 
 def _mats(E, N, KI, n, seed):
@@ -183,6 +183,54 @@ def test_replaced_experts_are_refused_by_the_checkpoint_versions():
     check_inputs(x, ids, w, ex, validate=False, mma_ok=True)
 
 
+def test_replace_gate_up_only_leaves_down_to_the_checkpoint_versions():
+    # why: cuda_v4 streams gate / up repacked and down through triton_v34's checkpoint-layout
+    # GEMM; its load step replaces gate / up only, and the checks let exactly those through
+    from workbench.kernels.int4_moe._common import check_inputs
+    from workbench.reference.int4_moe import Int4Experts
+
+    m = _local_experts(2, 128, 96, seed=9)  # I = 96: down would pad, gate / up do not
+    down = (m.down_packed.clone(), m.down_scale.clone())
+    want = L.repack((m.gate_packed, m.up_packed), (m.gate_scale, m.up_scale))
+    L.replace_with_repacked(m, ("gate_up",))
+    tagged = {n for n, b in m.named_buffers() if getattr(b, L.LAYOUT_ATTR, None) == "mma"}
+    assert tagged == set(L.GATE_UP)
+    assert torch.equal(m.down_packed, down[0]) and torch.equal(m.down_scale, down[1])
+    got = L.repacked((m.gate_packed, m.up_packed), (m.gate_scale, m.up_scale))
+    assert torch.equal(got[0], want[0]) and got[0].data_ptr() == m.gate_packed.data_ptr()
+    ex = Int4Experts(m.gate_packed, m.gate_scale, m.up_packed, m.up_scale, m.down_packed,
+                     m.down_scale)
+    x, ids, w = torch.randn(1, 128).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
+    check_inputs(x, ids, w, ex, validate=False, mma_ok=L.GATE_UP)
+    with pytest.raises(ValueError, match="experts.gate_packed: expected the checkpoint layout"):
+        check_inputs(x, ids, w, ex, validate=False)
+    m2 = _local_experts(2, 128, 128, seed=10)
+    L.replace_with_repacked(m2, ("down",))
+    ex2 = Int4Experts(m2.gate_packed, m2.gate_scale, m2.up_packed, m2.up_scale,
+                      m2.down_packed, m2.down_scale)
+    with pytest.raises(ValueError, match="experts.down_packed: expected the checkpoint layout"):
+        check_inputs(x, ids, w, ex2, validate=False, mma_ok=L.GATE_UP)
+    with pytest.raises(ValueError, match="gemms: expected a non-empty subset"):
+        L.replace_with_repacked(m2, ("gate",))
+
+
+def test_v4_h_rows_are_triton_v5s_permutation():
+    # why: cuda_v4's gate/up GEMM writes h where triton_v34's down GEMM reads it: input i of a
+    # 256-input tile at column 64 (i % 4) + 2 (i // 8 % 32) + (i // 4 % 2) (cuda_v1.cu's HOUT
+    # 1, mirrored by cuda_v4.h_column); triton_v5's permute kernel puts x[t, _src(o)] at o,
+    # so at h_column(i) it must hold input i
+    from workbench.kernels.int4_moe import cuda_v4
+    from workbench.kernels.int4_moe.triton_v5 import _permute_kernel
+
+    D = 512
+    x = torch.arange(D, dtype=torch.float32).bfloat16()[None].contiguous()
+    xp = torch.full((1, D), float("nan"), dtype=torch.bfloat16)
+    _permute_kernel[(1, D // 256)](x, x.stride(0), x.stride(1), xp, D, D)
+    cols = torch.tensor([cuda_v4.h_column(i) for i in range(D)])
+    assert sorted(cols.tolist()) == list(range(D))
+    assert torch.equal(xp[0, cols], x[0])
+
+
 def test_replace_with_repacked_needs_unpadded_matrices():
     # why: a padded layout has more elements than the checkpoint tensor it would replace
     # (I = 96: the down GEMM's 96 inputs pad to 128)
@@ -205,6 +253,10 @@ def test_emulation_loads_the_fragment_layout_only_for_cuda_versions():
     for sel in (None, "engine", {"int4_moe": "triton_v34"}):
         load_for(sel, r)
         assert not any(hasattr(b, L.LAYOUT_ATTR) for b in r.buffers())
+    load_for({"int4_moe": "cuda_v4"}, r)  # gate / up only: cuda_v4.REPACKED
+    assert {n.split(".")[1] for n, b in r.named_buffers()
+            if getattr(b, L.LAYOUT_ATTR, None) == "mma"} == set(L.GATE_UP)
+    r = Rank()
     load_for({"int4_moe": "cuda_v2", "linear": "triton_v5"}, r)
     assert all(getattr(b, L.LAYOUT_ATTR) == "mma" for b in r.buffers())
 
@@ -264,12 +316,12 @@ def test_operands_are_the_repacked_experts():
 
 def test_cuda_versions_refuse_cpu_tensors():
     # why: a CPU tensor gets an error naming x, not a cupy failure inside a launch
-    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3, cuda_v4
 
     (p, s), = _mats(2, 32, 64, 1, seed=1)
     ex = (p, s, p, s, p[:, :, :4].repeat(1, 2, 1).contiguous(), s[:, :, :1].repeat(1, 2, 1))
     x, ids, w = torch.randn(1, 64).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
-    for mod in (cuda_v1, cuda_v2, cuda_v3):
+    for mod in (cuda_v1, cuda_v2, cuda_v3, cuda_v4):
         with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
             mod.int4_moe_cuda(x, ids, w, ex)
 
@@ -288,6 +340,8 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
         for mode in (0, 1):
             n = mode + 1
             picks.add((mode, post, 0, c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]))
+            if post and not mode:  # cuda_v4's gate/up: h into triton_v5's rows (HOUT 1)
+                picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], 2, 1))
     sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
     src = tmp_path / "inst.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
@@ -549,8 +603,8 @@ def test_one_activation_buffer_is_bitwise_two_gpu(real_experts, T):
 @pytest.mark.gpu
 def test_replaced_experts_give_the_same_bits_gpu():
     # why: the in-place load step hands the kernels the words `repacked` would have built, so
-    # cuda_v2 / cuda_v3 outputs before and after it are equal bit for bit
-    from workbench.kernels.int4_moe import cuda_v2, cuda_v3
+    # cuda_v2 / cuda_v3 / cuda_v4 outputs before and after it are equal bit for bit
+    from workbench.kernels.int4_moe import cuda_v2, cuda_v3, cuda_v4
     from workbench.ops.cases import _Rand
     from workbench.reference.int4_moe import Int4Experts
 
@@ -559,8 +613,10 @@ def test_replaced_experts_give_the_same_bits_gpu():
     x, ids, w = r.normal(5, 256), r.distinct(6, 2, 5), r.uniform(5, 2) + 0.05
     stack = lambda: Int4Experts(m.gate_packed, m.gate_scale, m.up_packed, m.up_scale,  # noqa: E731
                                 m.down_packed, m.down_scale)
-    before = [mod.int4_moe_cuda(x, ids, w, stack()) for mod in (cuda_v2, cuda_v3)]
-    L.replace_with_repacked(m)
+    before = [mod.int4_moe_cuda(x, ids, w, stack()) for mod in (cuda_v2, cuda_v3, cuda_v4)]
+    L.replace_with_repacked(m, cuda_v4.REPACKED)  # gate / up: cuda_v4 reads those repacked
+    mid = cuda_v4.int4_moe_cuda(x, ids, w, stack())
+    L.replace_with_repacked(m, ("down",))
     after = [mod.int4_moe_cuda(x, ids, w, stack()) for mod in (cuda_v2, cuda_v3)]
-    for b, a in zip(before, after):
+    for b, a in zip(before, [*after, mid]):
         assert not b.isnan().any() and torch.equal(a, b)

@@ -119,6 +119,9 @@ Versions (README.md has the design and the version log), each with the contract 
                slots (H200, session 25: 25 GPU tests passed; slower than the four launches:
                REAL T 1 95.3 µs against v34's 79.6, an EP8 rank's T 1 29 against 25-27;
                a measured negative, not BEST)
+    cuda_v4    cuda_v2's gate/up GEMM (h written into triton_v5's permuted rows) with
+               triton_v34's down GEMM and combine: each GEMM from the version that streams it
+               faster (session 25 by kernel); the load step repacks gate / up only
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -156,7 +159,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -170,6 +173,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                               "each CTA routes in shared memory, work items from a counter "
                               "(gate/up, then down waiting on its expert's h), the combine by "
                               "a row block's last CTA; cuda_v2 past 64 slots", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v4"): ("cuda_v2's gate/up GEMM (SiLU fused, h in triton_v5's permuted "
+                              "rows) with triton_v34's down GEMM and combine; gate / up "
+                              "repacked, down in the checkpoint layout", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

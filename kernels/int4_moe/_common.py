@@ -51,13 +51,14 @@ def block_k(k: int, cap: int = 128) -> int:
 
 
 def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
-                 expected_slots: int | None = None, mma_ok: bool = False) -> None:
+                 expected_slots: int | None = None,
+                 mma_ok: bool | frozenset = False) -> None:
     """Shape / dtype / device / stride checks (no values read), then, when `validate` says so,
     the content checks: ids in [0, E) and no expert twice in a token's row. `expected_slots`:
     the op's tile-sizing hint (workbench/moe_slots.py), None or an int in [0, T K]. mma_ok:
-    the caller also reads experts that `mma_layout.replace_with_repacked` replaced (the CUDA
-    versions); everyone else gets an error for them, never the fragment layout read as the
-    checkpoint's.
+    the caller also reads experts that `mma_layout.replace_with_repacked` replaced (True: all
+    six, the CUDA versions; a set of buffer names: those, cuda_v4's gate / up); everyone else
+    gets an error for them, never the fragment layout read as the checkpoint's.
 
     validate=None (default): content checks on CPU tensors only, where reading values costs no
     device sync. On CUDA they would cost a sync (and break CUDA-graph capture), so there the
@@ -91,7 +92,8 @@ def check_inputs(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, val
     for name, (t, shape, dtype) in expect.items():
         _require(tuple(t.shape) == shape, f"experts.{name}", f"shape {shape}", tuple(t.shape))
         layout = getattr(t, "_int4_layout", "checkpoint")  # mma_layout.LAYOUT_ATTR
-        _require(layout == "checkpoint" or mma_ok, f"experts.{name}",
+        _require(layout == "checkpoint" or mma_ok is True or name in (mma_ok or ()),
+                 f"experts.{name}",
                  "the checkpoint layout (this version reads it)",
                  f"the {layout!r} layout of mma_layout.replace_with_repacked (only the CUDA "
                  "versions read it)")

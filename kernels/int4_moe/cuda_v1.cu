@@ -120,6 +120,10 @@ __device__ __forceinline__ uint4 lds(u32 a) {
 // XB: activation buffers of the ring path: 2 (the next pair's loaded while one is computed) or
 //   1 (loaded right before its mma steps, from L1: 32 fewer registers a thread for down's hi +
 //   lo, so it fits 128 and 16 warps an SM).
+// HOUT (gate/up only): where h goes. 0: hi and lo as two [S, ldo] planes, inputs in order
+//   (this file's down GEMM reads them). 1: triton_v5's [S, 2, ldo] rows (hi, then lo), each
+//   256-input tile permuted as triton_v5's `_src` (input 8 w + j + 4 h of a tile at 64 j +
+//   2 w + h), so triton_v34's down GEMM reads them as its own SiLU wrote them (cuda_v4).
 template <int MODE, int U, int XB = 2>
 struct Occupancy {  // the CTAs an SM __launch_bounds__ asks registers for, as warps an SM
   static constexpr int warps =
@@ -147,7 +151,7 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
 // (written earlier in this launch); ready(): called by each warp that has a unit, after its
 // first weight pairs are issued and before its first activation load (cuda_v3's wait for h).
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, int XB,
-          class Ready>
+          int HOUT = 0, class Ready>
 __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, int topk, int e,
                                            int start, int cnt, int ublk, float* red, uint4* dsm,
                                            Ready ready) {
@@ -395,8 +399,15 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
             const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
             const u16 hi = to_bf16(hv);
             const u16 lo = to_bf16(hv - from_bf16(hi));
-            ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;
-            ((u16*)out_lo_ptr)[(size_t)pos * ldo + i_row] = lo;
+            if (HOUT) {  // triton_v5's row: [hi | lo], each 256-input tile permuted
+              const int ii = i_row & 255;
+              const int o = (i_row & ~255) + 64 * (ii & 3) + 2 * (ii >> 3) + ((ii >> 2) & 1);
+              ((u16*)out_ptr)[(size_t)pos * 2 * ldo + o] = hi;
+              ((u16*)out_ptr)[(size_t)pos * 2 * ldo + ldo + o] = lo;
+            } else {
+              ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;
+              ((u16*)out_lo_ptr)[(size_t)pos * ldo + i_row] = lo;
+            }
           } else {
             const int slot = slots[pos];
 #pragma unroll
@@ -410,7 +421,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
   }
 }
 
-template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2>
+template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2, int HOUT = 0>
 __global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB>::warps / (KW * RW) > 0 ? Occupancy<MODE, U, XB>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
@@ -422,7 +433,7 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
                    n_real, ldo, pf0, pf};
   const int n_act = *(const int*)n_act_ptr;
   for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
-    unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB>(
+    unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
         A, (const int*)slots_ptr, topk, ((const int*)act_e_ptr)[a],
         ((const int*)act_start_ptr)[a], ((const int*)act_cnt_ptr)[a], blockIdx.x, red, dsm,
         [] {});

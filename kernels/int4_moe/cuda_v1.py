@@ -90,8 +90,8 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 @functools.cache
 def _kernel(*targs: int):
-    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U, XB> (NVRTC through
-    cupy, cached)."""
+    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U, XB[, HOUT]> (NVRTC
+    through cupy, cached)."""
     import cupy
 
     name = f"int4_moe_mma<{', '.join(map(str, targs))}>"
@@ -103,13 +103,16 @@ def _kernel(*targs: int):
 _SMEM_SET: dict = {}  # id(compiled kernel) -> the dynamic shared memory it was allowed
 
 
-def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple) -> None:
+def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
+            hout: int = 0) -> None:
+    """One GEMM launch (mode 0 gate/up, 1 down) on cfg c's knobs; hout: cuda_v1.cu's HOUT
+    (1: h in triton_v5's rows, for cuda_v4)."""
     import cupy
     import numpy as np
 
     n = mode + 1
     kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
-    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"])
+    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"], *((hout,) if hout else ()))
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     smem = kw * rw * u * 6 * 32 * 16 if u >= 3 else 0  # the ring: [warp][stage][6][32] uint4
@@ -142,18 +145,37 @@ def operands(x: Tensor, experts, c: dict):
     the repacked weights and scales (`mma_layout.repacked`, cached) with NU, C (and the down
     GEMM's padded input width KP2), after checking that cfg's K parts KW1 / KW2 divide each
     GEMM's chunk pairs."""
-    gp, gs, up, us, dp, ds = experts
+    x, gate_up = operands_gate_up(x, experts, c)
+    gp, _, _, _, dp, ds = experts
+    D, I = x.shape[1], gp.shape[1]
+    w2, s2 = mma_layout.repacked((dp,), (ds,))
+    NU2, C2, KP2 = mma_layout.dims(D, I, False)
+    _require((C2 // 2) % c["KW2"] == 0, "cfg", f"KW2 dividing {C2 // 2} chunk pairs", c["KW2"])
+    return x, gate_up, (w2, s2, NU2, C2, KP2)
+
+
+def operands_gate_up(x: Tensor, experts, c: dict):
+    """`operands`' half for the gate/up GEMM alone (cuda_v4 reads down in the checkpoint
+    layout): x with 16-byte rows, (w1, s1, NU1, C1)."""
+    gp, gs, up, us = experts[:4]
     D, I = x.shape[1], gp.shape[1]
     w1, s1 = mma_layout.repacked((gp, up), (gs, us))
-    w2, s2 = mma_layout.repacked((dp,), (ds,))
     NU1, C1, _ = mma_layout.dims(I, D, True)
-    NU2, C2, KP2 = mma_layout.dims(D, I, False)
-    for n, C in ((1, C1), (2, C2)):
-        _require((C // 2) % c[f"KW{n}"] == 0, "cfg", f"KW{n} dividing {C // 2} chunk pairs",
-                 c[f"KW{n}"])
+    _require((C1 // 2) % c["KW1"] == 0, "cfg", f"KW1 dividing {C1 // 2} chunk pairs", c["KW1"])
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # 16-byte activation loads
         x = x.contiguous()
-    return x, (w1, s1, NU1, C1), (w2, s2, NU2, C2, KP2)
+    return x, (w1, s1, NU1, C1)
+
+
+def check_cfg(c: dict, gemms: tuple[int, ...]) -> None:
+    """The knobs of GEMMs `gemms` (1 gate/up, 2 down) in ranges the kernel compiles and fits."""
+    for n in gemms:
+        _require(1 <= c[f"U{n}"] <= 6 and c[f"NN{n}"] in (1, 2) and c[f"KW{n}"] >= 1
+                 and c[f"RW{n}"] >= 1 and 32 * c[f"KW{n}"] * c[f"RW{n}"] <= 1024
+                 and c[f"KW{n}"] * c[f"RW{n}"] * c[f"U{n}"] * 3 <= 227
+                 and c[f"XB{n}"] in (1, 2) and (c[f"XB{n}"] == 2 or c[f"U{n}"] >= 3), "cfg",
+                 f"U{n} in 1..6, NN{n} in (1, 2), KW{n} x RW{n} <= 32 warps, their ring "
+                 f"<= 227 KB, XB{n} in (1, 2) (1 with the ring only)", c)
 
 
 def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
@@ -169,13 +191,7 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     if T == 0:
         return torch.empty(0, D, dtype=x.dtype, device=x.device)
     c = tiles(T, K, E, D, I, expected_slots) | (cfg or {})
-    for n in (1, 2):
-        _require(1 <= c[f"U{n}"] <= 6 and c[f"NN{n}"] in (1, 2) and c[f"KW{n}"] >= 1
-                 and c[f"RW{n}"] >= 1 and 32 * c[f"KW{n}"] * c[f"RW{n}"] <= 1024
-                 and c[f"KW{n}"] * c[f"RW{n}"] * c[f"U{n}"] * 3 <= 227
-                 and c[f"XB{n}"] in (1, 2) and (c[f"XB{n}"] == 2 or c[f"U{n}"] >= 3), "cfg",
-                 f"U{n} in 1..6, NN{n} in (1, 2), KW{n} x RW{n} <= 32 warps, their ring "
-                 f"<= 227 KB, XB{n} in (1, 2) (1 with the ring only)", c)
+    check_cfg(c, (1, 2))
     x, (w1, s1, NU1, C1), (w2, s2, NU2, C2, KP2) = operands(x, experts, c)
     r = _router(topk_ids, E, T, K, D, I)
     S = T * K

@@ -165,9 +165,13 @@ def _remember(packed, scale, value) -> None:
 
 
 LAYOUT_ATTR = "_int4_layout"  # set to "mma" on checkpoint-shaped views holding this layout
+# the expert buffers each GEMM reads, by the names `replace_with_repacked` takes
+GEMM_BUFFERS = {"gate_up": ("gate_packed", "gate_scale", "up_packed", "up_scale"),
+                "down": ("down_packed", "down_scale")}
+GATE_UP = frozenset(GEMM_BUFFERS["gate_up"])
 
 
-def replace_with_repacked(holder) -> None:
+def replace_with_repacked(holder, gemms: tuple[str, ...] = ("gate_up", "down")) -> None:
     """The load step for where two copies of the experts do not fit (the full-size EP8 rank:
     71 GB of experts on a 141 GB GPU): repack `holder`'s six expert buffers (gate / up / down
     `_packed` and `_scale`, checkpoint layout: `workbench.dist.moe.LocalExperts`) one GEMM at
@@ -176,20 +180,28 @@ def replace_with_repacked(holder) -> None:
     without a copy. The views hold the fragment layout, not the checkpoint's: they are
     tagged (`LAYOUT_ATTR`), and `_common.check_inputs` refuses them to every version that
     reads the checkpoint layout. Needs D and I multiples of 128 (no padding: the repacked
-    tensors then have exactly the checkpoint's element counts)."""
-    names = ("gate_packed", "gate_scale", "up_packed", "up_scale", "down_packed", "down_scale")
+    tensors then have exactly the checkpoint's element counts). gemms: the GEMMs whose
+    buffers are replaced (keys of GEMM_BUFFERS; cuda_v4 reads down in the checkpoint
+    layout, so its load step replaces gate / up only)."""
+    bad = [g for g in gemms if g not in GEMM_BUFFERS]
+    if bad or not gemms:
+        raise ValueError(f"gemms: expected a non-empty subset of {tuple(GEMM_BUFFERS)}, got "
+                         f"{gemms!r}")
+    names = (*GEMM_BUFFERS["gate_up"], *GEMM_BUFFERS["down"])
     gp, gs, up, us, dp, ds = (getattr(holder, n) for n in names)
     I, D = gp.shape[1], gp.shape[2] * 8
-    for what, (n, KI, gu) in (("gate_packed", (I, D, True)), ("down_packed", (D, I, False))):
+    shapes = {"gate_up": ("gate_packed", I, D, True), "down": ("down_packed", D, I, False)}
+    for what, n, KI, gu in (shapes[g] for g in gemms):
         NU, C, KP = dims(n, KI, gu)
         rows = NU * (16 if gu else UNIT)
         if KP != KI or rows != n:
             raise ValueError(f"holder.{what}: expected a matrix of {'16' if gu else '32'}-row "
                              f"units over a multiple of {KALIGN} inputs (no padding), got "
                              f"{n} rows x {KI} inputs")
-    for packed, scale, pn, sn in (((gp, up), (gs, us), ("gate_packed", "up_packed"),
-                                   ("gate_scale", "up_scale")),
-                                  ((dp,), (ds,), ("down_packed",), ("down_scale",))):
+    parts = {"gate_up": ((gp, up), (gs, us), ("gate_packed", "up_packed"),
+                         ("gate_scale", "up_scale")),
+             "down": ((dp,), (ds,), ("down_packed",), ("down_scale",))}
+    for packed, scale, pn, sn in (parts[g] for g in GEMM_BUFFERS if g in gemms):
         words, scales = repack(packed, scale)
         views = []
         for src, dst in ((packed, words), (scale, scales)):

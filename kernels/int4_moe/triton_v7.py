@@ -42,6 +42,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import INTERPRET, check_inputs, next_pow2, pdl_launch, pdl_start, route
+from .mma_layout import GATE_UP
 from .triton_v3 import KT, _combine_kernel
 from .triton_v5 import _ablate, _pairs, _permute_kernel, _silu_kernel, _slab
 from .triton_v5 import tiles as _tiles_v5
@@ -269,12 +270,15 @@ def grid_gemm(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
 
 
 def prepare(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
-            tiles_of, router=route_one_program, expected_slots=None):
+            tiles_of, router=route_one_program, expected_slots=None, gate_up: bool = True):
     """What `launch` sets up before its first kernel: the input checks, the knobs
     tiles_of(T, K, E, D, I) | cfg, the TMA descriptors (wd / sd / st: gate, up, down), the
     launch options and the routing (router(topk_ids, E, knobs)). None for T = 0. Shared with
-    v17, whose launches differ after it."""
-    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots)
+    v17, whose launches differ after it. gate_up False: the gate / up experts are not read
+    here (cuda_v4 streams them in CUDA): they may be in the mma layout, and their
+    descriptors are None."""
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots,
+                 mma_ok=False if gate_up else GATE_UP)
     gp, gs, up, us, dp, ds = experts
     T, D = x.shape
     K = topk_ids.shape[1]
@@ -289,7 +293,8 @@ def prepare(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate
     if gs.stride() != us.stride():  # gate and up share one scale offset computation
         raise ValueError(f"experts.up_scale: expected the strides of its gate twin "
                          f"{gs.stride()}, got {us.stride()}")
-    (w1, w2), (s1, s2), st1 = descriptors((gp, up), (gs, us), c["BN"])
+    (w1, w2), (s1, s2), st1 = (descriptors((gp, up), (gs, us), c["BN"]) if gate_up
+                               else ((None, None), (None, None), None))
     (w3,), (s3,), st2 = descriptors((dp,), (ds,), c["BN"])
     run = dict(num_warps=c["warps"], num_stages=c["stages"], maxnreg=c["maxnreg"])
     r = router(topk_ids, E, c)
@@ -340,6 +345,17 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
                                     INTERPRET=INTERPRET, num_warps=2)
     else:
         silu(g, h, r, c, pdl=pdl)
+    return down_combine(p, h, topk_ids, topk_weights, ds, gemm, down_select, dep)
+
+
+def down_combine(p, h: Tensor, topk_ids: Tensor, topk_weights: Tensor, ds: Tensor, gemm,
+                 down_select: bool, dep: dict) -> Tensor:
+    """`launch`'s last two launches on `prepare`'s p: the down GEMM over h [S, 2, Ip] (bf16
+    hi / lo, permuted rows as `_silu_kernel` writes them) and the combine -> [T, D] bf16.
+    Shared with cuda_v4, whose h comes from a CUDA gate/up GEMM."""
+    T, D, K, I, S, Ip, c, dev, common, r, meta = (
+        p.T, p.D, p.K, p.I, p.S, p.Ip, p.c, p.dev, p.common, p.r, p.meta)
+    w3, s3, st2 = p.wd[2], p.sd[2], p.st[1]
     y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
     nt2 = triton.cdiv(D, c["BN"])
     gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,

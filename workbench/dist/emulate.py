@@ -170,13 +170,18 @@ def load_for(kernels, model: DistKimiModel) -> None:
     variant = kernels.get("int4_moe", "") if isinstance(kernels, dict) else ""
     if not str(variant).startswith("cuda_"):
         return
+    import importlib
+
     from workbench.kernels.int4_moe import mma_layout
 
     from .moe import LocalExperts
 
+    # the GEMMs the version reads repacked (cuda_v4: gate / up only; the others: both)
+    gemms = getattr(importlib.import_module(f"workbench.kernels.int4_moe.{variant}"),
+                    "REPACKED", ("gate_up", "down"))
     for m in model.modules():
         if isinstance(m, LocalExperts):
-            mma_layout.replace_with_repacked(m)
+            mma_layout.replace_with_repacked(m, gemms)
 
 
 def rank_model(cfg, layout_name: str, world: int = 8, rank: int = 0, device="cpu",

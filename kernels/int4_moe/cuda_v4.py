@@ -1,0 +1,99 @@
+"""int4_moe cuda_v4: cuda_v2's gate/up GEMM (CUDA mma.sync on repacked weights, the scales on
+the groups' fp32 partials, the SiLU fused) and triton_v34's down GEMM and combine (Triton, the
+checkpoint layout): each GEMM from the version that streams it faster.
+
+Why (H200, session 25 call 5, `--by-kernel`, traces/gpu/session25/call5_int4_xb_T.txt): at
+T 9 / 17 / 33 / 65 on 384 experts cuda_v2's gate/up took 275.6 / 500.8 / 739.6 / 1193.7 µs
+against v34's 292.6 / 528.1 / 793.4 / 1303.0, while v34's down took 151.3 / 275.3 / 418.6 /
+688.4 against cuda_v2's 165.0 / 319.5 / 481.5 / 776.9. The pair of the faster halves is
+expected 4-6 % under v34 from T 9 (the SiLU launch goes too: the CUDA epilogue writes h).
+
+How: v34's router (`triton_v24._router` on v34's tiles: v34's metadata above 8 tokens; at 8 or
+fewer this routes sorted where v34 routes unsorted beside its permute, which cuda_v4 does not
+need: the CUDA GEMM reads x by token). The gate/up GEMM writes h straight into the rows v34's
+down GEMM reads (cuda_v1.cu's HOUT 1: [S, 2, Ip] hi | lo, each 256-input tile permuted as
+`triton_v5._src`), then `triton_v7.down_combine` runs v34's down launch and combine.
+
+Load step: only gate / up are repacked (`mma_layout.replace_with_repacked(holder,
+("gate_up",))`, REPACKED below); down stays in the checkpoint layout.
+
+Numerics: h is cuda_v2's (W = (q - 8) s in fp32 on the partials, h hi + lo as triton_v3's
+split), the down GEMM and combine are v34's bits on that h. Tolerance against the reference.
+GPU only (cupy for the CUDA launch). Knobs: cuda_v1's gate/up keys (KW1, RW1, NN1, U1, PF01,
+PF1, XB1; CU_A_GRID for its expert grid) and v34's keys for the down GEMM (cfg is split by key).
+Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from . import cuda_v1, mma_layout
+from ._common import _require
+from .triton_v7 import down_combine, prepare
+from .triton_v24 import _router as _router_v24
+from .triton_v29 import grid_gemm_idle_last
+from .triton_v34 import tiles as tiles_v34
+
+REPACKED = ("gate_up",)  # the GEMMs whose experts the load step repacks (emulate.load_for)
+CUDA_KEYS = ("KW1", "RW1", "NN1", "U1", "PF01", "PF1", "XB1")  # cfg keys of the CUDA GEMM
+
+
+def h_column(i: int) -> int:
+    """The column of h's input i in triton_v5's permuted row (`_src`'s inverse): where
+    cuda_v1.cu's HOUT 1 epilogue stores it (a CPU mirror, tested against triton_v5)."""
+    ii = i % 256
+    return i - ii + 64 * (ii % 4) + 2 * (ii // 8) + (ii // 4) % 2
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
+    """Shapes only (graph-safe): cuda_v1's gate/up knobs (its expert grid as CU_A_GRID) and
+    v34's tiles for everything else."""
+    cu = cuda_v1.tiles(T, K, E, D, I, slots)
+    return tiles_v34(T, K, E, D, I, slots) | {k: cu[k] for k in CUDA_KEYS} | {
+        "CU_A_GRID": cu["A_GRID"]}
+
+
+def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                  validate: bool | None = None, cfg: dict | None = None,
+                  expected_slots: int | None = None) -> Tensor:
+    """x [T, D] bf16 (CUDA), topk_ids [T, K] int32/int64 (-1: not routed here), topk_weights
+    [T, K] float, experts (Int4Experts: gate / up in the checkpoint layout or repacked in
+    place, down in the checkpoint layout) -> [T, D] bf16: the contract of
+    `workbench.reference.int4_moe.int4_moe`; `validate` see `_common.check_inputs`. cfg:
+    overrides of `tiles`' keys, for sweeps."""
+    _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v4 launches CUDA C++ through cupy)",
+             f"a tensor on {x.device}")
+    p = prepare(x, topk_ids, topk_weights, experts, validate, cfg,
+                functools.partial(tiles, slots=expected_slots), router=_router_v24,
+                expected_slots=expected_slots, gate_up=False)
+    if p is None:
+        return torch.empty(0, x.shape[1], dtype=x.dtype, device=x.device)
+    c, D, I, K = p.c, p.D, p.I, p.K
+    cuda_v1.check_cfg(c, (1,))
+    xq, (w1, s1, NU1, C1) = cuda_v1.operands_gate_up(x, experts, c)
+    # [S, 2, Ip] hi | lo in v34's permuted rows; padding inputs past I must read as zeros
+    alloc = torch.empty if p.Ip == I else torch.zeros
+    h = alloc(p.S, 2, p.Ip, dtype=torch.bfloat16, device=x.device)
+    cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
+                    (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
+                    hout=1)
+    return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
+                        down_select=True, dep={})
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v4's launcher):
+
+        python -m workbench.kernels.int4_moe.cuda_v4 [--ep 8] [--T 9,17,33]
+            [--cfgs "v=34;v=cuda_v2;base"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=34;v=cuda_v2;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
