@@ -384,7 +384,40 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
       }
       __syncthreads();  // red is reused by the next pass
     }
-    if (kw == 0 && unit_ok) {
+    if (kw == 0 && unit_ok && MODE == 0 && HOUT) {
+      // triton_v5's rows: the unit's 16 inputs land as four runs of 4 columns (run j holds
+      // inputs j, j + 4, j + 8, j + 12 of the unit at 64 j + 2 w0 + 0..3). Lane g < 4 takes
+      // lane g + 4's values (lane ^ 16) and stores its run as one 8-byte word, hi and lo: 4
+      // stores of 16 sectors a pair of slots instead of 8 scattered 2-byte stores of 32.
+      // Rows past n_real are the repack's padding (q = 0, scale 0): h = 0 there, stored as is.
+      const int i0 = u * 16, o_run = (i0 & ~255) + 64 * (g & 3) + 2 * ((i0 & 255) >> 3);
+#pragma unroll
+      for (int q = 0; q < NN; ++q)
+#pragma unroll
+        for (int mm = 0; mm < 2; ++mm) {
+          u32 hi2 = 0, lo2 = 0;  // (row g, row g + 8) of slot column 2 t + mm
+#pragma unroll
+          for (int r8 = 0; r8 < 2; ++r8) {
+            const float gt = acc[0][q][2 * r8 + mm], up = acc[1][q][2 * r8 + mm];
+            const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
+            const u16 hi = to_bf16(hv);
+            const u16 lo = to_bf16(hv - from_bf16(hi));
+            hi2 |= (u32)hi << (16 * r8);
+            lo2 |= (u32)lo << (16 * r8);
+          }
+          const u32 ohi = __shfl_xor_sync(0xFFFFFFFFu, hi2, 16);  // lane g + 4's rows
+          const u32 olo = __shfl_xor_sync(0xFFFFFFFFu, lo2, 16);
+          const int col = p0 + q * 8 + 2 * t + mm;  // slot within the expert
+          if (g < 4 && col < cnt) {
+            // run j = g: inputs j (mine, row g), j + 4 (lane g + 4's row), j + 8, j + 12
+            const uint2 vh = make_uint2((hi2 & 0xFFFFu) | (ohi << 16), (hi2 >> 16) | (ohi & 0xFFFF0000u));
+            const uint2 vl = make_uint2((lo2 & 0xFFFFu) | (olo << 16), (lo2 >> 16) | (olo & 0xFFFF0000u));
+            u16* row = (u16*)out_ptr + (size_t)(start + col) * 2 * ldo + o_run;
+            *(uint2*)row = vh;
+            *(uint2*)(row + ldo) = vl;
+          }
+        }
+    } else if (kw == 0 && unit_ok) {
 #pragma unroll
       for (int q = 0; q < NN; ++q)
 #pragma unroll
@@ -399,15 +432,8 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
             const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
             const u16 hi = to_bf16(hv);
             const u16 lo = to_bf16(hv - from_bf16(hi));
-            if (HOUT) {  // triton_v5's row: [hi | lo], each 256-input tile permuted
-              const int ii = i_row & 255;
-              const int o = (i_row & ~255) + 64 * (ii & 3) + 2 * (ii >> 3) + ((ii >> 2) & 1);
-              ((u16*)out_ptr)[(size_t)pos * 2 * ldo + o] = hi;
-              ((u16*)out_ptr)[(size_t)pos * 2 * ldo + ldo + o] = lo;
-            } else {
-              ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;
-              ((u16*)out_lo_ptr)[(size_t)pos * ldo + i_row] = lo;
-            }
+            ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;
+            ((u16*)out_lo_ptr)[(size_t)pos * ldo + i_row] = lo;
           } else {
             const int slot = slots[pos];
 #pragma unroll
