@@ -214,6 +214,32 @@ def test_replace_gate_up_only_leaves_down_to_the_checkpoint_versions():
         L.replace_with_repacked(m2, ("gate",))
 
 
+def test_engine_preset_runs_cuda_v4_where_it_can_and_v34_elsewhere():
+    # why: the engine preset (what the full-size emulation times) takes cuda_v4; a machine
+    # without CUDA or cupy (this CPU box, the demo) gets PORTABLE, BEST, not an error
+    from workbench import ops
+    from workbench.kernels import int4_moe
+
+    assert ops.PRESETS["engine"]["int4_moe"] == int4_moe.ENGINE == "cuda_v4"
+    assert ops.PRESETS["optimized"]["int4_moe"] == int4_moe.BEST
+    runs = ops.op_spec("int4_moe").variant("cuda_v4").unavailable_reason() is None
+    want = "cuda_v4" if runs else int4_moe.PORTABLE
+    assert ops.resolve_selection("engine")["int4_moe"] == want
+
+
+def test_v4_tiles_take_two_n_tiles_where_an_expert_expects_more_than_one():
+    # why: one 8-slot n-tile a pass re-streams an expert's weights per 8 slots (REAL T 512:
+    # 4703 vs v34's 3399 µs); two a pass need 12 warps an SM and two K parts (one spills)
+    from workbench.kernels.int4_moe import cuda_v4
+
+    for T, E, hint, nn in ((1, 384, None, 1), (128, 384, None, 1), (512, 384, None, 2),
+                           (17, 48, 17, 1), (136, 48, 136, 1), (544, 48, 544, 2)):
+        c = cuda_v4.tiles(T, 8, E, 7168, 2048, hint)
+        assert c["NN1"] == nn, (T, hint)
+        assert nn == 1 or (c["KW1"], c["RW1"]) == (2, 2)
+        assert {"BM2", "KS2", "BN"} <= set(c)  # v34's down GEMM and combine knobs
+
+
 def test_v4_h_rows_are_triton_v5s_permutation():
     # why: cuda_v4's gate/up GEMM writes h where triton_v34's down GEMM reads it: input i of a
     # 256-input tile at column 64 (i % 4) + 2 (i // 8 % 32) + (i // 4 % 2) (cuda_v1.cu's HOUT
@@ -340,8 +366,6 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
         for mode in (0, 1):
             n = mode + 1
             picks.add((mode, post, 0, c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]))
-            if post and not mode:  # cuda_v4's gate/up: h into triton_v5's rows (HOUT 1)
-                picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], 2, 1))
     sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
     src = tmp_path / "inst.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
@@ -352,6 +376,31 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
     assert len(spills) == len(picks) and max(spills) <= 16, log  # outside the K loop
     assert "HMMA.16816.F32.BF16" in sass
     for fn in sass.split("Function : ")[1:]:  # each kernel's innermost loop that issues mmas
+        loop = _innermost_mma_loop(fn)
+        assert loop and not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
+def test_v4_gate_up_instances_build_for_sm90_without_local_memory_in_the_k_loop(tmp_path):
+    # why: cuda_v4's gate/up writes h into triton_v5's rows (HOUT 1) and takes two n-tiles a
+    # pass past 8 slots an expert (168 registers); at the instances its rule picks (decode,
+    # the verify, T 512, an EP8 rank) the innermost mma loop keeps off local memory
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v4
+
+    picks = set()
+    for T, E, hint in ((1, 384, None), (17, 384, None), (512, 384, None), (17, 48, 17),
+                       (544, 48, 544)):
+        c = cuda_v4.tiles(T, 8, E, 7168, 2048, hint)
+        picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], c["XB1"], 1))
+    assert any(p[5] == 2 for p in picks)
+    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
+    src = tmp_path / "inst.cu"
+    src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
+        f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
+        for p in sorted(picks)))
+    log, sass = _build_sm90(src)
+    assert "HMMA.16816.F32.BF16" in sass and "SHFL.BFLY" in sass  # the h runs' gather
+    for fn in sass.split("Function : ")[1:]:
         loop = _innermost_mma_loop(fn)
         assert loop and not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
 

@@ -153,6 +153,16 @@ _MOD = "workbench.kernels.int4_moe"
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
 BEST = "triton_v34"
+# the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
+# cuda_v4 from session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
+# 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
+# DDTree-16 29.83 vs 29.89 / 29.85); not BEST: not v34's bits, CUDA + cupy only, and slower
+# than v34 under skewed routing from T 17 on 384 experts (an expert's slots past 8 re-stream
+# its weights: REAL skewed T 33 834 vs 763 µs)
+ENGINE = "cuda_v4"
+# what a preset selects where its version cannot run here (cuda_v4 without CUDA or cupy: the
+# CPU tests, the CPU demo): BEST
+PORTABLE = "triton_v34"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"

@@ -124,10 +124,11 @@ __device__ __forceinline__ uint4 lds(u32 a) {
 //   (this file's down GEMM reads them). 1: triton_v5's [S, 2, ldo] rows (hi, then lo), each
 //   256-input tile permuted as triton_v5's `_src` (input 8 w + j + 4 h of a tile at 64 j +
 //   2 w + h), so triton_v34's down GEMM reads them as its own SiLU wrote them (cuda_v4).
-template <int MODE, int U, int XB = 2>
+template <int MODE, int U, int XB = 2, int NN = 1>
 struct Occupancy {  // the CTAs an SM __launch_bounds__ asks registers for, as warps an SM
+  // (gate/up at NN 2 spills 260 B at 128 registers: 12 warps, as down)
   static constexpr int warps =
-      U >= 3 ? (MODE == 0 || XB == 1 ? 16 : 12) : (MODE == 0 ? 14 : 12);
+      U >= 3 ? ((MODE == 0 && NN == 1) || XB == 1 ? 16 : 12) : (MODE == 0 ? 14 : 12);
 };
 
 struct GemmArgs {  // one GEMM's operands: weights, scales, activations (hi, lo), outputs
@@ -448,7 +449,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
 }
 
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2, int HOUT = 0>
-__global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB>::warps / (KW * RW) > 0 ? Occupancy<MODE, U, XB>::warps / (KW * RW) : 1)
+__global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB, NN>::warps / (KW * RW) > 0 ? Occupancy<MODE, U, XB, NN>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
              int topk, int NU, int C, int ld, int k_real, int n_real, int ldo, int pf0,

@@ -35,6 +35,7 @@ from . import cuda_v1, mma_layout
 from ._common import _require
 from .triton_v7 import down_combine, prepare
 from .triton_v24 import _router as _router_v24
+from .triton_v26 import expected_active
 from .triton_v29 import grid_gemm_idle_last
 from .triton_v34 import tiles as tiles_v34
 
@@ -51,10 +52,17 @@ def h_column(i: int) -> int:
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only (graph-safe): cuda_v1's gate/up knobs (its expert grid as CU_A_GRID) and
-    v34's tiles for everything else."""
+    v34's tiles for everything else. Where an active expert expects more than one 8-slot
+    n-tile (T 512 on 384 experts: ~10.7), two n-tiles a pass (NN1 2: 16 slots a weight
+    stream instead of 8), at 12 warps an SM and two K parts a unit (KW1 2: at one the K loop
+    spills to local memory, sm_90 SASS)."""
     cu = cuda_v1.tiles(T, K, E, D, I, slots)
-    return tiles_v34(T, K, E, D, I, slots) | {k: cu[k] for k in CUDA_KEYS} | {
-        "CU_A_GRID": cu["A_GRID"]}
+    c = {k: cu[k] for k in CUDA_KEYS} | {"CU_A_GRID": cu["A_GRID"]}
+    S = T * K if slots is None else slots
+    pairs = mma_layout.dims(I, D, True)[1] // 2
+    if S > 8 * max(1.0, expected_active(E, S)) and pairs % 2 == 0:
+        c |= {"NN1": 2, "KW1": 2, "RW1": 2}
+    return tiles_v34(T, K, E, D, I, slots) | c
 
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,

@@ -167,10 +167,13 @@ def load_for(kernels, model: DistKimiModel) -> None:
     mma fragment layout, repacked in place (`mma_layout.replace_with_repacked`): a second copy
     of a full-size rank's 71 GB of experts does not fit beside the first. Other selections:
     nothing to do."""
+    import importlib
+
+    if isinstance(kernels, str):  # a preset name ("engine": int4_moe cuda_v4 where it runs)
+        kernels = ops.resolve_selection(kernels)
     variant = kernels.get("int4_moe", "") if isinstance(kernels, dict) else ""
     if not str(variant).startswith("cuda_"):
         return
-    import importlib
 
     from workbench.kernels.int4_moe import mma_layout
 

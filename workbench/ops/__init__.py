@@ -22,6 +22,7 @@ from .registry import (
     op_spec,
     register_op,
     resolve_preset,
+    resolve_selection,
     selected,
     use,
 )
@@ -73,7 +74,7 @@ register_op("ep_combine", "The EP owner's combine: expert outputs back in send o
 __all__ = [
     "PORTABLE", "PRESETS", "REFERENCE", "OpSpec", "UnknownOpError", "Variant",
     "VariantUnavailable", "get", "list_ops", "op_spec", "register_op", "resolve_preset",
-    "selected", "use",
+    "resolve_selection", "selected", "use",
 ]
 
 # optimized variants: each kernel folder registers its numbered versions (lazy imports)

@@ -156,6 +156,14 @@ def _normalize(selection: Mapping[str, str] | str | None) -> dict[str, str]:
     return out
 
 
+def resolve_selection(selection: Mapping[str, str] | str | None) -> dict[str, str]:
+    """A selection as `use` takes it (a preset name, "reference", op -> variant) as the op ->
+    variant mapping it selects on this machine (presets resolved through PORTABLE); unknown
+    names fail as in `use`. For code that acts on the choice before the ops run (the
+    emulation's load step)."""
+    return _normalize(selection)
+
+
 @contextlib.contextmanager
 def use(selection: Mapping[str, str] | str | None = None, /, **kw: str) -> Iterator[dict]:
     """Select variants for the duration of a `with` block: `use(int4_moe="triton_v1")`.
