@@ -2,12 +2,15 @@
 by reason over the whole kernel, and the instructions that hold the most samples.
 
     python3 scripts/ncu_hot.py traces/gpu/session6/ncu_src_tree_mla_v4_sass.csv --top 25
+
+A name ending in .gz is read through gzip (the larger committed pages are compressed).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import sys
 
 
@@ -23,7 +26,8 @@ def main(argv=None) -> int:
     p.add_argument("csv")
     p.add_argument("--top", type=int, default=20)
     a = p.parse_args(argv)
-    with open(a.csv, newline="") as f:
+    opener = gzip.open if a.csv.endswith(".gz") else open
+    with opener(a.csv, "rt", newline="") as f:
         lines = list(csv.reader(f))
     head = next(i for i, r in enumerate(lines) if r and r[0] == "Address")
     cols = lines[head]
