@@ -382,16 +382,17 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
 def test_v4_gate_up_instances_build_for_sm90_without_local_memory_in_the_k_loop(tmp_path):
-    # why: cuda_v4's gate/up writes h into triton_v5's rows (HOUT 1) and takes two n-tiles a
-    # pass past 8 slots an expert (168 registers); at the instances its rule picks (decode,
-    # the verify, T 512, an EP8 rank) the innermost mma loop keeps off local memory
+    # why: cuda_v4's gate/up writes h into triton_v5's rows (HOUT 1), takes (expert, pass)
+    # work items (ITEMS 1) and two n-tiles a pass past 8 slots an expert (168 registers); at
+    # the instances its rule picks (decode, the verify, T 512, an EP8 rank) the innermost mma
+    # loop keeps off local memory
     from workbench.kernels.int4_moe import cuda_v1, cuda_v4
 
     picks = set()
     for T, E, hint in ((1, 384, None), (17, 384, None), (512, 384, None), (17, 48, 17),
                        (544, 48, 544)):
         c = cuda_v4.tiles(T, 8, E, 7168, 2048, hint)
-        picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], c["XB1"], 1))
+        picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], c["XB1"], 1, c["IT1"]))
     assert any(p[5] == 2 for p in picks)
     sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
     src = tmp_path / "inst.cu"
@@ -578,6 +579,47 @@ def test_cuda_graph_replay_equals_eager_gpu(real_experts, version, T):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, fn(x, ids, w, ex))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, skew", [(33, 1.2), (128, 1.2), (512, 0.0)])
+def test_v4_work_items_are_bitwise_by_expert_gpu(real_experts, T, skew):
+    # why: cuda_v4's (expert, pass) work items only move a pass to another CTA column: each
+    # pass computes what it did in its expert's column, so the outputs are the same bits
+    from workbench.kernels.int4_moe import cuda_v4
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K, D = cfg.n_routed_experts, cfg.n_experts_per_tok, cfg.hidden_size
+    r = _Rand(970 + T, "cuda")
+    ids = r.zipf(E, K, T, skew) if skew else r.distinct(E, K, T)
+    x, w = r.normal(T, D), r.uniform(T, K) + 0.05
+    by_item = cuda_v4.int4_moe_cuda(x, ids, w, ex)
+    by_expert = cuda_v4.int4_moe_cuda(x, ids, w, ex, cfg={"IT1": 0})
+    assert not by_item.isnan().any() and torch.equal(by_item, by_expert)
+
+
+@pytest.mark.gpu
+def test_v4_work_items_past_the_shared_counts_gpu():
+    # why: past ITEM_SMEM (512) active experts the CTAs read the counts from global memory;
+    # 640 small experts, 100 tokens: the op still equals the reference and its own by-expert
+    # launch bit for bit
+    from workbench.kernels.int4_moe import cuda_v4
+    from workbench.ops.case import Case
+    from workbench.ops.cases import _Rand
+    from workbench.reference.int4_moe import Int4Experts
+
+    m = _local_experts(640, 256, 256, seed=12).cuda()
+    ex = Int4Experts(m.gate_packed, m.gate_scale, m.up_packed, m.up_scale, m.down_packed,
+                     m.down_scale)
+    r = _Rand(980, "cuda")
+    x, ids, w = r.normal(100, 256), r.distinct(640, 8, 100), r.uniform(100, 8) + 0.05
+    assert ids.unique().numel() > 512
+    out = cuda_v4.int4_moe_cuda(x, ids, w, ex)
+    assert torch.equal(out, cuda_v4.int4_moe_cuda(x, ids, w, ex, cfg={"IT1": 0}))
+    dims = dict(T=100, D=256, I=256, E=640, K=8, E_touched=int(ids.unique().numel()))
+    _check("cuda_v4", [Case("int4_moe", "640 experts", (x, ids, w, ex), dims=dims,
+                            why="counts past ITEM_SMEM from global memory", kind="edge")])
 
 
 @pytest.mark.gpu

@@ -448,20 +448,51 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
   }
 }
 
-template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2, int HOUT = 0>
+// ITEMS 0: CTA column y takes the active experts y, y + G, ..., all of an expert's 8 NN-slot
+//   passes in turn. ITEMS 1 (cuda_v4): the work items are (expert, pass), expert-major, and
+//   column y takes items y, y + G, ...: a hot expert's passes run side by side in
+//   neighbouring columns (the second read of its weights can come from L2) instead of in one
+//   column after another (session 26: skewed routing, REAL T 33 834 vs v34's 763 µs). Every
+//   CTA walks the counts once from shared memory (up to ITEM_SMEM experts; past them from
+//   global memory).
+constexpr int ITEM_SMEM = 512;
+
+template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2, int HOUT = 0,
+          int ITEMS = 0>
 __global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB, NN>::warps / (KW * RW) > 0 ? Occupancy<MODE, U, XB, NN>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
              int topk, int NU, int C, int ld, int k_real, int n_real, int ldo, int pf0,
              int pf) {
   __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
+  __shared__ int s_cnt[ITEMS ? ITEM_SMEM : 1];
   extern __shared__ uint4 dsm[];  // U >= 3: [warp][stage][6 words][32 lanes]
   const GemmArgs A{w_ptr, s_ptr, act_ptr, act_lo_ptr, out_ptr, out_lo_ptr, NU, C, ld, k_real,
                    n_real, ldo, pf0, pf};
   const int n_act = *(const int*)n_act_ptr;
-  for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
-    unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
-        A, (const int*)slots_ptr, topk, ((const int*)act_e_ptr)[a],
-        ((const int*)act_start_ptr)[a], ((const int*)act_cnt_ptr)[a], blockIdx.x, red, dsm,
-        [] {});
+  const int *act_e = (const int*)act_e_ptr, *act_start = (const int*)act_start_ptr;
+  const int* act_cnt = (const int*)act_cnt_ptr;
+  if (!ITEMS) {
+    for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
+      unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
+          A, (const int*)slots_ptr, topk, act_e[a], act_start[a], act_cnt[a], blockIdx.x, red,
+          dsm, [] {});
+    return;
+  }
+  for (int a = threadIdx.x; a < min(n_act, ITEM_SMEM); a += blockDim.x) s_cnt[a] = act_cnt[a];
+  __syncthreads();
+  constexpr int P = 8 * NN;  // slots a pass
+  const int G = gridDim.y, y = blockIdx.y;
+  int i = 0;  // items of the experts before a
+  for (int a = 0; a < n_act; ++a) {  // CTA-uniform: every thread walks the same counts
+    const int cnt = a < ITEM_SMEM ? s_cnt[a] : act_cnt[a];
+    const int np = (cnt + P - 1) / P;
+    for (int j = i + ((y - i) % G + G) % G; j < i + np; j += G) {
+      const int p0 = (j - i) * P;
+      unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
+          A, (const int*)slots_ptr, topk, act_e[a], act_start[a] + p0, min(P, cnt - p0),
+          blockIdx.x, red, dsm, [] {});
+    }
+    i += np;
+  }
 }

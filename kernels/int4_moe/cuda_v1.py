@@ -90,8 +90,8 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 @functools.cache
 def _kernel(*targs: int):
-    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U, XB[, HOUT]> (NVRTC
-    through cupy, cached)."""
+    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U, XB[, HOUT[, ITEMS]]>
+    (NVRTC through cupy, cached)."""
     import cupy
 
     name = f"int4_moe_mma<{', '.join(map(str, targs))}>"
@@ -104,15 +104,16 @@ _SMEM_SET: dict = {}  # id(compiled kernel) -> the dynamic shared memory it was 
 
 
 def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
-            hout: int = 0) -> None:
-    """One GEMM launch (mode 0 gate/up, 1 down) on cfg c's knobs; hout: cuda_v1.cu's HOUT
-    (1: h in triton_v5's rows, for cuda_v4)."""
+            hout: int = 0, items: int = 0) -> None:
+    """One GEMM launch (mode 0 gate/up, 1 down) on cfg c's knobs; hout, items: cuda_v1.cu's
+    HOUT (1: h in triton_v5's rows) and ITEMS (1: (expert, pass) work items), for cuda_v4."""
     import cupy
     import numpy as np
 
     n = mode + 1
     kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
-    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"], *((hout,) if hout else ()))
+    extra = (hout, items) if items else (hout,) if hout else ()  # cuda_v1 / v2: 8 arguments
+    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"], *extra)
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     smem = kw * rw * u * 6 * 32 * 16 if u >= 3 else 0  # the ring: [warp][stage][6][32] uint4

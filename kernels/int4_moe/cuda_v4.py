@@ -40,7 +40,8 @@ from .triton_v29 import grid_gemm_idle_last
 from .triton_v34 import tiles as tiles_v34
 
 REPACKED = ("gate_up",)  # the GEMMs whose experts the load step repacks (emulate.load_for)
-CUDA_KEYS = ("KW1", "RW1", "NN1", "U1", "PF01", "PF1", "XB1")  # cfg keys of the CUDA GEMM
+# cfg keys of the CUDA GEMM (IT1: cuda_v1.cu's ITEMS, (expert, pass) work items; 0: by expert)
+CUDA_KEYS = ("KW1", "RW1", "NN1", "U1", "PF01", "PF1", "XB1", "IT1")
 
 
 def h_column(i: int) -> int:
@@ -57,7 +58,7 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     stream instead of 8), at 12 warps an SM and two K parts a unit (KW1 2: at one the K loop
     spills to local memory, sm_90 SASS)."""
     cu = cuda_v1.tiles(T, K, E, D, I, slots)
-    c = {k: cu[k] for k in CUDA_KEYS} | {"CU_A_GRID": cu["A_GRID"]}
+    c = {k: cu[k] for k in CUDA_KEYS if k in cu} | {"CU_A_GRID": cu["A_GRID"], "IT1": 1}
     S = T * K if slots is None else slots
     pairs = mma_layout.dims(I, D, True)[1] // 2
     if S > 8 * max(1.0, expected_active(E, S)) and pairs % 2 == 0:
@@ -82,13 +83,14 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
         return torch.empty(0, x.shape[1], dtype=x.dtype, device=x.device)
     c, D, I, K = p.c, p.D, p.I, p.K
     cuda_v1.check_cfg(c, (1,))
+    _require(c["IT1"] in (0, 1), "cfg", "IT1 in (0, 1)", c["IT1"])
     xq, (w1, s1, NU1, C1) = cuda_v1.operands_gate_up(x, experts, c)
     # [S, 2, Ip] hi | lo in v34's permuted rows; padding inputs past I must read as zeros
     alloc = torch.empty if p.Ip == I else torch.zeros
     h = alloc(p.S, 2, p.Ip, dtype=torch.bfloat16, device=x.device)
     cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
                     (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
-                    hout=1)
+                    hout=1, items=c["IT1"])
     return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
                         down_select=True, dep={})
 
