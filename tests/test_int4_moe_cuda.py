@@ -392,7 +392,8 @@ def test_v4_gate_up_instances_build_for_sm90_without_local_memory_in_the_k_loop(
     for T, E, hint in ((1, 384, None), (17, 384, None), (512, 384, None), (17, 48, 17),
                        (544, 48, 544)):
         c = cuda_v4.tiles(T, 8, E, 7168, 2048, hint)
-        picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], c["XB1"], 1, c["IT1"]))
+        for items in (0, 1):  # the default launch and the work-item knob (IT1 1)
+            picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], c["XB1"], 1, items))
     assert any(p[5] == 2 for p in picks)
     sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
     src = tmp_path / "inst.cu"
@@ -584,8 +585,9 @@ def test_cuda_graph_replay_equals_eager_gpu(real_experts, version, T):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T, skew", [(33, 1.2), (128, 1.2), (512, 0.0)])
 def test_v4_work_items_are_bitwise_by_expert_gpu(real_experts, T, skew):
-    # why: cuda_v4's (expert, pass) work items only move a pass to another CTA column: each
-    # pass computes what it did in its expert's column, so the outputs are the same bits
+    # why: cuda_v4's (expert, pass) work items (knob IT1, off by default: slower) only move a
+    # pass to another CTA column: each pass computes what it did in its expert's column, so
+    # the outputs are the same bits
     from workbench.kernels.int4_moe import cuda_v4
     from workbench.ops.cases import _Rand
 
@@ -594,16 +596,16 @@ def test_v4_work_items_are_bitwise_by_expert_gpu(real_experts, T, skew):
     r = _Rand(970 + T, "cuda")
     ids = r.zipf(E, K, T, skew) if skew else r.distinct(E, K, T)
     x, w = r.normal(T, D), r.uniform(T, K) + 0.05
-    by_item = cuda_v4.int4_moe_cuda(x, ids, w, ex)
-    by_expert = cuda_v4.int4_moe_cuda(x, ids, w, ex, cfg={"IT1": 0})
+    by_item = cuda_v4.int4_moe_cuda(x, ids, w, ex, cfg={"IT1": 1})
+    by_expert = cuda_v4.int4_moe_cuda(x, ids, w, ex)
     assert not by_item.isnan().any() and torch.equal(by_item, by_expert)
 
 
 @pytest.mark.gpu
 def test_v4_work_items_past_the_shared_counts_gpu():
     # why: past ITEM_SMEM (512) active experts the CTAs read the counts from global memory;
-    # 640 small experts, 100 tokens: the op still equals the reference and its own by-expert
-    # launch bit for bit
+    # 640 small experts, 200 tokens (~587 active): the work items (IT1 1) give the by-expert
+    # launch's bits, which equal the reference
     from workbench.kernels.int4_moe import cuda_v4
     from workbench.ops.case import Case
     from workbench.ops.cases import _Rand
@@ -613,11 +615,11 @@ def test_v4_work_items_past_the_shared_counts_gpu():
     ex = Int4Experts(m.gate_packed, m.gate_scale, m.up_packed, m.up_scale, m.down_packed,
                      m.down_scale)
     r = _Rand(980, "cuda")
-    x, ids, w = r.normal(100, 256), r.distinct(640, 8, 100), r.uniform(100, 8) + 0.05
+    x, ids, w = r.normal(200, 256), r.distinct(640, 8, 200), r.uniform(200, 8) + 0.05
     assert ids.unique().numel() > 512
-    out = cuda_v4.int4_moe_cuda(x, ids, w, ex)
+    out = cuda_v4.int4_moe_cuda(x, ids, w, ex, cfg={"IT1": 1})
     assert torch.equal(out, cuda_v4.int4_moe_cuda(x, ids, w, ex, cfg={"IT1": 0}))
-    dims = dict(T=100, D=256, I=256, E=640, K=8, E_touched=int(ids.unique().numel()))
+    dims = dict(T=200, D=256, I=256, E=640, K=8, E_touched=int(ids.unique().numel()))
     _check("cuda_v4", [Case("int4_moe", "640 experts", (x, ids, w, ex), dims=dims,
                             why="counts past ITEM_SMEM from global memory", kind="edge")])
 
