@@ -121,7 +121,9 @@ Versions (README.md has the design and the version log), each with the contract 
                a measured negative, not BEST)
     cuda_v4    cuda_v2's gate/up GEMM (h written into triton_v5's permuted rows) with
                triton_v34's down GEMM and combine: each GEMM from the version that streams it
-               faster (session 25 by kernel); the load step repacks gate / up only
+               faster; the load step repacks gate / up only (H200, session 26: the EP8 step
+               C 1 AR 5.25 vs 5.45 ms, C 1 DDTree-16 14.02 vs 14.26; REAL uniform T 1-128 at
+               or under v34, skewed T >= 17 and T 512 slower: not BEST, the engine preset's)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.

@@ -454,7 +454,9 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
 //   neighbouring columns (the second read of its weights can come from L2) instead of in one
 //   column after another (session 26: skewed routing, REAL T 33 834 vs v34's 763 µs). Every
 //   CTA walks the counts once from shared memory (up to ITEM_SMEM experts; past them from
-//   global memory).
+//   global memory). Measured slower everywhere (session 26 call 4: uniform T 33 1868 vs
+//   1374 µs, skewed T 33 974 vs 727): the grid's ~10^4 short CTAs each walk every count.
+//   A knob (cuda_v4's IT1), off; an item list built once by the router is the untried form.
 constexpr int ITEM_SMEM = 512;
 
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2, int HOUT = 0,

@@ -17,10 +17,20 @@ down GEMM reads (cuda_v1.cu's HOUT 1: [S, 2, Ip] hi | lo, each 256-input tile pe
 Load step: only gate / up are repacked (`mma_layout.replace_with_repacked(holder,
 ("gate_up",))`, REPACKED below); down stays in the checkpoint layout.
 
+Measured (H200, session 26, traces/gpu/session26/README.md): the full-size EP8 step, kernel
+ms, ABA against v34 in the same call: C 1 AR 5.244 / 5.255 vs 5.453, C 1 DDTree-16 14.02 /
+14.01 vs 14.26, C 8 AR 9.01 / 9.01 vs 9.15, C 8 DDTree-16 29.67 / 29.64 vs 29.65: the engine
+preset's int4_moe from session 26. The REAL bench is mixed: faster than v34 at uniform T 1-128
+in calls 2-3 (T 17 791-818 vs 824-832 µs), slower at T 512 and under skewed routing from T 17
+(an expert's slots past 8 re-stream its weights: skewed T 33 802-834 vs 763; two n-tiles a
+pass past 8 expected slots, NN1 2, took T 512 from 4916 to 4021-4094 µs, v34 2988-3424).
+Not BEST.
+
 Numerics: h is cuda_v2's (W = (q - 8) s in fp32 on the partials, h hi + lo as triton_v3's
 split), the down GEMM and combine are v34's bits on that h. Tolerance against the reference.
-GPU only (cupy for the CUDA launch). Knobs: cuda_v1's gate/up keys (KW1, RW1, NN1, U1, PF01,
-PF1, XB1; CU_A_GRID for its expert grid) and v34's keys for the down GEMM (cfg is split by key).
+GPU only (cupy for the CUDA launch). Knobs (one cfg dict): cuda_v1's gate/up keys (KW1, RW1,
+NN1, U1, PF01, PF1, XB1; CU_A_GRID its expert grid; IT1 cuda_v1.cu's ITEMS, off: slower, see
+`tiles`) and v34's keys for the down GEMM and combine (A_GRID its grid).
 Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
 """
 
