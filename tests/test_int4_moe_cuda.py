@@ -366,18 +366,11 @@ def test_kernels_build_for_sm90_without_spills(tmp_path, post):
         for mode in (0, 1):
             n = mode + 1
             picks.add((mode, post, 0, c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]))
-    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
-    src = tmp_path / "inst.cu"
-    src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
-        f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
-        for p in sorted(picks)))
-    log, sass = _build_sm90(src)
+    log, sass = _build_mma_instances(tmp_path, picks)
     spills = [int(b) for b in re.findall(r"(\d+) bytes spill stores", log)]
     assert len(spills) == len(picks) and max(spills) <= 16, log  # outside the K loop
     assert "HMMA.16816.F32.BF16" in sass
-    for fn in sass.split("Function : ")[1:]:  # each kernel's innermost loop that issues mmas
-        loop = _innermost_mma_loop(fn)
-        assert loop and not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
+    _assert_mma_loops_off_local_memory(sass)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
@@ -386,7 +379,7 @@ def test_v4_gate_up_instances_build_for_sm90_without_local_memory_in_the_k_loop(
     # work items (ITEMS 1) and two n-tiles a pass past 8 slots an expert (168 registers); at
     # the instances its rule picks (decode, the verify, T 512, an EP8 rank) the innermost mma
     # loop keeps off local memory
-    from workbench.kernels.int4_moe import cuda_v1, cuda_v4
+    from workbench.kernels.int4_moe import cuda_v4
 
     picks = set()
     for T, E, hint in ((1, 384, None), (17, 384, None), (512, 384, None), (17, 48, 17),
@@ -395,16 +388,9 @@ def test_v4_gate_up_instances_build_for_sm90_without_local_memory_in_the_k_loop(
         for items in (0, 1):  # the default launch and the work-item knob (IT1 1)
             picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], c["XB1"], 1, items))
     assert any(p[5] == 2 for p in picks)
-    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
-    src = tmp_path / "inst.cu"
-    src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
-        f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
-        for p in sorted(picks)))
-    log, sass = _build_sm90(src)
+    log, sass = _build_mma_instances(tmp_path, picks)
     assert "HMMA.16816.F32.BF16" in sass and "SHFL.BFLY" in sass  # the h runs' gather
-    for fn in sass.split("Function : ")[1:]:
-        loop = _innermost_mma_loop(fn)
-        assert loop and not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
+    _assert_mma_loops_off_local_memory(sass)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
@@ -432,6 +418,24 @@ def test_v3_fused_kernel_builds_for_sm90_without_spills_in_its_k_loops(tmp_path)
         assert len(loops) >= 2, fn[:80]  # gate/up's and down's innermost K loops
         for loop in sorted(loops, key=len)[:2]:
             assert not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
+
+
+def _build_mma_instances(tmp_path, picks) -> tuple[str, str]:
+    """(ptxas log, SASS) of cuda_v1.cu's int4_moe_mma at the template argument tuples picks."""
+    from workbench.kernels.int4_moe import cuda_v1
+
+    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
+    src = tmp_path / "inst.cu"
+    src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
+        f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
+        for p in sorted(picks)))
+    return _build_sm90(src)
+
+
+def _assert_mma_loops_off_local_memory(sass: str) -> None:
+    for fn in sass.split("Function : ")[1:]:  # each kernel's innermost loop that issues mmas
+        loop = _innermost_mma_loop(fn)
+        assert loop and not any(("LDL" in i or "STL" in i) for i in loop), fn[:80]
 
 
 def _build_sm90(src) -> tuple[str, str]:

@@ -323,9 +323,9 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
                 expected_slots)
     if p is None:
         return torch.empty(0, x.shape[1], dtype=x.dtype, device=x.device)
-    T, D, K, I, S, Dp, Ip, c, dev, common, r, meta = (
-        p.T, p.D, p.K, p.I, p.S, p.Dp, p.Ip, p.c, p.dev, p.common, p.r, p.meta)
-    (w1, w2, w3), (s1, s2, s3), (st1, st2) = p.wd, p.sd, p.st
+    T, D, I, S, Dp, Ip, c, dev, common, r, meta = (
+        p.T, p.D, p.I, p.S, p.Dp, p.Ip, p.c, p.dev, p.common, p.r, p.meta)
+    (w1, w2, _), (s1, s2, _), (st1, _) = p.wd, p.sd, p.st  # down's: `down_combine`
     gs, us, ds = experts[1], experts[3], experts[5]
     dep = pdl_launch(pdl)  # {} without PDL: the launches (and kernels) of v7-v13
     xp = r.xp  # [T, Dp] permuted x: the router's launch wrote it (v27), or the permute does
