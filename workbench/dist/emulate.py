@@ -165,8 +165,10 @@ def fill_direct(model: DistKimiModel, seed: int = 0, logit_scale: float = 10.0) 
 def load_for(kernels, model: DistKimiModel) -> None:
     """The load step the selected int4_moe needs: the CUDA versions read the experts in the
     mma fragment layout, repacked in place (`mma_layout.replace_with_repacked`): a second copy
-    of a full-size rank's 71 GB of experts does not fit beside the first. Other selections:
-    nothing to do."""
+    of a full-size rank's 71 GB of experts does not fit beside the first; each version's
+    `REPACKED` names the GEMMs it reads that way (cuda_v4: gate / up). kernels: a selection as
+    `ops.use` takes it (a preset name is resolved for this machine: "engine" selects cuda_v4
+    where CUDA and cupy are). Other selections: nothing to do."""
     import importlib
 
     if isinstance(kernels, str):  # a preset name ("engine": int4_moe cuda_v4 where it runs)
