@@ -1,4 +1,4 @@
-"""int4_moe cuda_v1 / cuda_v2 / cuda_v3 / cuda_v4 (hand-written CUDA through cupy): the fragment
+"""int4_moe cuda_v1 ... cuda_v5 (hand-written CUDA through cupy): the fragment
 layout and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build,
 and on the H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
 NaN-poisons the outputs)."""
@@ -16,7 +16,7 @@ from workbench.kernels.int4_moe import mma_layout as L
 from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
 from workbench.reference.int4_moe import int4_moe
 
-CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4")
+CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5")
 
 
 def _mats(E, N, KI, n, seed):
@@ -214,16 +214,16 @@ def test_replace_gate_up_only_leaves_down_to_the_checkpoint_versions():
         L.replace_with_repacked(m2, ("gate",))
 
 
-def test_engine_preset_runs_cuda_v4_where_it_can_and_v34_elsewhere():
-    # why: the engine preset (what the full-size emulation times) takes cuda_v4; a machine
+def test_engine_preset_runs_cuda_v5_where_it_can_and_v34_elsewhere():
+    # why: the engine preset (what the full-size emulation times) takes cuda_v5; a machine
     # without CUDA or cupy (this CPU box, the demo) gets PORTABLE, BEST, not an error
     from workbench import ops
     from workbench.kernels import int4_moe
 
-    assert ops.PRESETS["engine"]["int4_moe"] == int4_moe.ENGINE == "cuda_v4"
+    assert ops.PRESETS["engine"]["int4_moe"] == int4_moe.ENGINE == "cuda_v5"
     assert ops.PRESETS["optimized"]["int4_moe"] == int4_moe.BEST
-    runs = ops.op_spec("int4_moe").variant("cuda_v4").unavailable_reason() is None
-    want = "cuda_v4" if runs else int4_moe.PORTABLE
+    runs = ops.op_spec("int4_moe").variant("cuda_v5").unavailable_reason() is None
+    want = "cuda_v5" if runs else int4_moe.PORTABLE
     assert ops.resolve_selection("engine")["int4_moe"] == want
 
 
@@ -238,6 +238,26 @@ def test_v4_tiles_take_two_n_tiles_where_an_expert_expects_more_than_one():
         assert c["NN1"] == nn, (T, hint)
         assert nn == 1 or (c["KW1"], c["RW1"]) == (2, 2)
         assert {"BM2", "KS2", "BN"} <= set(c)  # v34's down GEMM and combine knobs
+
+
+def test_v5_tiles_fill_one_wave_only_without_a_hint():
+    # why: at 128 registers 16 warps an SM are resident, so cuda_v1's ~24-an-SM K parts make
+    # T 1 / 2 on 384 experts 1.5-2 waves (H200: T 1 gate/up 42 vs 38 µs at one wave); an EP
+    # rank's active experts vary by draw, so hinted calls keep cuda_v4's tiles (and bits)
+    from workbench.kernels.int4_moe import cuda_v4, cuda_v5, mma_layout
+
+    NU = mma_layout.dims(2048, 7168, True)[0]
+    for T, kw in ((1, 2), (2, 1)):
+        c = cuda_v5.tiles(T, 8, 384, 7168, 2048)
+        assert (c["KW1"], c["RW1"]) == (kw, 4 // kw), T
+        assert NU * kw * cuda_v5.expected_active(384, 8 * T) <= cuda_v5.WAVE_WARPS
+        assert c == cuda_v4.tiles(T, 8, 384, 7168, 2048) | {"KW1": kw, "RW1": 4 // kw}
+    for T, E, hint in ((3, 384, None), (9, 384, None), (512, 384, None), (1, 48, 1),
+                       (8, 48, 8), (17, 48, 17), (136, 48, 136)):
+        assert cuda_v5.tiles(T, 8, E, 7168, 2048, hint) == cuda_v4.tiles(T, 8, E, 7168, 2048,
+                                                                          hint), (T, hint)
+    assert cuda_v5.one_wave_parts(NU, 56, 40.0, 8) is None  # one part past a wave
+    assert cuda_v5.REPACKED == cuda_v4.REPACKED  # the load step repacks what cuda_v4 reads
 
 
 def test_v4_h_rows_are_triton_v5s_permutation():
@@ -342,12 +362,12 @@ def test_operands_are_the_repacked_experts():
 
 def test_cuda_versions_refuse_cpu_tensors():
     # why: a CPU tensor gets an error naming x, not a cupy failure inside a launch
-    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3, cuda_v4
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5
 
     (p, s), = _mats(2, 32, 64, 1, seed=1)
     ex = (p, s, p, s, p[:, :, :4].repeat(1, 2, 1).contiguous(), s[:, :, :1].repeat(1, 2, 1))
     x, ids, w = torch.randn(1, 64).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
-    for mod in (cuda_v1, cuda_v2, cuda_v3, cuda_v4):
+    for mod in (cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5):
         with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
             mod.int4_moe_cuda(x, ids, w, ex)
 
@@ -584,6 +604,26 @@ def test_cuda_graph_replay_equals_eager_gpu(real_experts, version, T):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, fn(x, ids, w, ex))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, hint", [(3, None), (33, None), (1, 1), (17, 17), (136, 136)])
+def test_v5_is_v4_wherever_its_tiles_are_gpu(real_experts, T, hint):
+    # why: cuda_v5 changes the gate/up K parts of unhinted T 1 / 2 only; everywhere else (the
+    # EP8 step's hinted calls, T >= 3) it must be cuda_v4's launches, so cuda_v4's bits
+    from workbench.kernels.int4_moe import cuda_v4, cuda_v5
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(900 + T, "cuda")
+    ids = r.distinct(E, K, T)
+    if hint is not None:  # one EP8 rank: 48 experts, -1 elsewhere
+        ids = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        ex = type(ex)(*(t[:48] for t in ex))
+    x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+    a = cuda_v5.int4_moe_cuda(x, ids, w, ex, expected_slots=hint)
+    assert torch.equal(a, cuda_v4.int4_moe_cuda(x, ids, w, ex, expected_slots=hint))
 
 
 @pytest.mark.gpu

@@ -123,7 +123,12 @@ Versions (README.md has the design and the version log), each with the contract 
                triton_v34's down GEMM and combine: each GEMM from the version that streams it
                faster; the load step repacks gate / up only (H200, session 26: the EP8 step
                C 1 AR 5.25 vs 5.45 ms, C 1 DDTree-16 14.02 vs 14.26; REAL uniform T 1-128 at
-               or under v34, skewed T >= 17 and T 512 slower: not BEST, the engine preset's)
+               or under v34, skewed T >= 17 and T 512 slower: not BEST, the engine preset's
+               in session 26)
+    cuda_v5    cuda_v4 with the gate/up K parts of one wave (16 warps an SM at 128 registers)
+               where a call has no EP hint and one part fits (T 1 / 2 on 384 experts; H200,
+               session 27: T 1 71.3-72.8 vs 75.3-76.3 µs, T 2 124.6 vs 127.1); cuda_v4's
+               tiles and bits on every hinted call (the EP8 step): the engine preset's
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -156,13 +161,15 @@ _MOD = "workbench.kernels.int4_moe"
 # step against v22's three, 300 µs); v22 before it (session 18)
 BEST = "triton_v34"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
-# cuda_v4 from session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
+# cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
 # DDTree-16 29.83 vs 29.89 / 29.85); not BEST: not v34's bits, CUDA + cupy only, and slower
 # than v34 under skewed routing from T 17 on 384 experts (an expert's slots past 8 re-stream
 # its weights: REAL skewed T 33 834 vs 763 µs)
-ENGINE = "cuda_v4"
-# what a preset selects where its version cannot run here (cuda_v4 without CUDA or cupy: the
+# cuda_v5 from session 27: cuda_v4's kernels and bits on every hinted call (the EP8 step's), one
+# wave of gate/up K parts on unhinted decode (H200: T 1 on 384 experts 71.3-72.8 vs 75.3-76.3 µs)
+ENGINE = "cuda_v5"
+# what a preset selects where its version cannot run here (cuda_v5 without CUDA or cupy: the
 # CPU tests, the CPU demo): BEST
 PORTABLE = "triton_v34"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
@@ -171,7 +178,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4, 5)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -188,6 +195,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v4"): ("cuda_v2's gate/up GEMM (SiLU fused, h in triton_v5's permuted "
                               "rows) with triton_v34's down GEMM and combine; gate / up "
                               "repacked, down in the checkpoint layout", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v5"): ("cuda_v4 with the gate/up GEMM's K parts of one wave where a call "
+                              "has no EP hint (T 1 / 2 on 384 experts); cuda_v4's tiles and "
+                              "bits on hinted calls", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -80,16 +80,17 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None) -> Tensor:
+                  expected_slots: int | None = None, tiles_for=None) -> Tensor:
     """x [T, D] bf16 (CUDA), topk_ids [T, K] int32/int64 (-1: not routed here), topk_weights
     [T, K] float, experts (Int4Experts: gate / up in the checkpoint layout or repacked in
     place, down in the checkpoint layout) -> [T, D] bf16: the contract of
     `workbench.reference.int4_moe.int4_moe`; `validate` see `_common.check_inputs`. cfg:
-    overrides of `tiles`' keys, for sweeps."""
+    overrides of `tiles`' keys, for sweeps; tiles_for: another version's tile rule (cuda_v5),
+    with `tiles`' signature."""
     _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v4 launches CUDA C++ through cupy)",
              f"a tensor on {x.device}")
     p = prepare(x, topk_ids, topk_weights, experts, validate, cfg,
-                functools.partial(tiles, slots=expected_slots), router=_router_v24,
+                functools.partial(tiles_for or tiles, slots=expected_slots), router=_router_v24,
                 expected_slots=expected_slots, gate_up=False)
     if p is None:
         return torch.empty(0, x.shape[1], dtype=x.dtype, device=x.device)

@@ -166,12 +166,12 @@ def load_for(kernels, model: DistKimiModel) -> None:
     """The load step the selected int4_moe needs: the CUDA versions read the experts in the
     mma fragment layout, repacked in place (`mma_layout.replace_with_repacked`): a second copy
     of a full-size rank's 71 GB of experts does not fit beside the first; each version's
-    `REPACKED` names the GEMMs it reads that way (cuda_v4: gate / up). kernels: a selection as
-    `ops.use` takes it (a preset name is resolved for this machine: "engine" selects cuda_v4
-    where CUDA and cupy are). Other selections: nothing to do."""
+    `REPACKED` names the GEMMs it reads that way (cuda_v4 / cuda_v5: gate / up). kernels: a
+    selection as `ops.use` takes it (a preset name is resolved for this machine: "engine"
+    selects cuda_v5 where CUDA and cupy are). Other selections: nothing to do."""
     import importlib
 
-    if isinstance(kernels, str):  # a preset name ("engine": int4_moe cuda_v4 where it runs)
+    if isinstance(kernels, str):  # a preset name ("engine": int4_moe cuda_v5 where it runs)
         kernels = ops.resolve_selection(kernels)
     variant = kernels.get("int4_moe", "") if isinstance(kernels, dict) else ""
     if not str(variant).startswith("cuda_"):
@@ -181,7 +181,7 @@ def load_for(kernels, model: DistKimiModel) -> None:
 
     from .moe import LocalExperts
 
-    # the GEMMs the version reads repacked (cuda_v4: gate / up only; the others: both)
+    # the GEMMs the version reads repacked (cuda_v4 / v5: gate / up only; the others: both)
     gemms = getattr(importlib.import_module(f"workbench.kernels.int4_moe.{variant}"),
                     "REPACKED", ("gate_up", "down"))
     for m in model.modules():
