@@ -16,6 +16,11 @@ varies from draw to draw around its expectation, and the one-wave pick lost ther
 75.7 on another draw in call 1), so hinted calls keep cuda_v4's tiles. Where even one K part
 is more than a wave (T >= 3 on 384 experts) the tiles are cuda_v4's too.
 
+Measured (call 3): GPU tests 26 passed (cuda_v4's bits at T 3 / 33 and hints 1 / 17 / 136);
+in-process A/B against cuda_v4, 3 rounds, T 1 73.5 vs 77.2 µs, T 2 126.3 vs 131.0; REAL bench T
+1 73.7 uniform / 72.7 skewed (cuda_v4 77.4 / 76.8, Humming 91.1 / 91.0); the EP8 step as
+cuda_v4's (C 1 AR 5.270 ms, C 1 DDTree-16 14.03). The engine preset's int4_moe from session 27.
+
 Everything else is cuda_v4's: the same kernels, instances and numerics (a different K
 association of gate/up at T 1 / 2: tolerance against the reference, as cuda_v4).
 Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
