@@ -1,4 +1,4 @@
-"""int4_moe cuda_v1 ... cuda_v5 (hand-written CUDA through cupy): the fragment
+"""int4_moe cuda_v1 ... cuda_v6 (hand-written CUDA through cupy): the fragment
 layout and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build,
 and on the H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
 NaN-poisons the outputs)."""
@@ -16,7 +16,7 @@ from workbench.kernels.int4_moe import mma_layout as L
 from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
 from workbench.reference.int4_moe import int4_moe
 
-CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5")
+CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda_v6")
 
 
 def _mats(E, N, KI, n, seed):
@@ -260,6 +260,27 @@ def test_v5_tiles_fill_one_wave_only_without_a_hint():
     assert cuda_v5.REPACKED == cuda_v4.REPACKED  # the load step repacks what cuda_v4 reads
 
 
+def test_v6_asks_l2_for_down_weights_only_where_few_experts_are_active():
+    # why: the prefetch pays only while the gate/up stream leaves DRAM idle and the down
+    # blocks fit L2 beside it: an EP8 rank's decode (hints 1-2), not T 1 on 384 experts (66 MB)
+    from workbench.kernels.int4_moe import cuda_v4, cuda_v5, cuda_v6
+    from workbench.reference.int4_moe import Int4Experts
+
+    for T, E, hint, on in ((1, 48, 1, 1), (2, 48, 2, 1), (4, 48, 4, 0), (17, 48, 17, 0),
+                           (1, 384, None, 0), (9, 384, None, 0)):
+        c = cuda_v6.tiles(T, 8, E, 7168, 2048, hint)
+        assert c == cuda_v5.tiles(T, 8, E, 7168, 2048, hint) | {"L2D": on}, (T, hint)
+    assert cuda_v6.down_bytes(7168, 2048) == 7168 * 1024 + 7168 * 64 * 2
+    (p, s), = _mats(3, 64, 128, 1, seed=2)
+    ex = Int4Experts(p, s, p, s, p, s)
+    w, sc, wb, sb = cuda_v4.l2_blocks(ex)
+    assert (w.data_ptr(), sc.data_ptr(), wb, sb) == (p.data_ptr(), s.data_ptr(), 64 * 16 * 4,
+                                                     64 * 4 * 2)
+    strided = Int4Experts(p, s, p, s, p[:, ::2], s[:, ::2])
+    with pytest.raises(ValueError, match="experts: expected contiguous 16-byte aligned down"):
+        cuda_v4.l2_blocks(strided)
+
+
 def test_v4_h_rows_are_triton_v5s_permutation():
     # why: cuda_v4's gate/up GEMM writes h where triton_v34's down GEMM reads it: input i of a
     # 256-input tile at column 64 (i % 4) + 2 (i // 8 % 32) + (i // 4 % 2) (cuda_v1.cu's HOUT
@@ -362,12 +383,12 @@ def test_operands_are_the_repacked_experts():
 
 def test_cuda_versions_refuse_cpu_tensors():
     # why: a CPU tensor gets an error naming x, not a cupy failure inside a launch
-    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5, cuda_v6
 
     (p, s), = _mats(2, 32, 64, 1, seed=1)
     ex = (p, s, p, s, p[:, :, :4].repeat(1, 2, 1).contiguous(), s[:, :, :1].repeat(1, 2, 1))
     x, ids, w = torch.randn(1, 64).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
-    for mod in (cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5):
+    for mod in (cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5, cuda_v6):
         with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
             mod.int4_moe_cuda(x, ids, w, ex)
 
@@ -444,7 +465,8 @@ def _build_mma_instances(tmp_path, picks) -> tuple[str, str]:
     """(ptxas log, SASS) of cuda_v1.cu's int4_moe_mma at the template argument tuples picks."""
     from workbench.kernels.int4_moe import cuda_v1
 
-    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
+    sig = "u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int," \
+          "u64,u64,u64,u64"
     src = tmp_path / "inst.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_mma<{', '.join(map(str, p))}>({sig});\n"
@@ -624,6 +646,33 @@ def test_v5_is_v4_wherever_its_tiles_are_gpu(real_experts, T, hint):
     x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
     a = cuda_v5.int4_moe_cuda(x, ids, w, ex, expected_slots=hint)
     assert torch.equal(a, cuda_v4.int4_moe_cuda(x, ids, w, ex, expected_slots=hint))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, hint", [(1, 1), (2, 2), (1, None), (17, 17)])
+def test_v6_prefetch_changes_no_bit_gpu(real_experts, T, hint):
+    # why: the L2 prefetch is a hint: with it on (L2D 1, forced where the rule leaves it off
+    # too) cuda_v6's outputs are cuda_v5's bit for bit, graph-replayed as eager
+    from workbench.kernels.int4_moe import cuda_v5, cuda_v6
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(950 + T, "cuda")
+    ids = r.distinct(E, K, T)
+    if hint is not None:  # one EP8 rank: 48 experts, -1 elsewhere
+        ids = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        ex = type(ex)(*(t[:48] for t in ex))
+    x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+    want = cuda_v5.int4_moe_cuda(x, ids, w, ex, expected_slots=hint)
+    got = cuda_v6.int4_moe_cuda(x, ids, w, ex, expected_slots=hint, cfg={"L2D": 1})
+    assert torch.equal(got, want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuda_v6.int4_moe_cuda(x, ids, w, ex, expected_slots=hint, cfg={"L2D": 1})
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
 
 
 @pytest.mark.gpu

@@ -129,6 +129,9 @@ Versions (README.md has the design and the version log), each with the contract 
                where a call has no EP hint and one part fits (T 1 / 2 on 384 experts; H200,
                session 27: T 1 71.3-72.8 vs 75.3-76.3 µs, T 2 124.6 vs 127.1); cuda_v4's
                tiles and bits on every hinted call (the EP8 step): the engine preset's
+    cuda_v6    cuda_v5 with the down experts' weights asked of L2 (cp.async.bulk.prefetch.L2)
+               by the gate/up CTAs before their own stream, where the experts expected
+               active hold <= 20 MB of them (an EP8 rank's decode); cuda_v5's bits
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -178,7 +181,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4, 5)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4, 5, 6)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -198,6 +201,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v5"): ("cuda_v4 with the gate/up GEMM's K parts of one wave where a call "
                               "has no EP hint (T 1 / 2 on 384 experts); cuda_v4's tiles and "
                               "bits on hinted calls", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v6"): ("cuda_v5 with the gate/up CTAs asking L2 for the active experts' "
+                              "down weights before their own stream where few experts are "
+                              "active (an EP rank's decode); cuda_v5's bits", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

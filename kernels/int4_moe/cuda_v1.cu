@@ -99,6 +99,18 @@ __device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
   // bytes a warp will stream arrive in L2 without a register or a shared-memory slot held
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
+// This CTA's share (1 / gridDim.x, in 16-byte multiples) of the range [base, base + bytes)
+// (16-byte aligned and sized), asked of L2 in PIECE-byte prefetches spread over the threads.
+// cuda_v6's gate/up GEMM calls it for the down GEMM's weights: on an EP rank's decode the
+// gate/up stream leaves DRAM idle (~1.3 of 4.1 TB/s at one expert), and the down GEMM then
+// reads its ~8 MB from L2 instead of starting a cold stream after the gate/up drains.
+__device__ __forceinline__ void l2_share(const char* base, u64 bytes) {
+  constexpr u64 PIECE = 16384;
+  const u64 chunk = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+  const u64 lo = blockIdx.x * chunk, hi = min(lo + chunk, bytes);
+  for (u64 off = lo + threadIdx.x * PIECE; off < hi; off += blockDim.x * PIECE)
+    prefetch_l2(base + off, (u32)min(PIECE, hi - off));
+}
 __device__ __forceinline__ uint4 lds(u32 a) {
   uint4 r;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -465,7 +477,7 @@ __global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB, NN>::warp
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
              int topk, int NU, int C, int ld, int k_real, int n_real, int ldo, int pf0,
-             int pf) {
+             int pf, u64 l2_w, u64 l2_s, u64 l2_wb, u64 l2_sb) {
   __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
   __shared__ int s_cnt[ITEMS ? ITEM_SMEM : 1];
   extern __shared__ uint4 dsm[];  // U >= 3: [warp][stage][6 words][32 lanes]
@@ -475,6 +487,12 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
   const int *act_e = (const int*)act_e_ptr, *act_start = (const int*)act_start_ptr;
   const int* act_cnt = (const int*)act_cnt_ptr;
   if (!ITEMS) {
+    if (l2_w)  // cuda_v6: the next GEMM's weights of this CTA row's experts, asked of L2 now
+      for (int a = blockIdx.y; a < n_act; a += gridDim.y) {
+        const u64 e = act_e[a];
+        l2_share((const char*)l2_w + e * l2_wb, l2_wb);
+        l2_share((const char*)l2_s + e * l2_sb, l2_sb);
+      }
     for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
       unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
           A, (const int*)slots_ptr, topk, act_e[a], act_start[a], act_cnt[a], blockIdx.x, red,

@@ -104,9 +104,11 @@ _SMEM_SET: dict = {}  # id(compiled kernel) -> the dynamic shared memory it was 
 
 
 def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
-            hout: int = 0, items: int = 0) -> None:
+            hout: int = 0, items: int = 0, l2: tuple = (0, 0, 0, 0)) -> None:
     """One GEMM launch (mode 0 gate/up, 1 down) on cfg c's knobs; hout, items: cuda_v1.cu's
-    HOUT (1: h in triton_v5's rows) and ITEMS (1: (expert, pass) work items), for cuda_v4."""
+    HOUT (1: h in triton_v5's rows) and ITEMS (1: (expert, pass) work items), for cuda_v4;
+    l2: (words, scales, bytes an expert of each) of another GEMM's experts whose active
+    blocks the CTAs ask L2 for before their own stream (cuda_v6; zeros: none)."""
     import cupy
     import numpy as np
 
@@ -116,6 +118,7 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
     fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"], *extra)
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
+    conv += tuple(np.uint64(a.data_ptr() if isinstance(a, Tensor) else a) for a in l2)
     smem = kw * rw * u * 6 * 32 * 16 if u >= 3 else 0  # the ring: [warp][stage][6][32] uint4
     if smem > _SMEM_SET.get(id(fn), 0):  # past 48 KB with the static part: opt in
         fn.max_dynamic_shared_size_bytes = smem  # (session 24 call 3: 48 + 4 KB was refused)

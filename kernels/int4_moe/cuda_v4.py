@@ -30,7 +30,8 @@ Numerics: h is cuda_v2's (W = (q - 8) s in fp32 on the partials, h hi + lo as tr
 split), the down GEMM and combine are v34's bits on that h. Tolerance against the reference.
 GPU only (cupy for the CUDA launch). Knobs (one cfg dict): cuda_v1's gate/up keys (KW1, RW1,
 NN1, U1, PF01, PF1, XB1; CU_A_GRID its expert grid; IT1 cuda_v1.cu's ITEMS, off: slower, see
-`tiles`) and v34's keys for the down GEMM and combine (A_GRID its grid).
+`tiles`; L2D cuda_v6's L2 prefetch of the down experts, off) and v34's keys for the down GEMM
+and combine (A_GRID its grid).
 Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
 """
 
@@ -59,6 +60,20 @@ def h_column(i: int) -> int:
     cuda_v1.cu's HOUT 1 epilogue stores it (a CPU mirror, tested against triton_v5)."""
     ii = i % 256
     return i - ii + 64 * (ii % 4) + 2 * (ii // 8) + (ii // 4) % 2
+
+
+def l2_blocks(experts) -> tuple:
+    """(down words, down scales, bytes an expert of each): the checkpoint blocks the gate/up
+    CTAs ask L2 for under cuda_v6's L2D (cuda_v1.cu's `l2_share`: 16-byte aligned and sized,
+    each expert's block contiguous)."""
+    out = []
+    for t in experts[4:6]:
+        nb = t[0].numel() * t.element_size()
+        _require(t[0].is_contiguous() and t.stride(0) * t.element_size() == nb and nb % 16 == 0
+                 and t.data_ptr() % 16 == 0, "experts", "contiguous 16-byte aligned down "
+                 "blocks an expert (cfg L2D 1)", f"strides {t.stride()} of {t.dtype}")
+        out.append((t, nb))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
@@ -97,13 +112,16 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     c, D, I, K = p.c, p.D, p.I, p.K
     cuda_v1.check_cfg(c, (1,))
     _require(c["IT1"] in (0, 1), "cfg", "IT1 in (0, 1)", c["IT1"])
+    l2d = c.get("L2D", 0)  # cuda_v6's knob: the gate/up CTAs ask L2 for down's active experts
+    _require(l2d in (0, 1) and not (l2d and c["IT1"]), "cfg", "L2D in (0, 1), 0 with IT1 1",
+             {"L2D": l2d, "IT1": c["IT1"]})
     xq, (w1, s1, NU1, C1) = cuda_v1.operands_gate_up(x, experts, c)
     # [S, 2, Ip] hi | lo in v34's permuted rows; padding inputs past I must read as zeros
     alloc = torch.empty if p.Ip == I else torch.zeros
     h = alloc(p.S, 2, p.Ip, dtype=torch.bfloat16, device=x.device)
     cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
                     (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
-                    hout=1, items=c["IT1"])
+                    hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0))
     return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
                         down_select=True, dep={})
 
