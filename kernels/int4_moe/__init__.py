@@ -131,7 +131,9 @@ Versions (README.md has the design and the version log), each with the contract 
                tiles and bits on every hinted call (the EP8 step): the engine preset's
     cuda_v6    cuda_v5 with the down experts' weights asked of L2 (cp.async.bulk.prefetch.L2)
                by the gate/up CTAs before their own stream, where the experts expected
-               active hold <= 20 MB of them (an EP8 rank's decode); cuda_v5's bits
+               active hold <= 20 MB of them (an EP8 rank's decode); cuda_v5's bits (H200,
+               session 27: the down GEMM at one expert 6.9-7.0 µs either way, the gate/up
+               +0.6; the EP8 C 1 AR step 5.35-5.36 vs 5.29 ms: a measured negative)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -203,7 +205,8 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                               "bits on hinted calls", ("cuda", "cupy")),
     ("int4_moe", "cuda_v6"): ("cuda_v5 with the gate/up CTAs asking L2 for the active experts' "
                               "down weights before their own stream where few experts are "
-                              "active (an EP rank's decode); cuda_v5's bits", ("cuda", "cupy")),
+                              "active (an EP rank's decode); cuda_v5's bits; measured slower",
+                              ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

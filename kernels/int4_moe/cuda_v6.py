@@ -16,6 +16,15 @@ reads the same bytes, from L2 where they arrived. Where: the experts expected ac
 most L2D_BYTES of down weights (a fraction of the 50 MB L2, which the gate/up stream passes
 through too): an EP8 rank's hints 1-2; T 1 on 384 experts (8 experts, 66 MB) does not.
 
+Measured (call 4, traces/gpu/session27): **a measured negative.** GPU tests 32 passed (the
+prefetch forced on at hints 1 / 2 / 17 and T 1 changes no bit, eager or graph-replayed). By
+kernel at hint 1 (3 rounds): the down GEMM 6.9-7.0 µs with or without it, the gate/up 12.0-12.1
+against 11.5; in the EP8 C 1 AR step (ABA) the down GEMMs took 387-389 µs a step against 401,
+the gate/up GEMMs 753-755 against 660: kernels 5.354 / 5.360 ms against cuda_v5's 5.294. T 1
+on 384 experts with it forced: gate/up 45.8-46.1 against 38.3. The down GEMM's 7 µs at one
+expert is not its DRAM stream: 224 programs of 4 serial K tiles and the launch's ramp cost
+about as much from L2. Not the engine preset's (cuda_v5 stays); L2D stays a knob.
+
 Everything else is cuda_v5's (its tiles, instances and bits: the prefetch is a hint).
 Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
 """
