@@ -27,7 +27,7 @@ def test_q_absorb_out_fills_the_query_buffer(variant, device):
     assert bool(qq[..., C:].isnan().all())  # the rope columns are the rope op's
 
 
-@pytest.mark.parametrize("variant", ["torch_bf16", "triton_v1"])
+@pytest.mark.parametrize("variant", ["torch_bf16", "triton_v1", "triton_v2"])
 def test_v_up_returns_contiguous_value_heads(variant, device):
     fn = ops.op_spec("mla_v_up").variant(variant).load()
     g = torch.Generator(device=device).manual_seed(1)
@@ -103,3 +103,23 @@ def test_triton_v1_names_a_bad_weight(op, w_shape, match):
     x = torch.zeros(1, 1, 2, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=match):
         ops.op_spec(op).variant("triton_v1").load()(x, torch.zeros(w_shape, dtype=torch.bfloat16))
+
+
+# -- triton_v2 (kernels/dense/mla_proj_triton_v2.py) -------------------------------------------
+@pytest.mark.parametrize("B, N, H, kernel", [(1, 1, 8, True), (1, 4, 8, True), (2, 2, 8, True),
+                                             (1, 5, 8, False), (1, 17, 8, False),
+                                             (1, 1, 64, False)])
+def test_triton_v2_takes_the_kernel_only_for_few_rows_of_few_heads(B, N, H, kernel, device):
+    """Session 27's probe: cuBLAS's 1-4-row kernel is 1.5 µs slower than triton_v1's at 8
+    heads, faster from 8 rows and at 64 heads; v2 is each path's values where its rule sends
+    the call (NaN-free, within bf16 rounding of float64)."""
+    from workbench.kernels.dense import mla_proj_triton_v1, mla_proj_triton_v2, torch_bf16
+
+    g = torch.Generator(device=device).manual_seed(B * 1000 + N * 10 + H)
+    x = torch.randn(B, N, H, 512, generator=g, device=device).to(torch.bfloat16)
+    w = (torch.randn(H, 128, 512, generator=g, device=device) * 0.05).to(torch.bfloat16)
+    assert mla_proj_triton_v2.uses_kernel(x) == kernel
+    got = ops.op_spec("mla_v_up").variant("triton_v2").load()(x, w)
+    path = mla_proj_triton_v1.mla_v_up if kernel else torch_bf16.mla_v_up
+    assert torch.equal(got, path(x, w)) and got.is_contiguous()
+    torch.testing.assert_close(got.double(), _f64(x, w, "mla_v_up"), rtol=2**-7, atol=2e-3)

@@ -135,6 +135,10 @@ what cuBLAS's took at C 1 AR (431 vs 450 µs) and more elsewhere (C 1 DDTree-16 
 AR +66, C 8 DDTree-16 +165). A ~1 MB per-head product costs ~3.5 µs a launch either way:
 the launch's fixed cost, not the kernel. Not in the engine preset; kept as the measured
 negative.
+`mla_proj_triton_v2` (variant `triton_v2` of op mla_v_up) runs triton_v1's kernel only where a
+call is at most 32 rows x heads (8 heads, 1-4 rows: an EP8 rank's decode), torch_bf16's GEMM
+elsewhere: session 27's probe (`scripts/probe_mla_v_up.py`, 8 heads) had cuBLAS at 4.5-4.6 µs
+for 1-4 rows against the kernel's 2.9-3.1, and faster from 8 rows (3.0 vs 3.2).
 
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):
@@ -179,6 +183,7 @@ VARIANTS["add_rmsnorm"] = {
 VARIANTS["ep_plan"] = {"triton_v1": "workbench.kernels.dense.ep_plan_triton_v1:ep_plan"}
 VARIANTS["mla_q_absorb"]["triton_v1"] = "workbench.kernels.dense.mla_proj_triton_v1:mla_q_absorb"
 VARIANTS["mla_v_up"]["triton_v1"] = "workbench.kernels.dense.mla_proj_triton_v1:mla_v_up"
+VARIANTS["mla_v_up"]["triton_v2"] = "workbench.kernels.dense.mla_proj_triton_v2:mla_v_up"
 VARIANTS["ep_combine"] = {
     "triton_v1": "workbench.kernels.dense.ep_combine_triton_v1:ep_combine"}
 DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
@@ -214,6 +219,9 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
     ("mla_v_up", "triton_v1"): ("one Triton kernel: a program per (head, BN output columns, "
                                 "row tile) walks all of C with W_UV read transposed in place, "
                                 "fp32 accumulate, rounded once", ("triton",)),
+    ("mla_v_up", "triton_v2"): ("triton_v1's kernel where rows x heads <= 32 (an EP8 rank's "
+                                "decode: 1-4 rows of 8 heads), torch_bf16's batched cuBLAS "
+                                "GEMM above", ("triton",)),
     ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "
