@@ -7,7 +7,11 @@ BN]: the weight's rows on the GEMM's M) and the Triton variant, each as REPS bac
 in one CUDA graph (µs a call: graph time / REPS), and checks the transposed form against the
 registered one.
 
-    python scripts/probe_mla_v_up.py [--rows 1,2,4,8,17,136] [--heads 8]
+    PYTHONPATH=. python scripts/probe_mla_v_up.py [--rows 1,2,4,8,17,136] [--heads 8]
+
+Caveat (session 27 call 8): back to back, each call's launch and 1 MB weight read overlap the
+previous call's, so the probe favours the cheaper launch; in the EP8 step triton_v1's 2.9 µs
+here was 4.4, cuBLAS's time. Read it as an upper bound on a gain, and measure in the step.
 """
 
 from __future__ import annotations

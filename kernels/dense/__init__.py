@@ -138,7 +138,9 @@ negative.
 `mla_proj_triton_v2` (variant `triton_v2` of op mla_v_up) runs triton_v1's kernel only where a
 call is at most 32 rows x heads (8 heads, 1-4 rows: an EP8 rank's decode), torch_bf16's GEMM
 elsewhere: session 27's probe (`scripts/probe_mla_v_up.py`, 8 heads) had cuBLAS at 4.5-4.6 µs
-for 1-4 rows against the kernel's 2.9-3.1, and faster from 8 rows (3.0 vs 3.2).
+for 1-4 rows against the kernel's 2.9-3.1, and faster from 8 rows (3.0 vs 3.2). In the EP8
+step (call 8) its launches took what cuBLAS's took (267-269 vs 271 µs a C 1 AR step: 4.4 µs
+each with the weight cold): a measured negative, not in the engine preset.
 
 `add_rmsnorm_triton_v1` (variant `triton_v1` of op add_rmsnorm) is the residual add and the
 next RMSNorm in one program per row (the add bitwise torch's, the norm triton_v1's fp32 math):
@@ -221,7 +223,7 @@ DESCRIPTIONS: dict[tuple[str, str], tuple[str, tuple]] = {
                                 "fp32 accumulate, rounded once", ("triton",)),
     ("mla_v_up", "triton_v2"): ("triton_v1's kernel where rows x heads <= 32 (an EP8 rank's "
                                 "decode: 1-4 rows of 8 heads), torch_bf16's batched cuBLAS "
-                                "GEMM above", ("triton",)),
+                                "GEMM above; no faster in the EP8 step", ("triton",)),
     ("linear", "torch_bf16"): ("cuBLAS GEMM in the activation dtype, fp32 accumulate "
                                "(batch-variant)", ()),
     ("swiglu_mlp", "torch_bf16"): ("three cuBLAS GEMMs, SiLU*up rounded to bf16 between them "

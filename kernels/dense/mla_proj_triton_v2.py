@@ -9,6 +9,13 @@ transposed bmm (the weight's rows on the GEMM's M) is cuBLAS's own time (4.63 at
 cuBLAS picks by the product's shape, not by the operands' order. The C 1 AR step calls it once
 a layer with one row of 8 heads.
 
+Measured in the step (session 27 call 8, the EP8 step ABA): **a measured negative.** Its 61
+launches took 266.9-268.6 µs a C 1 AR step against cuBLAS's 271.2 (4.4 µs each, not the
+probe's 2.9): in the step the 1 MB weight comes cold from DRAM and the launch follows another
+op's kernel, where the probe's back-to-back calls overlap each other's launch and weight read.
+Kernel ms a step equal within the runs (C 1 AR 5.274 / 5.278 vs 5.287). Not the engine
+preset's.
+
 Rule (shapes only, graph-safe): rows x heads <= ROWS_HEADS (32: 8 heads up to 4 rows; 64
 heads never) takes triton_v1's kernel, otherwise torch_bf16's. Numerics: each path's (fp32
 accumulate, one rounding; the two differ in K order): engine-only, as both are.
