@@ -628,22 +628,29 @@ def test_cuda_graph_replay_equals_eager_gpu(real_experts, version, T):
     assert torch.equal(out, fn(x, ids, w, ex))
 
 
+def _rank_or_full(real_experts, seed, T, hint):
+    """(x, ids, w, experts) of T uniform tokens: on all 384 experts (hint None) or on one EP8
+    rank (48 experts, -1 elsewhere; the caller passes its hint)."""
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(seed, "cuda")
+    ids = r.distinct(E, K, T)
+    if hint is not None:
+        ids = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+        ex = type(ex)(*(t[:48] for t in ex))
+    return r.normal(T, cfg.hidden_size), ids, r.uniform(T, K) + 0.05, ex
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T, hint", [(3, None), (33, None), (1, 1), (17, 17), (136, 136)])
 def test_v5_is_v4_wherever_its_tiles_are_gpu(real_experts, T, hint):
     # why: cuda_v5 changes the gate/up K parts of unhinted T 1 / 2 only; everywhere else (the
     # EP8 step's hinted calls, T >= 3) it must be cuda_v4's launches, so cuda_v4's bits
     from workbench.kernels.int4_moe import cuda_v4, cuda_v5
-    from workbench.ops.cases import _Rand
 
-    ex, cfg = real_experts
-    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
-    r = _Rand(900 + T, "cuda")
-    ids = r.distinct(E, K, T)
-    if hint is not None:  # one EP8 rank: 48 experts, -1 elsewhere
-        ids = torch.where(ids < 48, ids, torch.full_like(ids, -1))
-        ex = type(ex)(*(t[:48] for t in ex))
-    x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+    x, ids, w, ex = _rank_or_full(real_experts, 900 + T, T, hint)
     a = cuda_v5.int4_moe_cuda(x, ids, w, ex, expected_slots=hint)
     assert torch.equal(a, cuda_v4.int4_moe_cuda(x, ids, w, ex, expected_slots=hint))
 
@@ -654,16 +661,8 @@ def test_v6_prefetch_changes_no_bit_gpu(real_experts, T, hint):
     # why: the L2 prefetch is a hint: with it on (L2D 1, forced where the rule leaves it off
     # too) cuda_v6's outputs are cuda_v5's bit for bit, graph-replayed as eager
     from workbench.kernels.int4_moe import cuda_v5, cuda_v6
-    from workbench.ops.cases import _Rand
 
-    ex, cfg = real_experts
-    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
-    r = _Rand(950 + T, "cuda")
-    ids = r.distinct(E, K, T)
-    if hint is not None:  # one EP8 rank: 48 experts, -1 elsewhere
-        ids = torch.where(ids < 48, ids, torch.full_like(ids, -1))
-        ex = type(ex)(*(t[:48] for t in ex))
-    x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+    x, ids, w, ex = _rank_or_full(real_experts, 950 + T, T, hint)
     want = cuda_v5.int4_moe_cuda(x, ids, w, ex, expected_slots=hint)
     got = cuda_v6.int4_moe_cuda(x, ids, w, ex, expected_slots=hint, cfg={"L2D": 1})
     assert torch.equal(got, want)
