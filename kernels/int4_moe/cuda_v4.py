@@ -100,7 +100,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     [T, K] float, experts (Int4Experts: gate / up in the checkpoint layout or repacked in
     place, down in the checkpoint layout) -> [T, D] bf16: the contract of
     `workbench.reference.int4_moe.int4_moe`; `validate` see `_common.check_inputs`. cfg:
-    overrides of `tiles`' keys, for sweeps; tiles_for: another version's tile rule (cuda_v5),
+    overrides of `tiles`' keys, for sweeps; tiles_for: a later version's tile rule (cuda_v5 / v6),
     with `tiles`' signature."""
     _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v4 launches CUDA C++ through cupy)",
              f"a tensor on {x.device}")
