@@ -126,6 +126,29 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                         down_select=True, dep={})
 
 
+def on_tiles(tiles_of, default_cfgs: str):
+    """(int4_moe_cuda, _main) of a later version that is this op on its own tile rule
+    `tiles_of` (`tiles`' signature): cuda_v5, cuda_v6."""
+
+    def op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+           validate: bool | None = None, cfg: dict | None = None,
+           expected_slots: int | None = None) -> Tensor:
+        return int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate, cfg=cfg,
+                             expected_slots=expected_slots, tiles_for=tiles_of)
+
+    op.__name__ = op.__qualname__ = "int4_moe_cuda"
+    op.__doc__ = f"cuda_v4's op (contract, checks, launches) on {tiles_of.__module__}'s tiles."
+
+    def main(argv=None) -> int:
+        from .triton_v5 import _main as v5_main
+
+        return v5_main(argv, launcher=op, default_cfgs=default_cfgs)
+
+    main.__doc__ = (f"Graph-replayed µs per T x config (v5's CLI on {tiles_of.__module__}'s "
+                    f"launcher, default --cfgs {default_cfgs!r}).")
+    return op, main
+
+
 def _main(argv=None) -> int:
     """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v4's launcher):
 

@@ -31,8 +31,6 @@ Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from . import cuda_v4, cuda_v5
 from .cuda_v4 import REPACKED, h_column  # noqa: F401  (the load step reads REPACKED)
 from .triton_v26 import expected_active
@@ -53,21 +51,8 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return cuda_v5.tiles(T, K, E, D, I, slots) | {"L2D": int(few)}
 
 
-def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
-                  validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None) -> Tensor:
-    """cuda_v4's op (its contract, checks and launches) on cuda_v6's tiles."""
-    return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
-                                 cfg=cfg, expected_slots=expected_slots, tiles_for=tiles)
-
-
-def _main(argv=None) -> int:
-    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v6's launcher):
-
-        python -m workbench.kernels.int4_moe.cuda_v6 [--ep 8] [--T 1,2] [--cfgs "v=cuda_v5;base"]"""
-    from .triton_v5 import _main as v5_main
-
-    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=cuda_v5;base")
+# the op and its CLI: cuda_v4's launches on this file's tiles
+int4_moe_cuda, _main = cuda_v4.on_tiles(tiles, "v=cuda_v5;base")
 
 
 if __name__ == "__main__":
