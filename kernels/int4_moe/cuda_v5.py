@@ -12,8 +12,8 @@ rounds in two calls). At T 2 (~16 experts) KW1 1 (2010 warps): 72.0-72.2 against
 
 Where the rule does not apply: an EP rank's hinted calls. The active-expert count of a rank
 varies from draw to draw around its expectation, and the one-wave pick lost there in call 2
-(hint 8: KW1 2 65 µs against 55.5; hint 17: KW1 1 62.8 against 63.0-63.5, after 73.0 against
-75.7 on another draw in call 1), so hinted calls keep cuda_v4's tiles. Where even one K part
+(hint 8: the gate/up at KW1 2 65 µs against 55.5; hint 17 at KW1 1: the op 104.0 against
+102.1 µs, after 124.2 against 126.9 on call 1's draw), so hinted calls keep cuda_v4's tiles. Where even one K part
 is more than a wave (T >= 3 on 384 experts) the tiles are cuda_v4's too.
 
 Measured (call 3): GPU tests 26 passed (cuda_v4's bits at T 3 / 33 and hints 1 / 17 / 136);
