@@ -1,10 +1,11 @@
-"""int4_moe cuda_v1 ... cuda_v6 (hand-written CUDA through cupy): the fragment
+"""int4_moe cuda_v1 ... cuda_v7 (hand-written CUDA through cupy): the fragment
 layout and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build,
 and on the H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
 NaN-poisons the outputs)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from workbench.kernels.int4_moe import mma_layout as L
 from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
 from workbench.reference.int4_moe import int4_moe
 
-CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda_v6")
+CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda_v6", "cuda_v7")
 
 
 def _mats(E, N, KI, n, seed):
@@ -281,6 +282,27 @@ def test_v6_asks_l2_for_down_weights_only_where_few_experts_are_active():
         cuda_v4.l2_blocks(strided)
 
 
+def test_v7_splits_one_unhinted_token_into_two_routings_of_its_halves():
+    # why: the two halves must cover the token's K slots exactly once between them (each slot
+    # routed in one half, -1 in the other) and leave the caller's ids alone; only decode
+    # without an EP hint is split (an EP rank's one expert has no second half)
+    from workbench.kernels.int4_moe import cuda_v7
+
+    ids = torch.tensor([[5, 17, 2, 300, 41, 9, 88, 120]])
+    a, b = cuda_v7.halves(ids)
+    assert a.tolist() == [[5, 17, 2, 300, -1, -1, -1, -1]]
+    assert b.tolist() == [[-1, -1, -1, -1, 41, 9, 88, 120]]
+    assert ids.tolist() == [[5, 17, 2, 300, 41, 9, 88, 120]]
+    assert torch.equal(torch.where(a >= 0, a, b), ids)
+    odd = cuda_v7.halves(torch.tensor([[1, 2, 3]], dtype=torch.int32))
+    assert [t.tolist() for t in odd] == [[[1, -1, -1]], [[-1, 2, 3]]] and odd[0].dtype == torch.int32
+    assert cuda_v7.split_here(ids, None)
+    assert not cuda_v7.split_here(ids, 1)  # an EP rank's hinted decode
+    assert not cuda_v7.split_here(torch.zeros(2, 8, dtype=torch.long), None)
+    assert not cuda_v7.split_here(torch.zeros(1, 1, dtype=torch.long), None)
+    assert not cuda_v7.split_here(torch.zeros(0, 8, dtype=torch.long), None)
+
+
 def test_v4_h_rows_are_triton_v5s_permutation():
     # why: cuda_v4's gate/up GEMM writes h where triton_v34's down GEMM reads it: input i of a
     # 256-input tile at column 64 (i % 4) + 2 (i // 8 % 32) + (i // 4 % 2) (cuda_v1.cu's HOUT
@@ -383,12 +405,12 @@ def test_operands_are_the_repacked_experts():
 
 def test_cuda_versions_refuse_cpu_tensors():
     # why: a CPU tensor gets an error naming x, not a cupy failure inside a launch
-    from workbench.kernels.int4_moe import cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5, cuda_v6
+    from workbench.kernels import int4_moe
 
     (p, s), = _mats(2, 32, 64, 1, seed=1)
     ex = (p, s, p, s, p[:, :, :4].repeat(1, 2, 1).contiguous(), s[:, :, :1].repeat(1, 2, 1))
     x, ids, w = torch.randn(1, 64).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1)
-    for mod in (cuda_v1, cuda_v2, cuda_v3, cuda_v4, cuda_v5, cuda_v6):
+    for mod in (importlib.import_module(f"{int4_moe.__name__}.{v}") for v in CUDA_VERSIONS):
         with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
             mod.int4_moe_cuda(x, ids, w, ex)
 
