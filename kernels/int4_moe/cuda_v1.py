@@ -158,12 +158,19 @@ def operands(x: Tensor, experts, c: dict):
     return x, gate_up, (w2, s2, NU2, C2, KP2)
 
 
+def repacked_gate_up(experts) -> tuple[Tensor, Tensor]:
+    """The gate / up experts in the fragment layout (`mma_layout.repacked`: cached, or views
+    of buffers the load step repacked in place)."""
+    gp, gs, up, us = experts[:4]
+    return mma_layout.repacked((gp, up), (gs, us))
+
+
 def operands_gate_up(x: Tensor, experts, c: dict):
     """`operands`' half for the gate/up GEMM alone (cuda_v4 reads down in the checkpoint
     layout): x with 16-byte rows, (w1, s1, NU1, C1)."""
-    gp, gs, up, us = experts[:4]
+    gp = experts[0]
     D, I = x.shape[1], gp.shape[1]
-    w1, s1 = mma_layout.repacked((gp, up), (gs, us))
+    w1, s1 = repacked_gate_up(experts)
     NU1, C1, _ = mma_layout.dims(I, D, True)
     _require((C1 // 2) % c["KW1"] == 0, "cfg", f"KW1 dividing {C1 // 2} chunk pairs", c["KW1"])
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:  # 16-byte activation loads

@@ -13,11 +13,11 @@ experts), so the two halves' CTAs together fill one wave.
 
 How: `halves` gives two copies of topk_ids with the other half's slots set to -1 (not routed
 here: the op's contract); the repacked gate / up weights are fetched on the current stream
-before the fork (`mma_layout.repacked`: the first call's repack must be queued before the side
-stream waits); the side stream (one per device, this module's own: the model's shared-expert
-stream may be running beside the whole op) waits for the current one, runs its half, and the
-current stream waits for it before the add. Inputs used on the side stream are recorded on it,
-its output on the current stream.
+before the fork (`cuda_v1.repacked_gate_up`: the first call's repack must be queued before the
+side stream waits); `workbench.streams.Side` under this module's key (its own stream: the
+model's shared-expert fork may be running beside the whole op) forks, runs the second half,
+and joins before the add, recording the inputs on the side stream and its output on the
+current one.
 
 Numerics: each half's combine sums its K / 2 slots in slot order in fp32 and rounds to bf16;
 the add rounds once more (the reference sums all K in fp32 and rounds once): within the op's
@@ -33,14 +33,16 @@ Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from . import cuda_v5, mma_layout
+from workbench.streams import Side
+
+from . import cuda_v1, cuda_v5
 from .cuda_v4 import REPACKED, h_column  # noqa: F401  (the load step reads REPACKED)
 
 SPLIT_T = 1  # tokens up to which a call is split in two (decode)
-_SIDE: dict = {}  # device -> this module's side stream
+# this op's own side stream: the model's shared-expert fork (key "model") may run beside the op
+SIDE_KEY = "int4_moe"
 
 
 def split_here(topk_ids: Tensor, expected_slots: int | None) -> bool:
@@ -68,20 +70,13 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     kw = dict(validate=validate, cfg=cfg, expected_slots=expected_slots)
     if x.device.type != "cuda" or not split_here(topk_ids, expected_slots):
         return op(x, topk_ids, topk_weights, experts, **kw)
-    mma_layout.repacked((experts[0], experts[2]), (experts[1], experts[3]))  # before the fork
+    cuda_v1.repacked_gate_up(experts)  # a first call's repack queued before the fork
     ids_a, ids_b = halves(topk_ids)
-    main = torch.cuda.current_stream(x.device)
-    side = _SIDE.get(x.device)
-    if side is None:
-        side = _SIDE[x.device] = torch.cuda.Stream(x.device)
-    side.wait_stream(main)
-    for t in (x, ids_b, topk_weights):
-        t.record_stream(side)
-    with torch.cuda.stream(side):
-        out_b = op(x, ids_b, topk_weights, experts, **kw)
+    side = Side(x.device, True, key=SIDE_KEY)
+    side.fork(x, ids_b, topk_weights)
+    out_b = side.run(lambda: op(x, ids_b, topk_weights, experts, **kw))
     out_a = op(x, ids_a, topk_weights, experts, **kw)
-    main.wait_stream(side)
-    out_b.record_stream(main)
+    side.join(out_b)
     return out_a + out_b
 
 

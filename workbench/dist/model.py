@@ -32,6 +32,7 @@ from workbench.reference.model import (
     new_latent_cache,
 )
 from workbench.reference.rope import target_rope
+from workbench.streams import Side
 
 from .comm import Comm
 from .layout import Layout, shard_state
@@ -75,7 +76,6 @@ _SHARED_STREAM = [False]
 _SHARED_FORK = ["before-route"]
 _ATTN_STREAM = [False]
 _MAIN_PRIORITY = [0]
-_SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
 @contextmanager
@@ -130,45 +130,6 @@ def main_priority(priority: int):
 def capture_priority() -> int:
     """The stream priority a captured step runs on (`main_priority`)."""
     return _MAIN_PRIORITY[-1]
-
-
-class Side:
-    """A side stream forked from the current stream of `device` (one stream a device, shared
-    by every fork: the forks of one step never overlap), or, when `on` is false or the device
-    is not CUDA, nothing: `run` then calls on the current stream and `fork` / `join` do
-    nothing. Fork / join are stream waits (events), which torch.cuda.graph captures."""
-
-    def __init__(self, device, on: bool):
-        device = torch.device(device)
-        self.stream = None
-        if on and device.type == "cuda":
-            self.main = torch.cuda.current_stream(device)
-            self.stream = _SIDE.get(device)
-            if self.stream is None:
-                self.stream = _SIDE[device] = torch.cuda.Stream(device)
-
-    def fork(self, *inputs: torch.Tensor) -> None:
-        """The side stream waits for what the current stream queued so far; `inputs` (made
-        on the current stream) stay allocated until the side stream's work on them is done."""
-        if self.stream is not None:
-            self.stream.wait_stream(self.main)
-            for t in inputs:
-                t.record_stream(self.stream)
-
-    def run(self, fn):
-        """fn() on the side stream (or the current one)."""
-        if self.stream is None:
-            return fn()
-        with torch.cuda.stream(self.stream):
-            return fn()
-
-    def join(self, *outputs: torch.Tensor) -> None:
-        """The current stream waits for the side stream; `outputs` (made on the side stream)
-        are used and freed on the current one."""
-        if self.stream is not None:
-            self.main.wait_stream(self.stream)
-            for t in outputs:
-                t.record_stream(self.main)
 
 
 def beside(side_fn, main_fn, device: torch.device):
