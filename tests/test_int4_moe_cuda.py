@@ -301,6 +301,21 @@ def test_v7_splits_one_unhinted_token_into_two_routings_of_its_halves():
     assert not cuda_v7.split_here(torch.zeros(2, 8, dtype=torch.long), None)
     assert not cuda_v7.split_here(torch.zeros(1, 1, dtype=torch.long), None)
     assert not cuda_v7.split_here(torch.zeros(0, 8, dtype=torch.long), None)
+    four = cuda_v7.parts(ids, 4)
+    assert four.tolist() == [[[5, 17, -1, -1, -1, -1, -1, -1]], [[-1, -1, 2, 300, -1, -1, -1, -1]],
+                             [[-1, -1, -1, -1, 41, 9, -1, -1]], [[-1, -1, -1, -1, -1, -1, 88, 120]]]
+    assert torch.equal(four.max(0).values, ids)  # every slot in exactly one part
+    assert cuda_v7.split_here(ids, None, 4) and not cuda_v7.split_here(ids[:, :3], None, 4)
+
+
+def test_v7_rejects_a_bad_part_count():
+    # why: NP is a user knob of the A/B CLI; a count below 2 must name the knob, not fail
+    # inside the launcher
+    from workbench.kernels.int4_moe import cuda_v7
+
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"cfg\['NP'\]: expected an int >= 2"):
+        cuda_v7.int4_moe_cuda(torch.zeros(1, 16), ids, torch.ones(1, 8), None, cfg={"NP": 1})
 
 
 def test_v4_h_rows_are_triton_v5s_permutation():

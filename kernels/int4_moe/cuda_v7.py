@@ -11,16 +11,17 @@ streams, as the model's shared expert does): one half's ramps and gaps under the
 weight stream, the same bytes in all. Each half's grid is cuda_v5's for T 1 (one wave for 8
 experts), so the two halves' CTAs together fill one wave.
 
-How: `halves` gives two copies of topk_ids with the other half's slots set to -1 (not routed
-here: the op's contract); the repacked gate / up weights are fetched on the current stream
-before the fork (`cuda_v1.repacked_gate_up`: the first call's repack must be queued before the
-side stream waits); `workbench.streams.Side` under this module's key (its own stream: the
-model's shared-expert fork may be running beside the whole op) forks, runs the second half,
-and joins before the add, recording the inputs on the side stream and its output on the
-current one.
+How: `parts` gives NP copies of topk_ids in one launch, each with the other parts' slots set
+to -1 (not routed here: the op's contract); the repacked gate / up weights are fetched on the
+current stream before the fork (`cuda_v1.repacked_gate_up`: the first call's repack must be
+queued before a side stream waits); `workbench.streams.Side` under this module's keys (its own
+streams: the model's shared-expert fork may be running beside the whole op) forks, runs parts
+1.. NP-1 on side streams, and joins before the adds, recording the inputs on the side streams
+and their outputs on the current one. Knobs (cfg, taken out before cuda_v5 sees it): NP
+(parts, default 2) and PH (1: each part's call hinted with its T K / NP slots).
 
-Numerics: each half's combine sums its K / 2 slots in slot order in fp32 and rounds to bf16;
-the add rounds once more (the reference sums all K in fp32 and rounds once): within the op's
+Numerics: each part's combine sums its K / NP slots in slot order in fp32 and rounds to bf16;
+each add rounds once more (the reference sums all K in fp32 and rounds once): within the op's
 bf16 tolerance, deterministic. Everywhere else (more than one token, a hint, K < 2) it is
 cuda_v5, launch for launch.
 
@@ -33,51 +34,88 @@ Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from workbench.streams import Side
 
 from . import cuda_v1, cuda_v5
+from ._common import _require
 from .cuda_v4 import REPACKED, h_column  # noqa: F401  (the load step reads REPACKED)
 
-SPLIT_T = 1  # tokens up to which a call is split in two (decode)
-# this op's own side stream: the model's shared-expert fork (key "model") may run beside the op
+SPLIT_T = 1  # tokens up to which a call is split (decode)
+# this op's own side streams: the model's shared-expert fork (key "model") may run beside the op
 SIDE_KEY = "int4_moe"
+# cuda_v7's own knobs, taken out of cfg before cuda_v5 sees it: NP the number of concurrent
+# parts (2 = halves), PH 1 = each part's call hinted with its own slot count (cuda_v4's tiles
+# for K / NP experts: smaller grids that fill one wave together) instead of cuda_v5's
+# unhinted tiles for all K (each part's grid a wave, its other parts' CTAs exiting at once)
+KNOBS = {"NP": 2, "PH": 0}
+_MASKS: dict = {}  # (device, K, n) -> bool [n, 1, K]: slot k not in part i
 
 
-def split_here(topk_ids: Tensor, expected_slots: int | None) -> bool:
-    """The rule (shapes only, graph-safe): one token's call without an EP hint, K >= 2."""
+def split_here(topk_ids: Tensor, expected_slots: int | None, n: int = 2) -> bool:
+    """The rule (shapes only, graph-safe): one token's call without an EP hint, K >= n."""
     T, K = topk_ids.shape
-    return expected_slots is None and 1 <= T <= SPLIT_T and K >= 2
+    return expected_slots is None and 1 <= T <= SPLIT_T and K >= n >= 2
+
+
+def _not_in_part(device, K: int, n: int) -> Tensor:
+    """bool [n, 1, K]: True where slot k is not in part i (part i = slots K i / n .. K (i+1)
+    / n). Cached outside graph capture only: a tensor made while capturing lives in the
+    graph's pool."""
+    key = (torch.device(device), K, n)
+    m = _MASKS.get(key)
+    if m is None:
+        k = torch.arange(K, device=device)
+        m = ((k + 1) * n - 1) // K  # the part holding slot k: the i with K i // n <= k < K (i + 1) // n
+        m = m[None, None, :] != torch.arange(n, device=device)[:, None, None]
+        if not (m.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _MASKS[key] = m
+    return m
+
+
+def parts(topk_ids: Tensor, n: int) -> Tensor:
+    """[n, T, K]: part i is topk_ids with every slot outside K i / n .. K (i + 1) / n set to -1
+    (not routed here: the op's contract), each a valid topk_ids of the op; one launch."""
+    K = topk_ids.shape[1]
+    return topk_ids.unsqueeze(0).masked_fill(_not_in_part(topk_ids.device, K, n), -1)
 
 
 def halves(topk_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """(ids with slots K / 2.. set to -1, ids with slots ..K / 2 set to -1): the two halves'
-    routing, each a valid topk_ids of the op (-1: not routed here)."""
-    h = topk_ids.shape[1] // 2
-    a, b = topk_ids.clone(), topk_ids.clone()
-    a[:, h:] = -1
-    b[:, :h] = -1
+    """(ids with slots K / 2.. set to -1, ids with slots ..K / 2 set to -1): `parts` at 2."""
+    a, b = parts(topk_ids, 2)
     return a, b
 
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   validate: bool | None = None, cfg: dict | None = None,
                   expected_slots: int | None = None) -> Tensor:
-    """cuda_v5's op (its contract and checks); a one-token call without a hint as two
-    concurrent halves of the token's experts (module docstring)."""
+    """cuda_v5's op (its contract and checks); a one-token call without a hint as NP
+    concurrent parts of the token's experts (module docstring)."""
     op = cuda_v5.int4_moe_cuda
-    kw = dict(validate=validate, cfg=cfg, expected_slots=expected_slots)
-    if x.device.type != "cuda" or not split_here(topk_ids, expected_slots):
+    cfg = dict(cfg or {})
+    knobs = {k: cfg.pop(k, v) for k, v in KNOBS.items()}
+    n = knobs["NP"]
+    _require(isinstance(n, int) and n >= 2, "cfg['NP']", "an int >= 2 (concurrent parts)", n)
+    kw = dict(validate=validate, cfg=cfg or None, expected_slots=expected_slots)
+    if x.device.type != "cuda" or not split_here(topk_ids, expected_slots, n):
         return op(x, topk_ids, topk_weights, experts, **kw)
+    T, K = topk_ids.shape
+    if knobs["PH"]:
+        kw["expected_slots"] = max(1, T * K // n)
     cuda_v1.repacked_gate_up(experts)  # a first call's repack queued before the fork
-    ids_a, ids_b = halves(topk_ids)
-    side = Side(x.device, True, key=SIDE_KEY)
-    side.fork(x, ids_b, topk_weights)
-    out_b = side.run(lambda: op(x, ids_b, topk_weights, experts, **kw))
-    out_a = op(x, ids_a, topk_weights, experts, **kw)
-    side.join(out_b)
-    return out_a + out_b
+    ids = parts(topk_ids, n)
+    sides = [Side(x.device, True, key=f"{SIDE_KEY}{i or ''}") for i in range(n - 1)]
+    outs = []
+    for i, side in enumerate(sides, 1):
+        side.fork(x, ids, topk_weights)
+        outs.append(side.run(lambda i=i: op(x, ids[i], topk_weights, experts, **kw)))
+    out = op(x, ids[0], topk_weights, experts, **kw)
+    for side, o in zip(sides, outs):
+        side.join(o)
+        out = out + o
+    return out
 
 
 def _main(argv=None) -> int:
