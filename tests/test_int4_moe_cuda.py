@@ -1,4 +1,4 @@
-"""int4_moe cuda_v1 ... cuda_v7 (hand-written CUDA through cupy): the fragment
+"""int4_moe cuda_v1 ... cuda_v8 (hand-written CUDA through cupy): the fragment
 layout and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build,
 and on the H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
 NaN-poisons the outputs)."""
@@ -17,7 +17,8 @@ from workbench.kernels.int4_moe import mma_layout as L
 from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_g32
 from workbench.reference.int4_moe import int4_moe
 
-CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda_v6", "cuda_v7")
+CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda_v6", "cuda_v7",
+                 "cuda_v8")
 
 
 def _mats(E, N, KI, n, seed):
@@ -842,3 +843,85 @@ def test_replaced_experts_give_the_same_bits_gpu():
     after = [mod.int4_moe_cuda(x, ids, w, stack()) for mod in (cuda_v2, cuda_v3)]
     for b, a in zip(before, [*after, mid]):
         assert not b.isnan().any() and torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ cuda_v8's decode launches
+
+
+def _v8_experts(E, D, I, seed, device="cpu"):
+    from workbench.reference.int4_moe import Int4Experts
+
+    m = _local_experts(E, D, I, seed)
+    return Int4Experts(*(getattr(m, f"{p}_{k}").to(device) for p in ("gate", "up", "down")
+                         for k in ("packed", "scale")))
+
+
+def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
+    # why: the rule reads shapes, strides and pointers only (graph-safe) and must send to
+    # cuda_v5 every call the two launches cannot serve: more than one token, an EP hint (unless
+    # F8 forces it, for measuring), I not a whole number of 128-input slices
+    from workbench.kernels.int4_moe import cuda_v8
+
+    ex = _v8_experts(2, 256, 256, seed=5)
+    x1, x2 = torch.zeros(1, 256).bfloat16(), torch.zeros(2, 256).bfloat16()
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    assert cuda_v8.fused_here(x1, ids, ex, None)
+    assert not cuda_v8.fused_here(x2, ids.repeat(2, 1), ex, None)
+    assert not cuda_v8.fused_here(x1, ids, ex, 1)
+    assert cuda_v8.fused_here(x1, ids, ex, 1, force=True)
+    assert not cuda_v8.fused_here(x1, ids, _v8_experts(2, 256, 96, seed=5), None)
+    x128 = torch.zeros(1, 128).bfloat16()  # one gate/up chunk pair: KW 2 cannot split it
+    assert not cuda_v8.fused_here(x128, ids, _v8_experts(2, 128, 256, seed=5), None)
+    with pytest.raises(ValueError, match=r"cfg\['F8'\]: expected 0 or 1, got 2"):
+        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"F8": 2})
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
+def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_path):
+    # why: the fused kernel holds cuda_v1's gate/up K loop and the down partial's 32 h values a
+    # lane; at 512 threads and one CTA an SM it must fit 128 registers with no local memory
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v8
+
+    sig = ",".join(["u64"] * 4 + ["int"] * 8 + ["u64"] * 2 + ["long long", "int"] * 2 + ["u64"])
+    src = tmp_path / "v8.cu"
+    src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v8._SRC}"\n' + "".join(
+        f"template __global__ void int4_moe_decode<{k}>({sig});\n" for k in (0, 1)))
+    log, sass = _build_sm90(src)
+    assert log.count("0 bytes spill stores, 0 bytes spill loads") == 3, log  # 2 + the combine
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+    assert len(regs) == 3 and max(regs) <= 128, log
+    assert "LDL" not in sass and "STL" not in sass
+    assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, I", [(256, 256), (192, 384)], ids=["aligned", "kpad"])
+def test_v8_decode_matches_reference_gpu(D, I):
+    # why: the two launches themselves (the rule sends these shapes to them): -1 slots add
+    # nothing, int32 / int64 and strided ids, bf16 weights, K parts past a chunk-pair multiple
+    # of D (KPAD), and a token with an id outside [-1, E) or an expert twice comes back NaN
+    # (the router's rule) without a host check
+    from workbench.kernels.int4_moe import cuda_v8
+
+    E, K = 6, 4
+    ex = _v8_experts(E, D, I, seed=11, device="cuda")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, D, generator=g).bfloat16().cuda()
+    w = (torch.rand(1, K, generator=g) + 0.1).cuda()
+    cases = [torch.tensor([[3, 0, 5, 1]]), torch.tensor([[2, -1, 4, -1]], dtype=torch.int32),
+             torch.tensor([[1, 9, 3, 0, 5, 7, 2, 8]])[:, ::2]]
+    for ids in cases:
+        ids = ids.cuda()
+        assert cuda_v8.fused_here(x, ids, ex, None)
+        for wt in (w, w.bfloat16()):
+            out = cuda_v8.int4_moe_cuda(x, ids, wt, ex)
+            ref = int4_moe(x, ids, wt.float(), ex)
+            assert not out.isnan().any()
+            torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    for bad in ([[3, 3, 5, 1]], [[3, 0, E, 1]], [[3, 0, -2, 1]]):
+        out = cuda_v8.int4_moe_cuda(x, torch.tensor(bad).cuda(), w, ex, validate=False)
+        assert out.isnan().all()
+    hinted = torch.tensor([[3, -1, -1, -1]]).cuda()
+    out = cuda_v8.int4_moe_cuda(x, hinted, w, ex, expected_slots=1, cfg={"F8": 1})
+    torch.testing.assert_close(out.float(), int4_moe(x, hinted, w, ex).float(), rtol=2e-2,
+                               atol=2e-2)

@@ -136,7 +136,13 @@ Versions (README.md has the design and the version log), each with the contract 
                +0.6; the EP8 C 1 AR step 5.35-5.36 vs 5.29 ms: a measured negative)
     cuda_v7    cuda_v5 with a one-token call without a hint (decode on 384 experts) as two
                concurrent halves of the token's experts (a side stream, cuda_v5's four
-               launches each, the outputs added); cuda_v5 elsewhere (not yet measured)
+               launches each, the outputs added); cuda_v5 elsewhere (H200, session 28: T 1
+               77.7 vs 72.7 µs, four parts 86.2: a measured negative)
+    cuda_v8    cuda_v5 with a one-token call as two launches: CTA (128-input slice of I,
+               slot) computes its slice of h (cuda_v5's gate/up arithmetic, fp32 h in
+               shared memory) and that slice's partial of the down GEMM on the CUDA cores
+               from the checkpoint layout (no CTA waits for another), then a combine over
+               slices and slots; cuda_v5 elsewhere
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -186,7 +192,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4, 5, 6, 7)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4, 5, 6, 7, 8)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -212,7 +218,11 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                               ("cuda", "cupy")),
     ("int4_moe", "cuda_v7"): ("cuda_v5 with a one-token call without a hint as two concurrent "
                               "halves of its experts (a side stream each half's four launches, "
-                              "the outputs added); not yet measured", ("cuda", "cupy")),
+                              "the outputs added); measured slower", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v8"): ("cuda_v5 with a one-token call as one GEMM launch of (I slice, "
+                              "slot) CTAs, each its slice of h and that slice's down partial "
+                              "(CUDA cores, checkpoint layout), and a combine over the slices",
+                              ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

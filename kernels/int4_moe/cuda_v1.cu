@@ -136,6 +136,8 @@ __device__ __forceinline__ uint4 lds(u32 a) {
 //   (this file's down GEMM reads them). 1: triton_v5's [S, 2, ldo] rows (hi, then lo), each
 //   256-input tile permuted as triton_v5's `_src` (input 8 w + j + 4 h of a tile at 64 j +
 //   2 w + h), so triton_v34's down GEMM reads them as its own SiLU wrote them (cuda_v4).
+//   2: fp32 h, one value an input, at out_ptr[pos ldo + input] (cuda_v8: its CTA's shared
+//   memory, read back by the same CTA's down partial).
 template <int MODE, int U, int XB = 2, int NN = 1>
 struct Occupancy {  // the CTAs an SM __launch_bounds__ asks registers for, as warps an SM
   // (gate/up at NN 2 spills 260 B at 128 registers: 12 warps, as down)
@@ -397,7 +399,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
       }
       __syncthreads();  // red is reused by the next pass
     }
-    if (kw == 0 && unit_ok && MODE == 0 && HOUT) {
+    if (kw == 0 && unit_ok && MODE == 0 && HOUT == 1) {
       // triton_v5's rows: the unit's 16 inputs land as four runs of 4 columns (run j holds
       // inputs j, j + 4, j + 8, j + 12 of the unit at 64 j + 2 w0 + 0..3). Lane g < 4 takes
       // lane g + 4's values (lane ^ 16) and stores its run as one 8-byte word, hi and lo: 4
@@ -443,6 +445,10 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
             if (i_row >= n_real) continue;
             const float gt = acc[0][q][m], up = acc[1][q][m];
             const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
+            if (HOUT == 2) {  // cuda_v8: fp32 h where out_ptr points (its shared memory)
+              ((float*)out_ptr)[(size_t)pos * ldo + i_row] = hv;
+              continue;
+            }
             const u16 hi = to_bf16(hv);
             const u16 lo = to_bf16(hv - from_bf16(hi));
             ((u16*)out_ptr)[(size_t)pos * ldo + i_row] = hi;

@@ -1,0 +1,141 @@
+"""int4_moe cuda_v8: cuda_v5 with a one-token call (decode) as two launches instead of four:
+one GEMM launch whose CTAs each compute a 128-input slice of h for one of the token's experts
+and that slice's partial of the down GEMM, then a combine over the slices.
+
+Why (H200, session 27 calls 3-5 and session 28 call 1, traces/gpu/session27-28): T 1 on 384
+experts takes 72.7-73.7 µs under cuda_v5 (the #6 bar: 60) as routing 2.8 + gate/up 38.0 (85 %
+of copy) + down 25.0 (64 %) + combine 1.8 + ~6 µs between the four launches. No knob moved
+the down GEMM (maxnreg, stages, K split, tile width, the CUDA down, an L2 prefetch), folding
+the launches into one persistent kernel lost (cuda_v3: its CTAs wait on each other's h and
+one register budget serves both GEMMs), and running halves of the experts concurrently lost
+(cuda_v7: one wave of gate/up already holds every SM). What is left is the dependency: the
+down GEMM needs all of an expert's h. It does not need it in one place: y = sum over slices
+of W_down[:, slice] h[slice], so the CTA that computed h[slice] takes that slice's partial
+itself and no CTA ever waits for another (cuda_v8.cu's header).
+
+How: grid (I / 128 slices, K slots), 16 warps a CTA (one an SM at 128 registers: 128 CTAs,
+one wave at Kimi's I 2048, K 8). Phase 1 is cuda_v1's gate/up unit_block at KW 2 x RW 8 with
+cuda_v2's dequant (the instance family cuda_v5 runs, POST 1), its epilogue writing fp32 h to
+shared memory (cuda_v1.cu's HOUT 2). Phase 2 reads the down experts in the checkpoint layout
+(a row's slice: 64 contiguous bytes of words, 8 of scales) on the CUDA cores, one 32-input
+scale group a lane, and writes part [I / 128, K, D] fp32. The combine sums it in (slot,
+slice) order. No routing launch: one token's ids are its experts (the kernel skips -1; the
+combine writes NaN for an id outside [-1, E) or an expert twice: the router's rule).
+
+Where: x on CUDA, T = 1, no EP hint (`fused_here`; cfg F8 1 takes a hinted T 1 call too, to
+measure an EP rank's decode), I a multiple of 128, KW 2 dividing gate/up's chunk pairs, the
+down words' rows 16-byte aligned. Everything else is cuda_v5, launch for launch.
+Numerics: h is cuda_v5's fp32 h (same gate/up instance arithmetic) kept in fp32 (cuda_v5 splits
+it into bf16 hi + lo); the down partial is sum_j (128 + q_j) h_j - 136 sum h, times the group's
+scale (cuda_v2's association), four groups, 16 slices, then K slots: tolerance against the
+reference, deterministic (no atomics).
+Load step: gate / up repacked in place (REPACKED, cuda_v4's), down in the checkpoint layout.
+Dimension legend: cuda_v1.cu's and cuda_v8.cu's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+from . import cuda_v1, cuda_v5, mma_layout
+from ._common import _require, check_inputs
+from .cuda_v4 import REPACKED, h_column  # noqa: F401  (the load step reads REPACKED)
+from .mma_layout import GATE_UP
+
+SLICE = 128  # intermediate inputs a CTA (cuda_v8.cu's V8_SLICE: 8 gate/up units)
+KW, RW = 2, 8  # the gate/up instance's K parts x units a CTA (V8_KW, V8_RW)
+THREADS = 32 * KW * RW
+RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage][6][32] uint4
+KNOBS = {"F8": 0}  # F8 1: the fused path for a hinted one-token call too (an EP rank's decode)
+_SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
+
+
+@functools.cache
+def _module():
+    """cuda_v1.cu + cuda_v8.cu through NVRTC (cached): the two instances of int4_moe_decode and
+    the combine."""
+    import cupy
+
+    names = ["int4_moe_decode<0>", "int4_moe_decode<1>", "int4_moe_decode_combine"]
+    code = "".join(open(p).read() + "\n" for p in (cuda_v1._SRC, _SRC))
+    mod = cupy.RawModule(code=code, options=("-std=c++17",), name_expressions=names)
+    fused = {k: mod.get_function(f"int4_moe_decode<{k}>") for k in (0, 1)}
+    for fn in fused.values():
+        fn.max_dynamic_shared_size_bytes = RING  # past 48 KB with the static part: opt in
+    return fused, mod.get_function("int4_moe_decode_combine")
+
+
+def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
+               force: bool = False) -> bool:
+    """The rule (shapes, strides and pointers only: graph-safe): one token, no EP hint unless
+    forced, and the layout the kernel reads (I a multiple of SLICE, KW parts dividing the
+    gate/up chunk pairs, each down row's words 16-byte aligned)."""
+    T, D = x.shape
+    dp = experts[4]
+    I = experts[0].shape[1]
+    pairs = mma_layout.dims(I, D, True)[1] // 2
+    return (T == 1 and (expected_slots is None or force) and I % SLICE == 0 and pairs % KW == 0
+            and dp.data_ptr() % 16 == 0 and dp.stride(0) % 4 == 0 and dp.stride(1) % 4 == 0)
+
+
+def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                  validate: bool | None = None, cfg: dict | None = None,
+                  expected_slots: int | None = None) -> Tensor:
+    """cuda_v5's op (its contract and checks); a one-token call as cuda_v8's two launches
+    (module docstring)."""
+    cfg = dict(cfg or {})
+    knobs = {k: cfg.pop(k, v) for k, v in KNOBS.items()}
+    _require(knobs["F8"] in (0, 1), "cfg['F8']", "0 or 1", knobs["F8"])
+    if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
+            x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
+        return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                     cfg=cfg or None, expected_slots=expected_slots)
+    check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
+    return decode(x, topk_ids, topk_weights, experts)
+
+
+def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor:
+    """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16."""
+    import cupy
+    import numpy as np
+
+    D = x.shape[1]
+    K = topk_ids.shape[1]
+    E, I = experts[0].shape[:2]
+    xq, (w1, s1, NU1, C1) = cuda_v1.operands_gate_up(x, experts, {"KW1": KW})
+    dp, ds = experts[4], experts[5]
+    wts = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    NSL = I // SLICE
+    part = torch.empty(NSL, K, D, dtype=torch.float32, device=x.device)  # [slice, slot, D]
+    out = torch.empty(1, D, dtype=torch.bfloat16, device=x.device)
+    ids64 = int(topk_ids.dtype == torch.int64)
+    p, i32 = (lambda t: np.uint64(t.data_ptr())), np.int32
+    fused, comb = _module()
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        fused[int(D % mma_layout.KALIGN != 0)](
+            (NSL, K), (THREADS,),
+            (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
+             i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
+             np.int64(dp.stride(0)), i32(dp.stride(1)), np.int64(ds.stride(0)),
+             i32(ds.stride(1)), p(part)), shared_mem=RING)
+        comb((-(-D // 256),), (256,),
+             (p(part), i32(NSL), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
+              i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
+    return out
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v8's launcher):
+
+        python -m workbench.kernels.int4_moe.cuda_v8 [--ep 8] [--T 1] [--cfgs "v=cuda_v5;base;F8=1"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=cuda_v5;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
