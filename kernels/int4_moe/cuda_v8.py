@@ -49,6 +49,7 @@ from .mma_layout import GATE_UP
 SLICE = 128  # intermediate inputs a CTA (cuda_v8.cu's V8_SLICE: 8 gate/up units)
 KW, RW = 2, 8  # the gate/up instance's K parts x units a CTA (V8_KW, V8_RW)
 THREADS = 32 * KW * RW
+COMBINE_SLOTS = 8  # the combine's threads a column (cuda_v8.cu's V8_CK)
 RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage][6][32] uint4
 KNOBS = {"F8": 0}  # F8 1: the fused path for a hinted one-token call too (an EP rank's decode)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
@@ -122,7 +123,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(dp.stride(0)), i32(dp.stride(1)), np.int64(ds.stride(0)),
              i32(ds.stride(1)), p(part)), shared_mem=RING)
-        comb((-(-D // 256),), (256,),
+        comb((-(-D // 32),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NSL), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
     return out
