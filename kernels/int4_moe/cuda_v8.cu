@@ -20,7 +20,8 @@
 //      the checkpoint layout as it is (a row's slice is 64 contiguous bytes of words and 8 of
 //      scales): a lane owns one scale group of 32 inputs (its 32 h values stay in registers
 //      for all D rows), four lanes a row, the dequant as cuda_v2's (128 + q by the bf16 magic,
-//      -136 sum(h) once a group, times the group's scale), the quad summed by two shuffles.
+//      -136 sum(h) once a group, times the group's scale), the quad summed by two shuffles;
+//      the rows stream through a per-lane cp.async ring in the gate/up ring's shared memory.
 // The combine sums, per output column, w[k] * sum over slices of part[slice, k] in (k, slice)
 // order (fp32, no atomics: deterministic), NaN for a token with an id outside [-1, E) or an
 // expert twice (the router's rule, `_common._route_bad`), -1 slots adding nothing.
@@ -31,18 +32,25 @@ constexpr int V8_KW = 2, V8_RW = 8;                  // gate/up K parts x units 
 constexpr int V8_THREADS = 32 * V8_KW * V8_RW;       // 512: one CTA an SM at 128 registers
 constexpr int V8_SLICE = 16 * V8_RW;                 // intermediate inputs a CTA (128)
 constexpr int V8_QUADS = V8_THREADS / 4;             // down rows in flight a pass (one a quad)
-constexpr int V8_BATCH = 8;                          // down rows a lane loads before their math
+// the down partial's ring, in the gate/up ring's shared memory (free once h is done): a stage
+// holds one row a lane, its 16 bytes of words and the 4 bytes of its scale pair; V8_ST2 - 1
+// rows in flight a lane (session 28 call 3: eight rows loaded, then their math, in turn, took
+// the down phase ~27 µs for 66 MB at T 1, the gate/up phase 38 for 132)
+constexpr int V8_STAGE2 = V8_THREADS * (16 + 4);     // bytes a stage (10 KB)
+constexpr int V8_ST2 = 14;                           // stages (140 KB of the 144 KB ring)
+static_assert(V8_ST2 * V8_STAGE2 <= V8_KW * V8_RW * 3 * 6 * 32 * 16, "the gate/up ring holds it");
 
 __device__ __forceinline__ long long v8_id(u64 ids_ptr, int ids64, int s_ik, int k) {
   return ids64 ? ((const long long*)ids_ptr)[(size_t)k * s_ik]
                : (long long)((const int*)ids_ptr)[(size_t)k * s_ik];
 }
 
-__device__ __forceinline__ uint4 ld_row(const uint4* p) {
-  // a row's 64-byte slice: read once, no L1 line, no L2 prefetch of the other slices' bytes
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
+}
+__device__ __forceinline__ u32 lds32(u32 a) {
+  u32 r;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a));
   return r;
 }
 
@@ -94,57 +102,74 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   }
   const float corr = -136.f * hsum;
   const int i0 = V8_SLICE * xs + 32 * q;
-  const uint4* wrow = (const uint4*)((const int*)wd + (size_t)e * se_w + i0 / 8);
-  const u16* srow = (const u16*)sd + (size_t)e * se_s + i0 / 32;
+  // row n's words for this lane's group, and the 4-byte pair of scales that holds its scale
+  const int* wrow = (const int*)wd + (size_t)e * se_w + i0 / 8;
+  const u16* srow = (const u16*)sd + (size_t)e * se_s + (i0 / 32 & ~1);
   float* out = (float*)part + ((size_t)xs * gridDim.y + k) * D;
-  for (int n0 = quad; n0 < D; n0 += V8_BATCH * V8_QUADS) {
-    uint4 w[V8_BATCH];
-    u16 s[V8_BATCH];
-#pragma unroll
-    for (int b = 0; b < V8_BATCH; ++b) {
-      const int n = n0 + b * V8_QUADS;
-      if (n < D) {
-        w[b] = ld_row((const uint4*)((const int*)wrow + (size_t)n * sn_w));
-        s[b] = __ldg(srow + (size_t)n * sn_s);
-      }
+  const u32 ring = (u32)__cvta_generic_to_shared(dsm);
+  const u32 my_w = ring + threadIdx.x * 16, my_s = ring + V8_THREADS * 16 + threadIdx.x * 4;
+  const int rows = (D + V8_QUADS - 1) / V8_QUADS;  // warp-uniform (the quad shuffles)
+  auto issue = [&](int r) {  // row quad + QUADS r into stage r % ST2
+    const int n = quad + r * V8_QUADS;
+    const u32 st = (u32)(r % V8_ST2) * V8_STAGE2;
+    if (n < D) {
+      cp_async16(my_w + st, wrow + (size_t)n * sn_w);
+      cp_async4(my_s + st, srow + (size_t)n * sn_s);
     }
+  };
 #pragma unroll
-    for (int b = 0; b < V8_BATCH; ++b) {
-      const int n = n0 + b * V8_QUADS;
-      float acc = dot8(w[b].x, h, corr);
-      acc = dot8(w[b].y, h + 8, acc);
-      acc = dot8(w[b].z, h + 16, acc);
-      acc = dot8(w[b].w, h + 24, acc);
-      acc *= from_bf16(s[b]);  // the group's (q - 8) h sum, scaled once
-      acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 1);
-      acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 2);
-      if (q == 0 && n < D) out[n] = acc;
-    }
+  for (int r = 0; r < V8_ST2 - 1; ++r) {
+    if (r < rows) issue(r);
+    cp_commit();  // empty groups past the end keep the count uniform
+  }
+  for (int r = 0; r < rows; ++r) {
+    cp_wait<V8_ST2 - 2>();  // row r has landed (this lane's own copies: no barrier)
+    const u32 st = (u32)(r % V8_ST2) * V8_STAGE2;
+    const uint4 w = lds(my_w + st);
+    const u32 s2 = lds32(my_s + st);
+    if (r + V8_ST2 - 1 < rows) issue(r + V8_ST2 - 1);  // into the stage read one row ago
+    cp_commit();
+    float acc = dot8(w.x, h, corr);
+    acc = dot8(w.y, h + 8, acc);
+    acc = dot8(w.z, h + 16, acc);
+    acc = dot8(w.w, h + 24, acc);
+    acc *= __uint_as_float(q & 1 ? s2 & 0xFFFF0000u : s2 << 16);  // the group's scale, once
+    acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 1);
+    acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 2);
+    const int n = quad + r * V8_QUADS;
+    if (q == 0 && n < D) out[n] = acc;
   }
 }
 
-// grid ceil(D / 32), (32, V8_CK) threads: thread (c, j) takes column n = 32 blockIdx.x + c and
-// the slots k = j, j + V8_CK, ..., each w[k] sum_s part[s, k, n] with its NSL loads in flight
-// (session 28 call 2: one thread a column walking all K NSL loads in turn took 8.9 µs at T 1);
+// grid ceil(D / 128), (32, V8_CK) threads: thread (c, j) takes columns 128 blockIdx.x + 4 c ..
+// + 3 (one 16-byte load a part row; D a multiple of 4) and the slots k = j, j + V8_CK, ...,
+// each w[k] sum_s part[s, k, n] (session 28 call 2: one thread a column walking all K NSL
+// loads in turn took 8.9 µs at T 1; call 3, a thread a column and slot, 4.9);
 // out[0, n] = bf16 of the sum over j in order of those (for K <= V8_CK: slot order), NaN for a
 // bad token (an id outside [-1, E) or one expert twice; -1 may repeat)
 constexpr int V8_CK = 8;
 __global__ void __launch_bounds__(32 * V8_CK)
 int4_moe_decode_combine(u64 part, int NSL, u64 ids_ptr, int ids64, int s_ik, u64 w_ptr,
                         int s_wk, int K, int E, int D, u64 out_ptr) {
-  __shared__ float acc_j[V8_CK][32];
+  __shared__ float4 acc_j[V8_CK][32];
   const int c = threadIdx.x & 31, j = threadIdx.x >> 5;
-  const int n = blockIdx.x * 32 + c;
-  const float* P = (const float*)part;
+  const int n = blockIdx.x * 128 + 4 * c;
   const float* wts = (const float*)w_ptr;
-  float acc = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int k = j; k < K && n < D; k += V8_CK) {
     const long long e = v8_id(ids_ptr, ids64, s_ik, k);
     if (e < 0 || e >= E) continue;  // -1 adds nothing; outside [0, E): NaN below
-    float y = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < NSL; ++s) y += P[((size_t)s * K + k) * D + n];
-    acc = fmaf(wts[(size_t)k * s_wk], y, acc);
+    const float4* P = (const float4*)((const float*)part + (size_t)k * D + n);
+    const size_t step = (size_t)K * D / 4;  // one slice to the next, in float4
+    float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < NSL; ++s) {
+      const float4 v = __ldcs(P + s * step);  // read once: evict first
+      y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
+    }
+    const float wk = wts[(size_t)k * s_wk];
+    acc.x = fmaf(wk, y.x, acc.x), acc.y = fmaf(wk, y.y, acc.y);
+    acc.z = fmaf(wk, y.z, acc.z), acc.w = fmaf(wk, y.w, acc.w);
   }
   acc_j[j][c] = acc;
   __syncthreads();
@@ -155,8 +180,14 @@ int4_moe_decode_combine(u64 part, int NSL, u64 ids_ptr, int ids64, int s_ik, u64
     bad |= e < -1 || e >= E;
     for (int i = 0; i < k && e != -1; ++i) bad |= v8_id(ids_ptr, ids64, s_ik, i) == e;
   }
-  float sum = 0.f;
+  float4 sum = acc_j[0][c];
 #pragma unroll
-  for (int i = 0; i < V8_CK; ++i) sum += acc_j[i][c];
-  ((u16*)out_ptr)[n] = bad ? (u16)0x7FC0 : to_bf16(sum);
+  for (int i = 1; i < V8_CK; ++i) {
+    const float4 v = acc_j[i][c];
+    sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+  }
+  const u32 nan2 = 0x7FC07FC0u;
+  const uint2 o = make_uint2(bad ? nan2 : (u32)to_bf16(sum.x) | (u32)to_bf16(sum.y) << 16,
+                             bad ? nan2 : (u32)to_bf16(sum.z) | (u32)to_bf16(sum.w) << 16);
+  *(uint2*)((u16*)out_ptr + n) = o;
 }

@@ -74,13 +74,17 @@ def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
                force: bool = False) -> bool:
     """The rule (shapes, strides and pointers only: graph-safe): one token, no EP hint unless
     forced, and the layout the kernel reads (I a multiple of SLICE, KW parts dividing the
-    gate/up chunk pairs, each down row's words 16-byte aligned)."""
+    gate/up chunk pairs, D a multiple of 4 (the combine's 16-byte part loads), each down row's
+    words 16-byte and its scales 4-byte aligned: the down ring's cp.async sizes)."""
     T, D = x.shape
     dp = experts[4]
     I = experts[0].shape[1]
     pairs = mma_layout.dims(I, D, True)[1] // 2
+    ds = experts[5]
     return (T == 1 and (expected_slots is None or force) and I % SLICE == 0 and pairs % KW == 0
-            and dp.data_ptr() % 16 == 0 and dp.stride(0) % 4 == 0 and dp.stride(1) % 4 == 0)
+            and D % 4 == 0 and dp.data_ptr() % 16 == 0 and dp.stride(0) % 4 == 0
+            and dp.stride(1) % 4 == 0 and ds.data_ptr() % 4 == 0 and ds.stride(0) % 2 == 0
+            and ds.stride(1) % 2 == 0)
 
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
@@ -123,7 +127,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(dp.stride(0)), i32(dp.stride(1)), np.int64(ds.stride(0)),
              i32(ds.stride(1)), p(part)), shared_mem=RING)
-        comb((-(-D // 32),), (32 * COMBINE_SLOTS,),
+        comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NSL), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
     return out
