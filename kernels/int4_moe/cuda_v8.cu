@@ -32,19 +32,44 @@ constexpr int V8_KW = 2, V8_RW = 8;                  // gate/up K parts x units 
 constexpr int V8_THREADS = 32 * V8_KW * V8_RW;       // 512: one CTA an SM at 128 registers
 constexpr int V8_SLICE = 16 * V8_RW;                 // intermediate inputs a CTA (128)
 constexpr int V8_QUADS = V8_THREADS / 4;             // down rows in flight a pass (one a quad)
-// the down partial's ring, in the gate/up ring's shared memory (free once h is done): a stage
-// holds one row a lane, its 16 bytes of words and the 4 bytes of its scale pair; V8_ST2 - 1
-// rows in flight a lane (session 28 call 3: eight rows loaded, then their math, in turn, took
-// the down phase ~27 µs for 66 MB at T 1, the gate/up phase 38 for 132)
+// DN 1: the down partial's ring, in the gate/up ring's shared memory (free once h is done): a
+// stage holds one row a lane, its 16 bytes of words and the 4 bytes of its scale pair;
+// V8_ST2 - 1 rows in flight a lane
+constexpr int V8_BATCH = 8;                          // DN 0: rows a lane loads, then computes
 constexpr int V8_STAGE2 = V8_THREADS * (16 + 4);     // bytes a stage (10 KB)
 constexpr int V8_ST2 = 14;                           // stages (140 KB of the 144 KB ring)
 static_assert(V8_ST2 * V8_STAGE2 <= V8_KW * V8_RW * 3 * 6 * 32 * 16, "the gate/up ring holds it");
+// DN 2: the down partial on the tensor cores, a warp a 16-row tile at a time (rows g, g + 8 of
+// lane (g, t)), the tile's 16 x 64 bytes of words and 16 x 8 of scales brought into a per-warp
+// ring of V8_ST3 stages by cp.async (each lane copies distinct 16 / 8 bytes; __syncwarp
+// publishes them)
+constexpr int V8_TILE3 = 16 * 64 + 16 * 8;           // bytes a stage: words, then scales
+constexpr int V8_ST3 = 8;                            // stages a warp (9216 B: the gate/up ring's)
+static_assert(V8_THREADS / 32 * V8_ST3 * V8_TILE3 <= V8_KW * V8_RW * 3 * 6 * 32 * 16, "fits");
 
 __device__ __forceinline__ long long v8_id(u64 ids_ptr, int ids64, int s_ik, int k) {
   return ids64 ? ((const long long*)ids_ptr)[(size_t)k * s_ik]
                : (long long)((const int*)ids_ptr)[(size_t)k * s_ik];
 }
 
+__device__ __forceinline__ uint4 ld_row(const uint4* p) {
+  // a row's 64-byte slice: read once, no L1 line, no L2 prefetch of the other slices' bytes
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src));
+}
+__device__ __forceinline__ uint2 lds64(u32 a) {
+  uint2 r;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(a));
+  return r;
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {  // bf16x2, lo in the low half
+  return (u32)to_bf16(lo) | (u32)to_bf16(hi) << 16;
+}
 __device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src));
 }
@@ -69,7 +94,105 @@ __device__ __forceinline__ float dot8(u32 q, const float* h, float acc) {
 // stages x 6 x 32 x 16 B). w1 / s1: gate/up repacked (mma_layout), x [1, ld] bf16, ids / wts
 // [1, K], wd / sd: down in the checkpoint layout [E, D, I / 8] int32 / [E, D, I / 32] bf16 at
 // expert strides se_w / se_s and row strides sn_w / sn_s (elements), part [NSL, K, D] fp32.
-template <int KPAD>
+// DN 2's down partial: out[n] = sum over the slice of W[e][n, :] h for n in [0, D), a warp
+// taking the 16-row tiles warp, warp + W, ... The mma's K order is permuted so that the
+// bf16 magic's nibble pairs (j, j + 4) of a word are A's column pairs (2 t, 2 t + 1): lane t
+// takes nibbles (t, t + 4) of words 0 / 2 and (8 + t, 12 + t) of words 1 / 3 of a group's 16
+// bytes, and B (h as bf16 hi + lo, every column the token's) holds h at those inputs. A group's
+// partial starts from -136 sum(h) (the same mmas on a constant A: cuda_v2's association) and is
+// scaled once by the row's group scale; column 0 (lanes t = 0) is the token's.
+__device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long long e,
+                                         long long se_w, int sn_w, long long se_s, int sn_s,
+                                         int xs, int D, float* out, uint4* dsm) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  constexpr int NW = V8_THREADS / 32;
+  u32 bh[4][2][2], bl[4][2][2];  // [group][k16 step][b0, b1]: h hi / lo at the permuted inputs
+  float corr[4];
+#pragma unroll
+  for (int grp = 0; grp < 4; ++grp) {
+    float cc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int st = 0; st < 2; ++st)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int i = 32 * grp + 16 * st + 8 * b + t;  // inputs i, i + 4
+        const float h0 = hs[i], h1 = hs[i + 4];
+        const float h0h = from_bf16(to_bf16(h0)), h1h = from_bf16(to_bf16(h1));
+        bh[grp][st][b] = pack_bf16(h0, h1);
+        bl[grp][st][b] = pack_bf16(h0 - h0h, h1 - h1h);
+      }
+    const u32 m136 = 0xC308C308u;  // bf16x2 (-136, -136)
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      mma(cc, m136, m136, m136, m136, bh[grp][st][0], bh[grp][st][1]);
+      mma(cc, m136, m136, m136, m136, bl[grp][st][0], bl[grp][st][1]);
+    }
+    corr[grp] = cc[0];  // -136 sum(hi + lo) over the group, the same in every row and column
+  }
+  const int sh = 4 * t;
+  const int tiles = (D + 15) / 16, mine = (tiles - warp + NW - 1) / NW;  // warp-uniform
+  const int* wbase = (const int*)wd + (size_t)e * se_w + V8_SLICE / 8 * xs;
+  const u16* sbase = (const u16*)sd + (size_t)e * se_s + V8_SLICE / 32 * xs;
+  const u32 ring = (u32)__cvta_generic_to_shared(dsm) + warp * (V8_ST3 * V8_TILE3);
+  // this lane's pieces of a tile: 16-byte pieces lane and lane + 32 of the 64 (row c / 4, piece
+  // c % 4), and lane < 16 the 8 bytes of row lane's scales; issued tile after tile in order,
+  // so one running pointer each, a tile (16 NW rows) further every call
+  const int r0 = lane / 4, r1 = r0 + 8, rs = lane & 15;
+  const int* wp0 = wbase + (size_t)(16 * warp + r0) * sn_w + 4 * (lane % 4);
+  const int* wp1 = wp0 + (size_t)8 * sn_w;
+  const u16* sp = sbase + (size_t)(16 * warp + rs) * sn_s;
+  const size_t wstep = (size_t)16 * NW * sn_w, sstep = (size_t)16 * NW * sn_s;
+  int nn = 16 * warp;  // the next tile's first row
+  auto issue = [&](int stage) {  // the next tile into stage
+    const u32 dst = ring + stage * V8_TILE3;
+    if (nn + r0 < D) cp_async16(dst + lane * 16, wp0);
+    if (nn + r1 < D) cp_async16(dst + (lane + 32) * 16, wp1);
+    if (lane < 16 && nn + rs < D) cp_async8(dst + 1024 + lane * 8, sp);
+    wp0 += wstep, wp1 += wstep, sp += sstep, nn += 16 * NW;
+  };
+#pragma unroll
+  for (int r = 0; r < V8_ST3 - 1; ++r) {
+    if (r < mine) issue(r);
+    cp_commit();
+  }
+  static_assert((V8_ST3 & (V8_ST3 - 1)) == 0, "stages: a power of two");
+  for (int r = 0; r < mine; ++r) {
+    cp_wait<V8_ST3 - 2>();
+    __syncwarp();  // every lane's pieces of tile r landed; every lane done with the stage refilled
+    const u32 src = ring + (r & (V8_ST3 - 1)) * V8_TILE3;
+    if (r + V8_ST3 - 1 < mine) issue((r + V8_ST3 - 1) & (V8_ST3 - 1));  // read one tile ago
+    cp_commit();
+    float acc0 = 0.f, acc8 = 0.f;  // rows g, g + 8, column 2 t
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      const uint4 wg = lds(src + g * 64 + grp * 16), wg8 = lds(src + (g + 8) * 64 + grp * 16);
+      float c[4] = {corr[grp], corr[grp], corr[grp], corr[grp]};
+      u32 a0 = raw(wg.x >> sh), a1 = raw(wg8.x >> sh), a2 = raw(wg.y >> sh), a3 = raw(wg8.y >> sh);
+      mma(c, a0, a1, a2, a3, bh[grp][0][0], bh[grp][0][1]);
+      mma(c, a0, a1, a2, a3, bl[grp][0][0], bl[grp][0][1]);
+      a0 = raw(wg.z >> sh), a1 = raw(wg8.z >> sh), a2 = raw(wg.w >> sh), a3 = raw(wg8.w >> sh);
+      mma(c, a0, a1, a2, a3, bh[grp][1][0], bh[grp][1][1]);
+      mma(c, a0, a1, a2, a3, bl[grp][1][0], bl[grp][1][1]);
+      // the scale pair holding this group's, rows g and g + 8
+      const u32 w0 = lds32(src + 1024 + g * 8 + grp / 2 * 4);
+      const u32 w8 = lds32(src + 1024 + (g + 8) * 8 + grp / 2 * 4);
+      const float s0 = __uint_as_float(grp & 1 ? w0 & 0xFFFF0000u : w0 << 16);
+      const float s8 = __uint_as_float(grp & 1 ? w8 & 0xFFFF0000u : w8 << 16);
+      acc0 = fmaf(s0, c[0], acc0);
+      acc8 = fmaf(s8, c[2], acc8);
+    }
+    const int n0 = 16 * (warp + NW * r);
+    if (t == 0 && n0 + g < D) out[n0 + g] = acc0;
+    if (t == 0 && n0 + g + 8 < D) out[n0 + g + 8] = acc8;
+  }
+}
+
+// DN: how the down partial streams its rows. 0: V8_BATCH rows a lane loaded into registers,
+// then their math, in turn (session 28 call 3: the kernel 65.8 µs at T 1); 1: a per-lane
+// cp.async ring of V8_ST2 rows in the gate/up ring's shared memory (call 4: 68.5, slower: the
+// phase is bound by its instructions, ~110 a row a lane, not by loads in flight); 2: the tensor
+// cores (down_mma: ~115 warp instructions a 16-row tile instead of ~220)
+template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
                 int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
@@ -92,6 +215,11 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
                                                      [] {});
   __syncthreads();  // hs complete
 
+  if (DN == 2) {
+    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, xs, D,
+             (float*)part + ((size_t)xs * gridDim.y + k) * D, dsm);
+    return;
+  }
   const int q = threadIdx.x & 3, quad = threadIdx.x >> 2;
   float h[32];  // this lane's scale group: inputs SLICE xs + 32 q ..
   float hsum = 0.f;
@@ -106,9 +234,38 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   const int* wrow = (const int*)wd + (size_t)e * se_w + i0 / 8;
   const u16* srow = (const u16*)sd + (size_t)e * se_s + (i0 / 32 & ~1);
   float* out = (float*)part + ((size_t)xs * gridDim.y + k) * D;
+  const int rows = (D + V8_QUADS - 1) / V8_QUADS;  // warp-uniform (the quad shuffles)
+  auto row_out = [&](const uint4& w, float scale, int r) {  // row quad + QUADS r's partial
+    float acc = dot8(w.x, h, corr);
+    acc = dot8(w.y, h + 8, acc);
+    acc = dot8(w.z, h + 16, acc);
+    acc = dot8(w.w, h + 24, acc);
+    acc *= scale;  // the group's (q - 8) h sum, scaled once
+    acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 1);
+    acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 2);
+    const int n = quad + r * V8_QUADS;
+    if (q == 0 && n < D) out[n] = acc;
+  };
+  if (DN == 0) {
+    for (int r0 = 0; r0 < rows; r0 += V8_BATCH) {
+      uint4 w[V8_BATCH];
+      u16 sc[V8_BATCH];
+#pragma unroll
+      for (int b = 0; b < V8_BATCH; ++b) {
+        const int n = quad + (r0 + b) * V8_QUADS;
+        if (r0 + b < rows && n < D) {
+          w[b] = ld_row((const uint4*)(wrow + (size_t)n * sn_w));
+          sc[b] = __ldg(srow + (size_t)n * sn_s + (q & 1));
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < V8_BATCH; ++b)
+        if (r0 + b < rows) row_out(w[b], from_bf16(sc[b]), r0 + b);
+    }
+    return;
+  }
   const u32 ring = (u32)__cvta_generic_to_shared(dsm);
   const u32 my_w = ring + threadIdx.x * 16, my_s = ring + V8_THREADS * 16 + threadIdx.x * 4;
-  const int rows = (D + V8_QUADS - 1) / V8_QUADS;  // warp-uniform (the quad shuffles)
   auto issue = [&](int r) {  // row quad + QUADS r into stage r % ST2
     const int n = quad + r * V8_QUADS;
     const u32 st = (u32)(r % V8_ST2) * V8_STAGE2;
@@ -129,35 +286,41 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     const u32 s2 = lds32(my_s + st);
     if (r + V8_ST2 - 1 < rows) issue(r + V8_ST2 - 1);  // into the stage read one row ago
     cp_commit();
-    float acc = dot8(w.x, h, corr);
-    acc = dot8(w.y, h + 8, acc);
-    acc = dot8(w.z, h + 16, acc);
-    acc = dot8(w.w, h + 24, acc);
-    acc *= __uint_as_float(q & 1 ? s2 & 0xFFFF0000u : s2 << 16);  // the group's scale, once
-    acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 1);
-    acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 2);
-    const int n = quad + r * V8_QUADS;
-    if (q == 0 && n < D) out[n] = acc;
+    row_out(w, __uint_as_float(q & 1 ? s2 & 0xFFFF0000u : s2 << 16), r);
   }
 }
 
 // grid ceil(D / 128), (32, V8_CK) threads: thread (c, j) takes columns 128 blockIdx.x + 4 c ..
 // + 3 (one 16-byte load a part row; D a multiple of 4) and the slots k = j, j + V8_CK, ...,
 // each w[k] sum_s part[s, k, n] (session 28 call 2: one thread a column walking all K NSL
-// loads in turn took 8.9 µs at T 1; call 3, a thread a column and slot, 4.9);
+// loads in turn took 8.9 µs at T 1; call 3, a thread a column and slot, 4.9; call 4, these
+// loads with each thread checking the token's ids itself, K^2 dependent loads, 9.4: the ids now
+// come into shared memory once, K <= V8_KMAX);
 // out[0, n] = bf16 of the sum over j in order of those (for K <= V8_CK: slot order), NaN for a
 // bad token (an id outside [-1, E) or one expert twice; -1 may repeat)
 constexpr int V8_CK = 8;
+constexpr int V8_KMAX = 256;  // slots a token the combine reads its ids of (cuda_v8.py's rule)
 __global__ void __launch_bounds__(32 * V8_CK)
 int4_moe_decode_combine(u64 part, int NSL, u64 ids_ptr, int ids64, int s_ik, u64 w_ptr,
                         int s_wk, int K, int E, int D, u64 out_ptr) {
   __shared__ float4 acc_j[V8_CK][32];
+  __shared__ long long ids[V8_KMAX];
+  __shared__ int bad;
   const int c = threadIdx.x & 31, j = threadIdx.x >> 5;
   const int n = blockIdx.x * 128 + 4 * c;
   const float* wts = (const float*)w_ptr;
+  if (threadIdx.x < K) ids[threadIdx.x] = v8_id(ids_ptr, ids64, s_ik, threadIdx.x);
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  if (threadIdx.x < K) {  // the router's rule, one slot a thread against the ones before it
+    const long long e = ids[threadIdx.x];
+    bool b = e < -1 || e >= E;
+    for (int i = 0; i < threadIdx.x && e != -1; ++i) b |= ids[i] == e;
+    if (b) bad = 1;
+  }
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int k = j; k < K && n < D; k += V8_CK) {
-    const long long e = v8_id(ids_ptr, ids64, s_ik, k);
+    const long long e = ids[k];
     if (e < 0 || e >= E) continue;  // -1 adds nothing; outside [0, E): NaN below
     const float4* P = (const float4*)((const float*)part + (size_t)k * D + n);
     const size_t step = (size_t)K * D / 4;  // one slice to the next, in float4
@@ -172,14 +335,8 @@ int4_moe_decode_combine(u64 part, int NSL, u64 ids_ptr, int ids64, int s_ik, u64
     acc.z = fmaf(wk, y.z, acc.z), acc.w = fmaf(wk, y.w, acc.w);
   }
   acc_j[j][c] = acc;
-  __syncthreads();
+  __syncthreads();  // acc_j and bad complete
   if (j != 0 || n >= D) return;
-  bool bad = false;
-  for (int k = 0; k < K; ++k) {
-    const long long e = v8_id(ids_ptr, ids64, s_ik, k);
-    bad |= e < -1 || e >= E;
-    for (int i = 0; i < k && e != -1; ++i) bad |= v8_id(ids_ptr, ids64, s_ik, i) == e;
-  }
   float4 sum = acc_j[0][c];
 #pragma unroll
   for (int i = 1; i < V8_CK; ++i) {

@@ -51,7 +51,11 @@ KW, RW = 2, 8  # the gate/up instance's K parts x units a CTA (V8_KW, V8_RW)
 THREADS = 32 * KW * RW
 COMBINE_SLOTS = 8  # the combine's threads a column (cuda_v8.cu's V8_CK)
 RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage][6][32] uint4
-KNOBS = {"F8": 0}  # F8 1: the fused path for a hinted one-token call too (an EP rank's decode)
+# F8 1: the fused path for a hinted one-token call too (an EP rank's decode); DN: how the down
+# partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores)
+KNOBS = {"F8": 0, "DN": 0}
+DOWN_FORMS = (0, 1, 2)
+KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
 
 
@@ -61,10 +65,12 @@ def _module():
     the combine."""
     import cupy
 
-    names = ["int4_moe_decode<0>", "int4_moe_decode<1>", "int4_moe_decode_combine"]
+    keys = [(kpad, dn) for kpad in (0, 1) for dn in DOWN_FORMS]
+    names = [f"int4_moe_decode<{kpad}, {dn}>" for kpad, dn in keys]
     code = "".join(open(p).read() + "\n" for p in (cuda_v1._SRC, _SRC))
-    mod = cupy.RawModule(code=code, options=("-std=c++17",), name_expressions=names)
-    fused = {k: mod.get_function(f"int4_moe_decode<{k}>") for k in (0, 1)}
+    mod = cupy.RawModule(code=code, options=("-std=c++17",),
+                         name_expressions=[*names, "int4_moe_decode_combine"])
+    fused = {key: mod.get_function(name) for key, name in zip(keys, names)}
     for fn in fused.values():
         fn.max_dynamic_shared_size_bytes = RING  # past 48 KB with the static part: opt in
     return fused, mod.get_function("int4_moe_decode_combine")
@@ -73,7 +79,7 @@ def _module():
 def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
                force: bool = False) -> bool:
     """The rule (shapes, strides and pointers only: graph-safe): one token, no EP hint unless
-    forced, and the layout the kernel reads (I a multiple of SLICE, KW parts dividing the
+    forced, at most KMAX slots, and the layout the kernel reads (I a multiple of SLICE, KW parts dividing the
     gate/up chunk pairs, D a multiple of 4 (the combine's 16-byte part loads), each down row's
     words 16-byte and its scales 4-byte aligned: the down ring's cp.async sizes)."""
     T, D = x.shape
@@ -81,7 +87,8 @@ def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
     I = experts[0].shape[1]
     pairs = mma_layout.dims(I, D, True)[1] // 2
     ds = experts[5]
-    return (T == 1 and (expected_slots is None or force) and I % SLICE == 0 and pairs % KW == 0
+    return (T == 1 and (expected_slots is None or force) and topk_ids.shape[1] <= KMAX
+            and I % SLICE == 0 and pairs % KW == 0
             and D % 4 == 0 and dp.data_ptr() % 16 == 0 and dp.stride(0) % 4 == 0
             and dp.stride(1) % 4 == 0 and ds.data_ptr() % 4 == 0 and ds.stride(0) % 2 == 0
             and ds.stride(1) % 2 == 0)
@@ -95,15 +102,16 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     cfg = dict(cfg or {})
     knobs = {k: cfg.pop(k, v) for k, v in KNOBS.items()}
     _require(knobs["F8"] in (0, 1), "cfg['F8']", "0 or 1", knobs["F8"])
+    _require(knobs["DN"] in DOWN_FORMS, "cfg['DN']", f"one of {DOWN_FORMS}", knobs["DN"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
-    return decode(x, topk_ids, topk_weights, experts)
+    return decode(x, topk_ids, topk_weights, experts, knobs["DN"])
 
 
-def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor:
+def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16."""
     import cupy
     import numpy as np
@@ -121,7 +129,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor
     p, i32 = (lambda t: np.uint64(t.data_ptr())), np.int32
     fused, comb = _module()
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-        fused[int(D % mma_layout.KALIGN != 0)](
+        fused[int(D % mma_layout.KALIGN != 0), dn](
             (NSL, K), (THREADS,),
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
