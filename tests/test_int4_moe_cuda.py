@@ -876,6 +876,8 @@ def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"F8": 2})
     with pytest.raises(ValueError, match=r"cfg\['DN'\]: expected one of"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"DN": 9})
+    with pytest.raises(ValueError, match=r"cfg\['CL'\]: expected one of"):
+        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"CL": 3})
     assert not cuda_v8.fused_here(x1, torch.zeros(1, cuda_v8.KMAX + 1, dtype=torch.long), ex, None)
 
 
@@ -889,9 +891,11 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     src = tmp_path / "v8.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v8._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_decode<{k}, {dn}>({sig});\n" for k in (0, 1)
-        for dn in cuda_v8.DOWN_FORMS))
+        for dn in cuda_v8.DOWN_FORMS) + "".join(
+        f"template __global__ void int4_moe_decode_cl<{k}, {cl}>({sig});\n" for k in (0, 1)
+        for cl in cuda_v8.CLUSTERS))
     log, sass = _build_sm90(src)
-    n = 2 * len(cuda_v8.DOWN_FORMS) + 1  # the instances and the combine
+    n = 2 * len(cuda_v8.DOWN_FORMS) + 2 * len(cuda_v8.CLUSTERS) + 1  # instances, the combine
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     assert len(regs) == n and max(regs) <= 128, log
     # DN 2 (the down partial on the tensor cores, its 32 B-fragment registers live through the
@@ -900,7 +904,8 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
         r"entry function '(\w+)'.*?(\d+) bytes spill stores", log, re.S)}
     assert len(spills) == n, log
     for name, b in spills.items():
-        assert b <= (8 if "ELi2EEv" in name else 0), (name, b)  # int4_moe_decode<KPAD, 2>
+        dn2 = "decodeILi" in name and "ELi2EEv" in name  # int4_moe_decode<KPAD, 2>
+        assert b <= (8 if dn2 else 0), (name, b)
     assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
 
 
@@ -942,11 +947,12 @@ def test_v8_decode_matches_reference_gpu(D, I):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dn", [0, 1, 2])
-def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn):
-    # why: the three ways the down partial streams its rows (cuda_v8.cu's DN: registers, a
-    # cp.async ring, tensor cores with the permuted K order) are the A/B's configs; each must
-    # be the op at T 1 on 384 experts, -1 slots and int32 ids included
+@pytest.mark.parametrize("dn, cl", [(0, 1), (1, 1), (2, 1), (0, 2), (0, 4), (0, 8)])
+def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl):
+    # why: the ways the down partial streams its rows (cuda_v8.cu's DN: registers, a cp.async
+    # ring, tensor cores with the permuted K order; CL: clusters sharing h through DSMEM) are
+    # the A/B's configs; each must be the op at T 1 on 384 experts, -1 slots and int32 ids
+    # included
     from workbench.kernels.int4_moe import cuda_v8
     from workbench.ops.cases import _Rand
 
@@ -958,7 +964,11 @@ def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn):
         if seed:
             ids = torch.where(torch.arange(K, device="cuda") % 3 == 1, -1, ids).int()
         assert cuda_v8.fused_here(x, ids, ex, None)
-        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn})
+        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "CL": cl})
         ref = int4_moe(x, ids, w, ex)
         assert not out.isnan().any()
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+        twice = ids.clone()
+        twice[0, 2] = twice[0, 0]  # one expert twice: the router's NaN row
+        assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False,
+                                     cfg={"DN": dn, "CL": cl}).isnan().all()

@@ -94,6 +94,23 @@ __device__ __forceinline__ float dot8(u32 q, const float* h, float acc) {
 // stages x 6 x 32 x 16 B). w1 / s1: gate/up repacked (mma_layout), x [1, ld] bf16, ids / wts
 // [1, K], wd / sd: down in the checkpoint layout [E, D, I / 8] int32 / [E, D, I / 32] bf16 at
 // expert strides se_w / se_s and row strides sn_w / sn_s (elements), part [NSL, K, D] fp32.
+// Phase 1, both kernels: hs[0, SLICE) = h for inputs SLICE xs .. of expert e (fp32), through
+// cuda_v1's gate/up unit_block (cuda_v2's dequant, KW K parts summed in part order, HOUT 2)
+template <int KPAD>
+__device__ __forceinline__ void h_slice(u64 w1, u64 s1, u64 x_ptr, int e, int NU, int C, int ld,
+                                        int D, int I, int xs, float* red, float* hs, int* zero,
+                                        uint4* dsm) {
+  if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;  // inputs past I (padding) read as 0
+  if (threadIdx.x == 0) *zero = 0;  // the slot table unit_block reads: row 0 / 1 = the token
+  __syncthreads();
+  // h's input i lands at hs[i - SLICE xs]: out_ptr is hs's generic address shifted back by
+  // the slice's first input, and ldo 0 (one slot)
+  const u64 h_at = (u64)(hs) - sizeof(float) * (u64)(V8_SLICE * xs);
+  const GemmArgs A{w1, s1, x_ptr, x_ptr, h_at, h_at, NU, C, ld, D, I, 0, 0, 0};
+  unit_block<0, 1, KPAD, V8_KW, V8_RW, 1, 3, 0, 2, 2>(A, zero, 1, e, 0, 1, xs, red, dsm, [] {});
+  __syncthreads();  // hs complete
+}
+
 // DN 2's down partial: out[n] = sum over the slice of W[e][n, :] h for n in [0, D), a warp
 // taking the 16-row tiles warp, warp + W, ... The mma's K order is permuted so that the
 // bf16 magic's nibble pairs (j, j + 4) of a word are A's column pairs (2 t, 2 t + 1): lane t
@@ -204,17 +221,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   const int xs = blockIdx.x, k = blockIdx.y;
   const long long e = v8_id(ids_ptr, ids64, s_ik, k);
   if (e < 0 || e >= E) return;  // -1: not routed here; outside [0, E): the combine's NaN
-  if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;
-  if (threadIdx.x == 0) zero = 0;  // the slot table unit_block reads: row 0 / 1 = the token
-  __syncthreads();
-  // h's input i lands at hs[i - SLICE xs]: out_ptr is hs's generic address shifted back by
-  // the slice's first input, and ldo 0 (one slot)
-  const u64 h_at = (u64)(hs) - sizeof(float) * (u64)(V8_SLICE * xs);
-  const GemmArgs A{w1, s1, x_ptr, x_ptr, h_at, h_at, NU, C, ld, D, I, 0, 0, 0};
-  unit_block<0, 1, KPAD, V8_KW, V8_RW, 1, 3, 0, 2, 2>(A, &zero, 1, (int)e, 0, 1, xs, red, dsm,
-                                                     [] {});
-  __syncthreads();  // hs complete
-
+  h_slice<KPAD>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm);
   if (DN == 2) {
     down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, xs, D,
              (float*)part + ((size_t)xs * gridDim.y + k) * D, dsm);
@@ -287,6 +294,88 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     if (r + V8_ST2 - 1 < rows) issue(r + V8_ST2 - 1);  // into the stage read one row ago
     cp_commit();
     row_out(w, __uint_as_float(q & 1 ? s2 & 0xFFFF0000u : s2 << 16), r);
+  }
+}
+
+__device__ __forceinline__ void cluster_sync() {  // every thread of every CTA of the cluster
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+               ::: "memory");
+}
+
+// CL CTAs a cluster (along the slices: one expert, CL neighbouring slices): after phase 1 each
+// CTA gathers the cluster's 128 CL inputs of h from its neighbours' shared memory (DSMEM) and
+// takes every CL-th group of rows of the down partial over all of them, so a row's read is
+// 64 CL contiguous bytes (the single-CTA forms read 64 bytes a row, 1 KB apart, 16 CTAs an
+// expert each their own 64: session 28 call 5, the down phase ~28 µs for 66 MB whatever the
+// form, DN 2's tensor cores included); part holds NSL / CL slices. 4 CL lanes a row (lane j of
+// its group: inputs 32 j ..), 32 / (4 CL) rows a warp instruction, reduced by log2(4 CL)
+// shuffles. All CTAs of a cluster share k, so a skipped slot skips the whole cluster.
+template <int KPAD, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(V8_THREADS, 1)
+int4_moe_decode_cl(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
+                   int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
+                   long long se_s, int sn_s, u64 part) {
+  constexpr int LPR = 4 * CL, RPW = 32 / LPR, NW = V8_THREADS / 32;
+  constexpr int STEP = CL * NW * RPW;  // rows a pass of the cluster (128)
+  __shared__ float red[V8_KW * V8_RW * 2 * 32 * 4];
+  __shared__ float hs[V8_SLICE];
+  __shared__ float h_all[LPR][33];  // the cluster's inputs, group j's 32 in row j (padded)
+  __shared__ int zero;
+  extern __shared__ uint4 dsm[];
+  const int xs = blockIdx.x, k = blockIdx.y;
+  const long long e = v8_id(ids_ptr, ids64, s_ik, k);
+  if (e < 0 || e >= E) return;  // the whole cluster (one k): -1, or the combine's NaN
+  h_slice<KPAD>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm);
+  cluster_sync();  // every CTA's hs complete
+  for (int m = threadIdx.x; m < V8_SLICE * CL; m += V8_THREADS) {
+    const u32 mine = (u32)__cvta_generic_to_shared(&hs[m % V8_SLICE]);
+    u32 theirs;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(theirs) : "r"(mine), "r"(m / V8_SLICE));
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(theirs) : "memory");
+    h_all[m / 32][m % 32] = v;
+  }
+  cluster_sync();  // every CTA done reading the others' hs (they may exit); h_all complete
+  u32 rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = lane % LPR, rho = lane / LPR;
+  float h[32];
+  float hsum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    h[i] = h_all[j][i];
+    hsum += h[i];
+  }
+  const float corr = -136.f * hsum;
+  const int c = xs / CL, i0 = V8_SLICE * CL * c + 32 * j;
+  const int* wrow = (const int*)wd + (size_t)e * se_w + i0 / 8;
+  const u16* srow = (const u16*)sd + (size_t)e * se_s + i0 / 32;
+  float* out = (float*)part + ((size_t)c * gridDim.y + k) * D;
+  const int row0 = ((int)rank * NW + warp) * RPW + rho, iters = (D + STEP - 1) / STEP;
+  for (int it0 = 0; it0 < iters; it0 += V8_BATCH) {  // warp-uniform (the group shuffles)
+    uint4 w[V8_BATCH];
+    u16 sc[V8_BATCH];
+#pragma unroll
+    for (int b = 0; b < V8_BATCH; ++b) {
+      const int n = row0 + STEP * (it0 + b);
+      if (it0 + b < iters && n < D) {
+        w[b] = ld_row((const uint4*)(wrow + (size_t)n * sn_w));
+        sc[b] = __ldg(srow + (size_t)n * sn_s);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < V8_BATCH; ++b) {
+      if (it0 + b >= iters) break;
+      float acc = dot8(w[b].x, h, corr);
+      acc = dot8(w[b].y, h + 8, acc);
+      acc = dot8(w[b].z, h + 16, acc);
+      acc = dot8(w[b].w, h + 24, acc);
+      acc *= from_bf16(sc[b]);
+#pragma unroll
+      for (int o = 1; o < LPR; o <<= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+      const int n = row0 + STEP * (it0 + b);
+      if (j == 0 && n < D) out[n] = acc;
+    }
   }
 }
 

@@ -53,8 +53,11 @@ COMBINE_SLOTS = 8  # the combine's threads a column (cuda_v8.cu's V8_CK)
 RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage][6][32] uint4
 # F8 1: the fused path for a hinted one-token call too (an EP rank's decode); DN: how the down
 # partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores)
-KNOBS = {"F8": 0, "DN": 0}
+# CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
+# 1: none, DN's single-CTA form)
+KNOBS = {"F8": 0, "DN": 0, "CL": 1}
 DOWN_FORMS = (0, 1, 2)
+CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
 
@@ -65,8 +68,10 @@ def _module():
     the combine."""
     import cupy
 
-    keys = [(kpad, dn) for kpad in (0, 1) for dn in DOWN_FORMS]
-    names = [f"int4_moe_decode<{kpad}, {dn}>" for kpad, dn in keys]
+    keys = [(kpad, dn, 1) for kpad in (0, 1) for dn in DOWN_FORMS]
+    keys += [(kpad, 0, cl) for kpad in (0, 1) for cl in CLUSTERS]
+    names = [f"int4_moe_decode<{kpad}, {dn}>" if cl == 1 else f"int4_moe_decode_cl<{kpad}, {cl}>"
+             for kpad, dn, cl in keys]
     code = "".join(open(p).read() + "\n" for p in (cuda_v1._SRC, _SRC))
     mod = cupy.RawModule(code=code, options=("-std=c++17",),
                          name_expressions=[*names, "int4_moe_decode_combine"])
@@ -103,15 +108,17 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     knobs = {k: cfg.pop(k, v) for k, v in KNOBS.items()}
     _require(knobs["F8"] in (0, 1), "cfg['F8']", "0 or 1", knobs["F8"])
     _require(knobs["DN"] in DOWN_FORMS, "cfg['DN']", f"one of {DOWN_FORMS}", knobs["DN"])
+    _require(knobs["CL"] in (1, *CLUSTERS), "cfg['CL']", f"one of {(1, *CLUSTERS)}", knobs["CL"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
-    return decode(x, topk_ids, topk_weights, experts, knobs["DN"])
+    return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"])
 
 
-def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0) -> Tensor:
+def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
+           cl: int = 1) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16."""
     import cupy
     import numpy as np
@@ -123,20 +130,22 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
     dp, ds = experts[4], experts[5]
     wts = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     NSL = I // SLICE
-    part = torch.empty(NSL, K, D, dtype=torch.float32, device=x.device)  # [slice, slot, D]
+    _require(NSL % cl == 0, "cfg['CL']", f"a divisor of the {NSL} slices of I", cl)
+    NP = NSL // cl  # partial slices: one a cluster
+    part = torch.empty(NP, K, D, dtype=torch.float32, device=x.device)  # [part, slot, D]
     out = torch.empty(1, D, dtype=torch.bfloat16, device=x.device)
     ids64 = int(topk_ids.dtype == torch.int64)
     p, i32 = (lambda t: np.uint64(t.data_ptr())), np.int32
     fused, comb = _module()
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-        fused[int(D % mma_layout.KALIGN != 0), dn](
+        fused[int(D % mma_layout.KALIGN != 0), dn if cl == 1 else 0, cl](
             (NSL, K), (THREADS,),
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(dp.stride(0)), i32(dp.stride(1)), np.int64(ds.stride(0)),
              i32(ds.stride(1)), p(part)), shared_mem=RING)
         comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
-             (p(part), i32(NSL), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
+             (p(part), i32(NP), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
     return out
 
