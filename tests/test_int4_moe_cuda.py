@@ -890,7 +890,7 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     sig = ",".join(["u64"] * 4 + ["int"] * 8 + ["u64"] * 2 + ["long long", "int"] * 2 + ["u64"])
     src = tmp_path / "v8.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v8._SRC}"\n' + "".join(
-        f"template __global__ void int4_moe_decode<{k}, {dn}>({sig});\n" for k in (0, 1)
+        f"template __global__ void int4_moe_decode<{k}, {dn}>({sig},int);\n" for k in (0, 1)
         for dn in cuda_v8.DOWN_FORMS) + "".join(
         f"template __global__ void int4_moe_decode_cl<{k}, {cl}>({sig});\n" for k in (0, 1)
         for cl in cuda_v8.CLUSTERS))

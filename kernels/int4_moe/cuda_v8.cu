@@ -213,7 +213,7 @@ template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
                 int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
-                long long se_s, int sn_s, u64 part) {
+                long long se_s, int sn_s, u64 part, int ablate) {
   __shared__ float red[V8_KW * V8_RW * 2 * 32 * 4];
   __shared__ float hs[V8_SLICE];
   __shared__ int zero;
@@ -221,7 +221,13 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   const int xs = blockIdx.x, k = blockIdx.y;
   const long long e = v8_id(ids_ptr, ids64, s_ik, k);
   if (e < 0 || e >= E) return;  // -1: not routed here; outside [0, E): the combine's NaN
-  h_slice<KPAD>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm);
+  // ablate (timing only, the output is garbage): 1 phase 1 alone, 2 phase 2 alone (h = 0)
+  if (ablate != 2) h_slice<KPAD>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm);
+  if (ablate == 1) return;
+  if (ablate == 2) {
+    if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;
+    __syncthreads();
+  }
   if (DN == 2) {
     down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, xs, D,
              (float*)part + ((size_t)xs * gridDim.y + k) * D, dsm);

@@ -55,7 +55,9 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores)
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
-KNOBS = {"F8": 0, "DN": 0, "CL": 1}
+# AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
+# down partial alone (h = 0); single-CTA forms (CL 1)
+KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0}
 DOWN_FORMS = (0, 1, 2)
 CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
@@ -109,16 +111,18 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["F8"] in (0, 1), "cfg['F8']", "0 or 1", knobs["F8"])
     _require(knobs["DN"] in DOWN_FORMS, "cfg['DN']", f"one of {DOWN_FORMS}", knobs["DN"])
     _require(knobs["CL"] in (1, *CLUSTERS), "cfg['CL']", f"one of {(1, *CLUSTERS)}", knobs["CL"])
+    _require(knobs["AB"] in (0, 1, 2) and not (knobs["AB"] and knobs["CL"] > 1), "cfg['AB']",
+             "0, 1 or 2, and 0 with CL > 1", knobs["AB"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
-    return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"])
+    return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"], knobs["AB"])
 
 
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
-           cl: int = 1) -> Tensor:
+           cl: int = 1, ablate: int = 0) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16."""
     import cupy
     import numpy as np
@@ -143,7 +147,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(dp.stride(0)), i32(dp.stride(1)), np.int64(ds.stride(0)),
-             i32(ds.stride(1)), p(part)), shared_mem=RING)
+             i32(ds.stride(1)), p(part), *((i32(ablate),) if cl == 1 else ())), shared_mem=RING)
         comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NP), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
