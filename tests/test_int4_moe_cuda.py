@@ -947,8 +947,9 @@ def test_v8_decode_matches_reference_gpu(D, I):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dn, cl", [(0, 1), (1, 1), (2, 1), (0, 2), (0, 4), (0, 8)])
-def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl):
+@pytest.mark.parametrize("dn, cl, ro", [(0, 1, 0), (1, 1, 0), (2, 1, 0), (0, 2, 0), (0, 4, 0),
+                                       (0, 8, 0), (0, 1, 1)])
+def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, ro):
     # why: the ways the down partial streams its rows (cuda_v8.cu's DN: registers, a cp.async
     # ring, tensor cores with the permuted K order; CL: clusters sharing h through DSMEM) are
     # the A/B's configs; each must be the op at T 1 on 384 experts, -1 slots and int32 ids
@@ -964,11 +965,11 @@ def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl):
         if seed:
             ids = torch.where(torch.arange(K, device="cuda") % 3 == 1, -1, ids).int()
         assert cuda_v8.fused_here(x, ids, ex, None)
-        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "CL": cl})
+        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "CL": cl, "RO": ro})
         ref = int4_moe(x, ids, w, ex)
         assert not out.isnan().any()
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
         twice = ids.clone()
         twice[0, 2] = twice[0, 0]  # one expert twice: the router's NaN row
         assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False,
-                                     cfg={"DN": dn, "CL": cl}).isnan().all()
+                                     cfg={"DN": dn, "CL": cl, "RO": ro}).isnan().all()

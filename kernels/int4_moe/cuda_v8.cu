@@ -213,7 +213,7 @@ template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
                 int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
-                long long se_s, int sn_s, u64 part, int ablate) {
+                long long se_s, int sn_s, u64 part, int opts) {
   __shared__ float red[V8_KW * V8_RW * 2 * 32 * 4];
   __shared__ float hs[V8_SLICE];
   __shared__ int zero;
@@ -221,7 +221,10 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   const int xs = blockIdx.x, k = blockIdx.y;
   const long long e = v8_id(ids_ptr, ids64, s_ik, k);
   if (e < 0 || e >= E) return;  // -1: not routed here; outside [0, E): the combine's NaN
-  // ablate (timing only, the output is garbage): 1 phase 1 alone, 2 phase 2 alone (h = 0)
+  // opts & 3, an ablation for timing only (the output is garbage): 1 phase 1 alone, 2 phase 2
+  // alone (h = 0); opts & 4 (DN 0): each slice's CTA sweeps the rows from its own offset, so
+  // that an expert's 16 CTAs read 16 regions of it at a time instead of one
+  const int ablate = opts & 3;
   if (ablate != 2) h_slice<KPAD>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm);
   if (ablate == 1) return;
   if (ablate == 2) {
@@ -260,12 +263,14 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     if (q == 0 && n < D) out[n] = acc;
   };
   if (DN == 0) {
+    const int off = opts & 4 ? xs * rows / (int)gridDim.x : 0;
     for (int r0 = 0; r0 < rows; r0 += V8_BATCH) {
       uint4 w[V8_BATCH];
       u16 sc[V8_BATCH];
 #pragma unroll
       for (int b = 0; b < V8_BATCH; ++b) {
-        const int n = quad + (r0 + b) * V8_QUADS;
+        const int rr = r0 + b + off - (r0 + b + off >= rows ? rows : 0);
+        const int n = quad + rr * V8_QUADS;
         if (r0 + b < rows && n < D) {
           w[b] = ld_row((const uint4*)(wrow + (size_t)n * sn_w));
           sc[b] = __ldg(srow + (size_t)n * sn_s + (q & 1));
@@ -273,7 +278,8 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
       }
 #pragma unroll
       for (int b = 0; b < V8_BATCH; ++b)
-        if (r0 + b < rows) row_out(w[b], from_bf16(sc[b]), r0 + b);
+        if (r0 + b < rows)
+          row_out(w[b], from_bf16(sc[b]), r0 + b + off - (r0 + b + off >= rows ? rows : 0));
     }
     return;
   }

@@ -56,8 +56,9 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
-# down partial alone (h = 0); single-CTA forms (CL 1)
-KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0}
+# down partial alone (h = 0); single-CTA forms (CL 1). RO 1 (DN 0): each slice's CTA sweeps the
+# down rows from its own offset
+KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0}
 DOWN_FORMS = (0, 1, 2)
 CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
@@ -113,17 +114,21 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["CL"] in (1, *CLUSTERS), "cfg['CL']", f"one of {(1, *CLUSTERS)}", knobs["CL"])
     _require(knobs["AB"] in (0, 1, 2) and not (knobs["AB"] and knobs["CL"] > 1), "cfg['AB']",
              "0, 1 or 2, and 0 with CL > 1", knobs["AB"])
+    _require(knobs["RO"] in (0, 1) and not (knobs["RO"] and (knobs["CL"] > 1 or knobs["DN"])),
+             "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
-    return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"], knobs["AB"])
+    return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
+                  knobs["AB"] | 4 * knobs["RO"])
 
 
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
-           cl: int = 1, ablate: int = 0) -> Tensor:
-    """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16."""
+           cl: int = 1, opts: int = 0) -> Tensor:
+    """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16. opts:
+    cuda_v8.cu's (the AB ablation | 4 RO)."""
     import cupy
     import numpy as np
 
@@ -147,7 +152,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(dp.stride(0)), i32(dp.stride(1)), np.int64(ds.stride(0)),
-             i32(ds.stride(1)), p(part), *((i32(ablate),) if cl == 1 else ())), shared_mem=RING)
+             i32(ds.stride(1)), p(part), *((i32(opts),) if cl == 1 else ())), shared_mem=RING)
         comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NP), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
