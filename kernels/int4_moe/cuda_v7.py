@@ -25,10 +25,11 @@ each add rounds once more (the reference sums all K in fp32 and rounds once): wi
 bf16 tolerance, deterministic. Everywhere else (more than one token, a hint, K < 2) it is
 cuda_v5, launch for launch.
 
-**Not yet measured on the H200** (session 27 had no device time left): CPU-tested (the split
-of the ids, the dispatch rule), its GPU tests (EDGE, REAL, an EP8 rank, graph replay == eager)
-parametrized beside the other CUDA versions, for the next device call:
-`python3 -m workbench.kernels.int4_moe.cuda_v7 --T 1 --cfgs "v=cuda_v5;base" --rounds 3`.
+Measured (H200, session 28 call 1, traces/gpu/session28): GPU tests 21 passed; T 1 on 384
+experts **77.7 µs against cuda_v5's 72.7** (four parts 86.2, hinted halves 83.3, hinted fours
+90.6): a measured negative. One wave of gate/up CTAs (128 registers, 16 warps an SM) already
+holds every SM, so a second chain's CTAs wait for the first's to leave (each half's gate/up
+took 27.0 µs for 4 experts, cuda_v5's 38.1 for 8), and the parts' masks and adds cost more.
 Dimension legend: cuda_v1.cu's (CUDA) and triton_v16's (Triton).
 """
 

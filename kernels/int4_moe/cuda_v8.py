@@ -29,6 +29,12 @@ Numerics: h is cuda_v5's fp32 h (same gate/up instance arithmetic) kept in fp32 
 it into bf16 hi + lo); the down partial is sum_j (128 + q_j) h_j - 136 sum h, times the group's
 scale (cuda_v2's association), four groups, 16 slices, then K slots: tolerance against the
 reference, deterministic (no atomics).
+Measured (H200, session 28, traces/gpu/session28/README.md): T 1 on 384 experts 71.6-72.4 µs
+against cuda_v5's 72.7-73.8 in process (calls 5-7), REAL bench 71.4 / 72.1 µs uniform / skewed
+(1.27x / 1.24x Humming, 67 % of the floor; the #6 bar is 60). The phases alone (AB): gate/up
+38.6 µs, the down partial 28.3 for 66 MB, in every form (DN 0 / 1 / 2, CL 2; ncu: 47.5 % of
+DRAM peak, 1.1 eligible warps a scheduler). An EP8 rank's hint 1 on this path (F8): 56 against
+29 µs. Not BEST; the engine preset's calls are hinted (cuda_v5 here).
 Load step: gate / up repacked in place (REPACKED, cuda_v4's), down in the checkpoint layout.
 Dimension legend: cuda_v1.cu's and cuda_v8.cu's.
 """
