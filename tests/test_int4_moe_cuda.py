@@ -879,6 +879,23 @@ def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
     with pytest.raises(ValueError, match=r"cfg\['CL'\]: expected one of"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"CL": 3})
     assert not cuda_v8.fused_here(x1, torch.zeros(1, cuda_v8.KMAX + 1, dtype=torch.long), ex, None)
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 0 or 1, and 0 with CL > 1"):
+        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"LY": 1, "CL": 2})
+
+
+def test_v8_slice_major_down_is_the_checkpoint_reordered():
+    # why: LY 1 reads the down experts from a copy made at first use; it must hold the same
+    # words and scales (exact), slice s of row n at [e, s, n], and be made once per tensor
+    from workbench.kernels.int4_moe import cuda_v8
+
+    ex = _v8_experts(3, 64, 384, seed=8)
+    w, s = cuda_v8.by_slice(ex.down_packed, ex.down_scale)
+    E, D, IW = ex.down_packed.shape
+    assert w.shape == (E, 3, D, 16) and s.shape == (E, 3, D, 4) and w.is_contiguous()
+    for sl in range(3):
+        assert torch.equal(w[:, sl], ex.down_packed[:, :, 16 * sl:16 * sl + 16])
+        assert torch.equal(s[:, sl], ex.down_scale[:, :, 4 * sl:4 * sl + 4])
+    assert cuda_v8.by_slice(ex.down_packed, ex.down_scale)[0] is w
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
@@ -890,7 +907,8 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     sig = ",".join(["u64"] * 4 + ["int"] * 8 + ["u64"] * 2 + ["long long", "int"] * 2 + ["u64"])
     src = tmp_path / "v8.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v8._SRC}"\n' + "".join(
-        f"template __global__ void int4_moe_decode<{k}, {dn}>({sig},int);\n" for k in (0, 1)
+        f"template __global__ void int4_moe_decode<{k}, {dn}>({sig},int,long long,long long);\n"
+        for k in (0, 1)
         for dn in cuda_v8.DOWN_FORMS) + "".join(
         f"template __global__ void int4_moe_decode_cl<{k}, {cl}>({sig});\n" for k in (0, 1)
         for cl in cuda_v8.CLUSTERS))
@@ -947,9 +965,10 @@ def test_v8_decode_matches_reference_gpu(D, I):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dn, cl, ro", [(0, 1, 0), (1, 1, 0), (2, 1, 0), (0, 2, 0), (0, 4, 0),
-                                       (0, 8, 0), (0, 1, 1)])
-def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, ro):
+@pytest.mark.parametrize("dn, cl, ro, ly", [(0, 1, 0, 0), (1, 1, 0, 0), (2, 1, 0, 0),
+                                           (0, 2, 0, 0), (0, 4, 0, 0), (0, 8, 0, 0),
+                                           (0, 1, 1, 0), (0, 1, 0, 1), (2, 1, 0, 1)])
+def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, ro, ly):
     # why: the ways the down partial streams its rows (cuda_v8.cu's DN: registers, a cp.async
     # ring, tensor cores with the permuted K order; CL: clusters sharing h through DSMEM) are
     # the A/B's configs; each must be the op at T 1 on 384 experts, -1 slots and int32 ids
@@ -965,11 +984,11 @@ def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, 
         if seed:
             ids = torch.where(torch.arange(K, device="cuda") % 3 == 1, -1, ids).int()
         assert cuda_v8.fused_here(x, ids, ex, None)
-        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "CL": cl, "RO": ro})
+        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "CL": cl, "RO": ro, "LY": ly})
         ref = int4_moe(x, ids, w, ex)
         assert not out.isnan().any()
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
         twice = ids.clone()
         twice[0, 2] = twice[0, 0]  # one expert twice: the router's NaN row
         assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False,
-                                     cfg={"DN": dn, "CL": cl, "RO": ro}).isnan().all()
+                                     cfg={"DN": dn, "CL": cl, "RO": ro, "LY": ly}).isnan().all()

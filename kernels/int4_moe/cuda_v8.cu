@@ -20,8 +20,9 @@
 //      the checkpoint layout as it is (a row's slice is 64 contiguous bytes of words and 8 of
 //      scales): a lane owns one scale group of 32 inputs (its 32 h values stay in registers
 //      for all D rows), four lanes a row, the dequant as cuda_v2's (128 + q by the bf16 magic,
-//      -136 sum(h) once a group, times the group's scale), the quad summed by two shuffles;
-//      the rows stream through a per-lane cp.async ring in the gate/up ring's shared memory.
+//      -136 sum(h) once a group, times the group's scale), the quad summed by two shuffles
+//      (the DN / CL forms below stream the rows other ways; the default, DN 0, loads 8 rows a
+//      lane into registers, then does their math).
 // The combine sums, per output column, w[k] * sum over slices of part[slice, k] in (k, slice)
 // order (fp32, no atomics: deterministic), NaN for a token with an id outside [-1, E) or an
 // expert twice (the router's rule, `_common._route_bad`), -1 slots adding nothing.
@@ -90,10 +91,6 @@ __device__ __forceinline__ float dot8(u32 q, const float* h, float acc) {
   return acc;
 }
 
-// grid (NSL, K), V8_THREADS threads; dynamic shared memory: the gate/up ring (16 warps x 3
-// stages x 6 x 32 x 16 B). w1 / s1: gate/up repacked (mma_layout), x [1, ld] bf16, ids / wts
-// [1, K], wd / sd: down in the checkpoint layout [E, D, I / 8] int32 / [E, D, I / 32] bf16 at
-// expert strides se_w / se_s and row strides sn_w / sn_s (elements), part [NSL, K, D] fp32.
 // Phase 1, both kernels: hs[0, SLICE) = h for inputs SLICE xs .. of expert e (fp32), through
 // cuda_v1's gate/up unit_block (cuda_v2's dequant, KW K parts summed in part order, HOUT 2)
 template <int KPAD>
@@ -120,7 +117,8 @@ __device__ __forceinline__ void h_slice(u64 w1, u64 s1, u64 x_ptr, int e, int NU
 // scaled once by the row's group scale; column 0 (lanes t = 0) is the token's.
 __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long long e,
                                          long long se_w, int sn_w, long long se_s, int sn_s,
-                                         int xs, int D, float* out, uint4* dsm) {
+                                         long long sx_w, long long sx_s, int xs, int D,
+                                         float* out, uint4* dsm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   constexpr int NW = V8_THREADS / 32;
   u32 bh[4][2][2], bl[4][2][2];  // [group][k16 step][b0, b1]: h hi / lo at the permuted inputs
@@ -148,8 +146,8 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
   }
   const int sh = 4 * t;
   const int tiles = (D + 15) / 16, mine = (tiles - warp + NW - 1) / NW;  // warp-uniform
-  const int* wbase = (const int*)wd + (size_t)e * se_w + V8_SLICE / 8 * xs;
-  const u16* sbase = (const u16*)sd + (size_t)e * se_s + V8_SLICE / 32 * xs;
+  const int* wbase = (const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w;
+  const u16* sbase = (const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s;
   const u32 ring = (u32)__cvta_generic_to_shared(dsm) + warp * (V8_ST3 * V8_TILE3);
   // this lane's pieces of a tile: 16-byte pieces lane and lane + 32 of the 64 (row c / 4, piece
   // c % 4), and lane < 16 the 8 bytes of row lane's scales; issued tile after tile in order,
@@ -204,6 +202,12 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
   }
 }
 
+// grid (NSL, K), V8_THREADS threads; dynamic shared memory: the gate/up ring (16 warps x 3
+// stages x 6 x 32 x 16 B). w1 / s1: gate/up repacked (mma_layout), x [1, ld] bf16, ids / wts
+// [1, K], wd / sd: down words int32 / scales bf16, expert e's row n of slice s at
+// e se + s sx + n sn (elements; the checkpoint layout [E, D, I / 8] / [E, D, I / 32]: sx
+// SLICE / 8 / SLICE / 32, sn I / 8 / I / 32; cuda_v8.py's slice-major copy [E, NSL, D, 16] /
+// [E, NSL, D, 4]: sx 16 D / 4 D, sn 16 / 4), part [NSL, K, D] fp32.
 // DN: how the down partial streams its rows. 0: V8_BATCH rows a lane loaded into registers,
 // then their math, in turn (session 28 call 3: the kernel 65.8 µs at T 1); 1: a per-lane
 // cp.async ring of V8_ST2 rows in the gate/up ring's shared memory (call 4: 68.5, slower: the
@@ -213,7 +217,8 @@ template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
                 int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
-                long long se_s, int sn_s, u64 part, int opts) {
+                long long se_s, int sn_s, u64 part, int opts, long long sx_w,
+                long long sx_s) {
   __shared__ float red[V8_KW * V8_RW * 2 * 32 * 4];
   __shared__ float hs[V8_SLICE];
   __shared__ int zero;
@@ -232,7 +237,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     __syncthreads();
   }
   if (DN == 2) {
-    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, xs, D,
+    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D,
              (float*)part + ((size_t)xs * gridDim.y + k) * D, dsm);
     return;
   }
@@ -247,8 +252,8 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   const float corr = -136.f * hsum;
   const int i0 = V8_SLICE * xs + 32 * q;
   // row n's words for this lane's group, and the 4-byte pair of scales that holds its scale
-  const int* wrow = (const int*)wd + (size_t)e * se_w + i0 / 8;
-  const u16* srow = (const u16*)sd + (size_t)e * se_s + (i0 / 32 & ~1);
+  const int* wrow = (const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w + 4 * q;
+  const u16* srow = (const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s + (q & ~1);
   float* out = (float*)part + ((size_t)xs * gridDim.y + k) * D;
   const int rows = (D + V8_QUADS - 1) / V8_QUADS;  // warp-uniform (the quad shuffles)
   auto row_out = [&](const uint4& w, float scale, int r) {  // row quad + QUADS r's partial

@@ -63,8 +63,10 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
 # down partial alone (h = 0); single-CTA forms (CL 1). RO 1 (DN 0): each slice's CTA sweeps the
-# down rows from its own offset
-KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0}
+# down rows from its own offset. LY 1 (CL 1): the down experts read from a slice-major copy
+# ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
+# made once on first use and cached beside the checkpoint tensors (their size again)
+KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0}
 DOWN_FORMS = (0, 1, 2)
 CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
@@ -73,8 +75,8 @@ _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
 
 @functools.cache
 def _module():
-    """cuda_v1.cu + cuda_v8.cu through NVRTC (cached): the two instances of int4_moe_decode and
-    the combine."""
+    """cuda_v1.cu + cuda_v8.cu through NVRTC (cached): int4_moe_decode at each KPAD and DN,
+    int4_moe_decode_cl at each KPAD and CL, and the combine."""
     import cupy
 
     keys = [(kpad, dn, 1) for kpad in (0, 1) for dn in DOWN_FORMS]
@@ -93,9 +95,10 @@ def _module():
 def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
                force: bool = False) -> bool:
     """The rule (shapes, strides and pointers only: graph-safe): one token, no EP hint unless
-    forced, at most KMAX slots, and the layout the kernel reads (I a multiple of SLICE, KW parts dividing the
-    gate/up chunk pairs, D a multiple of 4 (the combine's 16-byte part loads), each down row's
-    words 16-byte and its scales 4-byte aligned: the down ring's cp.async sizes)."""
+    forced, at most KMAX slots, and the layout the kernel reads (I a multiple of SLICE, KW
+    parts dividing the gate/up chunk pairs, D a multiple of 4 (the combine's 16-byte part
+    loads), each down row's words 16-byte and its scales 4-byte aligned: the down ring's
+    cp.async sizes)."""
     T, D = x.shape
     dp = experts[4]
     I = experts[0].shape[1]
@@ -122,19 +125,38 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
              "0, 1 or 2, and 0 with CL > 1", knobs["AB"])
     _require(knobs["RO"] in (0, 1) and not (knobs["RO"] and (knobs["CL"] > 1 or knobs["DN"])),
              "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
+    _require(knobs["LY"] in (0, 1) and not (knobs["LY"] and knobs["CL"] > 1), "cfg['LY']",
+             "0 or 1, and 0 with CL > 1", knobs["LY"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
     return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
-                  knobs["AB"] | 4 * knobs["RO"])
+                  knobs["AB"] | 4 * knobs["RO"], knobs["LY"])
+
+
+_BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes) -> the slice-major copy (LY 1)
+
+
+def by_slice(dp: Tensor, ds: Tensor) -> tuple[Tensor, Tensor]:
+    """The down experts slice-major: words [E, NSL, D, SLICE / 8] int32 and scales [E, NSL, D,
+    SLICE / 32] bf16 from the checkpoint's [E, D, I / 8] / [E, D, I / 32] (a copy, exact: the
+    same words reordered), so that CTA (slice, slot) streams its down rows as one block."""
+    key = (dp.data_ptr(), ds.data_ptr(), tuple(dp.shape), tuple(ds.shape))
+    if key not in _BY_SLICE:
+        E, D, IW = dp.shape
+        NSL = IW * 8 // SLICE
+        w = dp.reshape(E, D, NSL, SLICE // 8).permute(0, 2, 1, 3).contiguous()
+        s = ds.reshape(E, D, NSL, SLICE // 32).permute(0, 2, 1, 3).contiguous()
+        _BY_SLICE[key] = (w, s)
+    return _BY_SLICE[key]
 
 
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
-           cl: int = 1, opts: int = 0) -> Tensor:
+           cl: int = 1, opts: int = 0, ly: int = 0) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16. opts:
-    cuda_v8.cu's (the AB ablation | 4 RO)."""
+    cuda_v8.cu's (the AB ablation | 4 RO); ly 1: the down experts from `by_slice`."""
     import cupy
     import numpy as np
 
@@ -143,6 +165,12 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
     E, I = experts[0].shape[:2]
     xq, (w1, s1, NU1, C1) = cuda_v1.operands_gate_up(x, experts, {"KW1": KW})
     dp, ds = experts[4], experts[5]
+    # (expert, slice, row) strides of the down words / scales, in elements
+    strides = ((dp.stride(0), SLICE // 8, dp.stride(1)), (ds.stride(0), SLICE // 32, ds.stride(1)))
+    if ly:
+        dp, ds = by_slice(dp, ds)
+        strides = ((dp.stride(0), dp.stride(1), dp.stride(2)), (ds.stride(0), ds.stride(1), ds.stride(2)))
+    (se_w, sx_w, sn_w), (se_s, sx_s, sn_s) = strides
     wts = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     NSL = I // SLICE
     _require(NSL % cl == 0, "cfg['CL']", f"a divisor of the {NSL} slices of I", cl)
@@ -157,8 +185,8 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
             (NSL, K), (THREADS,),
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
-             np.int64(dp.stride(0)), i32(dp.stride(1)), np.int64(ds.stride(0)),
-             i32(ds.stride(1)), p(part), *((i32(opts),) if cl == 1 else ())), shared_mem=RING)
+             np.int64(se_w), i32(sn_w), np.int64(se_s), i32(sn_s), p(part),
+             *((i32(opts), np.int64(sx_w), np.int64(sx_s)) if cl == 1 else ())), shared_mem=RING)
         comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NP), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
