@@ -881,6 +881,8 @@ def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
     assert not cuda_v8.fused_here(x1, torch.zeros(1, cuda_v8.KMAX + 1, dtype=torch.long), ex, None)
     with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 0 or 1, and 0 with CL > 1"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"LY": 1, "CL": 2})
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 with DN 3"):
+        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"DN": 3})
 
 
 def test_v8_slice_major_down_is_the_checkpoint_reordered():
@@ -917,14 +919,17 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     assert len(regs) == n and max(regs) <= 128, log
     # DN 2 (the down partial on the tensor cores, its 32 B-fragment registers live through the
-    # row loop) spills at most 8 bytes, one 8-byte reload a tile; DN 0 / 1 and the combine none
+    # row loop) spills at most 8 bytes, one 8-byte reload a tile; DN 4 (the same math on the
+    # bulk ring) at most 16, reloaded by thread 0's refill path; DN 0 / 1 / 3 and the combine none
     spills = {m.group(1): int(m.group(2)) for m in re.finditer(
         r"entry function '(\w+)'.*?(\d+) bytes spill stores", log, re.S)}
     assert len(spills) == n, log
     for name, b in spills.items():
-        dn2 = "decodeILi" in name and "ELi2EEv" in name  # int4_moe_decode<KPAD, 2>
-        assert b <= (8 if dn2 else 0), (name, b)
+        dn = int(m.group(1)) if (m := re.search(r"decodeILi\dELi(\d)EEv", name)) else -1
+        assert b <= {2: 8, 4: 16}.get(dn, 0), (name, b)
     assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
+    # DN 3 / 4: the down rows by TMA bulk copies into the ring, its waits on the mbarriers
+    assert "UBLKCP.S.G" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass
 
 
 @pytest.mark.gpu
@@ -967,7 +972,8 @@ def test_v8_decode_matches_reference_gpu(D, I):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dn, cl, ro, ly", [(0, 1, 0, 0), (1, 1, 0, 0), (2, 1, 0, 0),
                                            (0, 2, 0, 0), (0, 4, 0, 0), (0, 8, 0, 0),
-                                           (0, 1, 1, 0), (0, 1, 0, 1), (2, 1, 0, 1)])
+                                           (0, 1, 1, 0), (0, 1, 0, 1), (2, 1, 0, 1),
+                                           (3, 1, 0, 1), (4, 1, 0, 1)])
 def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, ro, ly):
     # why: the ways the down partial streams its rows (cuda_v8.cu's DN: registers, a cp.async
     # ring, tensor cores with the permuted K order; CL: clusters sharing h through DSMEM) are
@@ -992,3 +998,31 @@ def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, 
         twice[0, 2] = twice[0, 0]  # one expert twice: the router's NaN row
         assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False,
                                      cfg={"DN": dn, "CL": cl, "RO": ro, "LY": ly}).isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dn", [3, 4])
+@pytest.mark.parametrize("D, I", [(256, 256), (192, 384), (7168 - 64, 256)],
+                         ids=["whole", "tail", "many"])
+def test_v8_bulk_down_forms_match_reference_gpu(dn, D, I):
+    # why: DN 3 / 4 stream the down rows in 128 / 256-row blocks through a ring of 7 / 3 stages
+    # whose first ones are asked for before phase 1: D 192 ends inside a block (DN 4: the only
+    # block), D 7104 refills every stage several times and ends in a partial block; each must be
+    # the reference and deterministic, -1 slots included
+    from workbench.kernels.int4_moe import cuda_v8
+
+    E, K = 6, 4
+    ex = _v8_experts(E, D, I, seed=13, device="cuda")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, D, generator=g).bfloat16().cuda()
+    w = (torch.rand(1, K, generator=g) + 0.1).cuda()
+    for ids in (torch.tensor([[3, 0, 5, 1]]), torch.tensor([[2, -1, 4, -1]], dtype=torch.int32)):
+        ids = ids.cuda()
+        assert cuda_v8.fused_here(x, ids, ex, None)
+        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "LY": 1})
+        assert not out.isnan().any()
+        torch.testing.assert_close(out.float(), int4_moe(x, ids, w, ex).float(),
+                                   rtol=2e-2, atol=2e-2)
+        assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "LY": 1}))
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 with DN"):
+        cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn})

@@ -108,21 +108,15 @@ __device__ __forceinline__ void h_slice(u64 w1, u64 s1, u64 x_ptr, int e, int NU
   __syncthreads();  // hs complete
 }
 
-// DN 2's down partial: out[n] = sum over the slice of W[e][n, :] h for n in [0, D), a warp
-// taking the 16-row tiles warp, warp + W, ... The mma's K order is permuted so that the
-// bf16 magic's nibble pairs (j, j + 4) of a word are A's column pairs (2 t, 2 t + 1): lane t
-// takes nibbles (t, t + 4) of words 0 / 2 and (8 + t, 12 + t) of words 1 / 3 of a group's 16
-// bytes, and B (h as bf16 hi + lo, every column the token's) holds h at those inputs. A group's
-// partial starts from -136 sum(h) (the same mmas on a constant A: cuda_v2's association) and is
-// scaled once by the row's group scale; column 0 (lanes t = 0) is the token's.
-__device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long long e,
-                                         long long se_w, int sn_w, long long se_s, int sn_s,
-                                         long long sx_w, long long sx_s, int xs, int D,
-                                         float* out, uint4* dsm) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  constexpr int NW = V8_THREADS / 32;
-  u32 bh[4][2][2], bl[4][2][2];  // [group][k16 step][b0, b1]: h hi / lo at the permuted inputs
+// The tensor-core down forms' h (DN 2 / 4): B fragments of h as bf16 hi + lo at the permuted
+// inputs (below) and each group's -136 sum(hi + lo) (cuda_v2's association), the same in every
+// row and column
+struct DownFrags {
+  u32 bh[4][2][2], bl[4][2][2];  // [group][k16 step][b0, b1]
   float corr[4];
+};
+__device__ __forceinline__ void down_frags(const float* hs, DownFrags& F) {
+  const int t = threadIdx.x & 3;
 #pragma unroll
   for (int grp = 0; grp < 4; ++grp) {
     float cc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -133,18 +127,59 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
         const int i = 32 * grp + 16 * st + 8 * b + t;  // inputs i, i + 4
         const float h0 = hs[i], h1 = hs[i + 4];
         const float h0h = from_bf16(to_bf16(h0)), h1h = from_bf16(to_bf16(h1));
-        bh[grp][st][b] = pack_bf16(h0, h1);
-        bl[grp][st][b] = pack_bf16(h0 - h0h, h1 - h1h);
+        F.bh[grp][st][b] = pack_bf16(h0, h1);
+        F.bl[grp][st][b] = pack_bf16(h0 - h0h, h1 - h1h);
       }
     const u32 m136 = 0xC308C308u;  // bf16x2 (-136, -136)
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-      mma(cc, m136, m136, m136, m136, bh[grp][st][0], bh[grp][st][1]);
-      mma(cc, m136, m136, m136, m136, bl[grp][st][0], bl[grp][st][1]);
+      mma(cc, m136, m136, m136, m136, F.bh[grp][st][0], F.bh[grp][st][1]);
+      mma(cc, m136, m136, m136, m136, F.bl[grp][st][0], F.bl[grp][st][1]);
     }
-    corr[grp] = cc[0];  // -136 sum(hi + lo) over the group, the same in every row and column
+    F.corr[grp] = cc[0];
   }
-  const int sh = 4 * t;
+}
+
+// One 16-row tile of the down partial in shared memory (words: 64 bytes a row from sw; scales:
+// 8 bytes a row from ss): rows g, g + 8 of lane (g, t) into acc0 / acc8 (column 0, lanes t 0,
+// is the token's). The mma's K order is permuted so that the bf16 magic's nibble pairs (j, j +
+// 4) of a word are A's column pairs (2 t, 2 t + 1): lane t takes nibbles (t, t + 4) of words 0
+// / 2 and (8 + t, 12 + t) of words 1 / 3 of a group's 16 bytes; a group's partial starts from
+// its corr and is scaled once by the row's group scale.
+__device__ __forceinline__ void tile_mma(const DownFrags& F, u32 sw, u32 ss, float& acc0,
+                                         float& acc8) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, sh = 4 * (lane & 3);
+  acc0 = 0.f, acc8 = 0.f;
+#pragma unroll
+  for (int grp = 0; grp < 4; ++grp) {
+    const uint4 wg = lds(sw + g * 64 + grp * 16), wg8 = lds(sw + (g + 8) * 64 + grp * 16);
+    float c[4] = {F.corr[grp], F.corr[grp], F.corr[grp], F.corr[grp]};
+    u32 a0 = raw(wg.x >> sh), a1 = raw(wg8.x >> sh), a2 = raw(wg.y >> sh), a3 = raw(wg8.y >> sh);
+    mma(c, a0, a1, a2, a3, F.bh[grp][0][0], F.bh[grp][0][1]);
+    mma(c, a0, a1, a2, a3, F.bl[grp][0][0], F.bl[grp][0][1]);
+    a0 = raw(wg.z >> sh), a1 = raw(wg8.z >> sh), a2 = raw(wg.w >> sh), a3 = raw(wg8.w >> sh);
+    mma(c, a0, a1, a2, a3, F.bh[grp][1][0], F.bh[grp][1][1]);
+    mma(c, a0, a1, a2, a3, F.bl[grp][1][0], F.bl[grp][1][1]);
+    // the scale pair holding this group's, rows g and g + 8
+    const u32 w0 = lds32(ss + g * 8 + grp / 2 * 4), w8 = lds32(ss + (g + 8) * 8 + grp / 2 * 4);
+    const float s0 = __uint_as_float(grp & 1 ? w0 & 0xFFFF0000u : w0 << 16);
+    const float s8 = __uint_as_float(grp & 1 ? w8 & 0xFFFF0000u : w8 << 16);
+    acc0 = fmaf(s0, c[0], acc0);
+    acc8 = fmaf(s8, c[2], acc8);
+  }
+}
+
+// DN 2's down partial: out[n] = sum over the slice of W[e][n, :] h for n in [0, D), a warp
+// taking the 16-row tiles warp, warp + W, ..., each tile's 16 x 64 bytes of words and 16 x 8
+// of scales brought into a per-warp cp.async ring, then `tile_mma`
+__device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long long e,
+                                         long long se_w, int sn_w, long long se_s, int sn_s,
+                                         long long sx_w, long long sx_s, int xs, int D,
+                                         float* out, uint4* dsm) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  constexpr int NW = V8_THREADS / 32;
+  DownFrags F;
+  down_frags(hs, F);
   const int tiles = (D + 15) / 16, mine = (tiles - warp + NW - 1) / NW;  // warp-uniform
   const int* wbase = (const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w;
   const u16* sbase = (const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s;
@@ -177,30 +212,83 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
     const u32 src = ring + (r & (V8_ST3 - 1)) * V8_TILE3;
     if (r + V8_ST3 - 1 < mine) issue((r + V8_ST3 - 1) & (V8_ST3 - 1));  // read one tile ago
     cp_commit();
-    float acc0 = 0.f, acc8 = 0.f;  // rows g, g + 8, column 2 t
-#pragma unroll
-    for (int grp = 0; grp < 4; ++grp) {
-      const uint4 wg = lds(src + g * 64 + grp * 16), wg8 = lds(src + (g + 8) * 64 + grp * 16);
-      float c[4] = {corr[grp], corr[grp], corr[grp], corr[grp]};
-      u32 a0 = raw(wg.x >> sh), a1 = raw(wg8.x >> sh), a2 = raw(wg.y >> sh), a3 = raw(wg8.y >> sh);
-      mma(c, a0, a1, a2, a3, bh[grp][0][0], bh[grp][0][1]);
-      mma(c, a0, a1, a2, a3, bl[grp][0][0], bl[grp][0][1]);
-      a0 = raw(wg.z >> sh), a1 = raw(wg8.z >> sh), a2 = raw(wg.w >> sh), a3 = raw(wg8.w >> sh);
-      mma(c, a0, a1, a2, a3, bh[grp][1][0], bh[grp][1][1]);
-      mma(c, a0, a1, a2, a3, bl[grp][1][0], bl[grp][1][1]);
-      // the scale pair holding this group's, rows g and g + 8
-      const u32 w0 = lds32(src + 1024 + g * 8 + grp / 2 * 4);
-      const u32 w8 = lds32(src + 1024 + (g + 8) * 8 + grp / 2 * 4);
-      const float s0 = __uint_as_float(grp & 1 ? w0 & 0xFFFF0000u : w0 << 16);
-      const float s8 = __uint_as_float(grp & 1 ? w8 & 0xFFFF0000u : w8 << 16);
-      acc0 = fmaf(s0, c[0], acc0);
-      acc8 = fmaf(s8, c[2], acc8);
-    }
+    float acc0, acc8;
+    tile_mma(F, src, src + 1024, acc0, acc8);
     const int n0 = 16 * (warp + NW * r);
     if (t == 0 && n0 + g < D) out[n0 + g] = acc0;
     if (t == 0 && n0 + g + 8 < D) out[n0 + g + 8] = acc8;
   }
 }
+
+// DN 3 / 4: the down rows by TMA bulk copies (cp.async.bulk, one thread issues them) into a
+// CTA ring of BulkRing<DN>::ST stages past the gate/up ring, each stage ROWS consecutive rows of
+// the slice-major copy (LY 1: a stage is one contiguous block of words and one of scales), a
+// full mbarrier a stage (the copies' bytes) and an empty one (the 16 warps' arrivals). The
+// first ST stages are asked for before phase 1, so the down stream is already landing while
+// the gate/up phase runs and its tail does not stand alone. DN 3: a row a quad (DN 0's math on
+// the CUDA cores); DN 4: a 16-row tile a warp (DN 2's tensor cores).
+template <int DN>
+struct BulkRing {
+  static constexpr int ROWS = DN == 3 ? V8_QUADS : 16 * (V8_THREADS / 32);  // 128 / 256
+  static constexpr int ST = DN == 3 ? 7 : 3;  // as many as the shared memory left holds
+  static constexpr int STAGE = ROWS * (64 + 8);  // words, then scales
+  static constexpr int BYTES = ST * STAGE;       // 63 / 54 KB
+};
+constexpr int V8_RING = V8_KW * V8_RW * 3 * 6 * 32 * 16;  // the gate/up ring (cuda_v8.py RING)
+static_assert(V8_RING + BulkRing<3>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
+static_assert(V8_RING + BulkRing<4>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {  // release: this thread's reads before it
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {  // acquire
+  asm volatile("{\n\t.reg .pred p;\n"
+               "MBAR_WAIT:\n\t"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+               "@!p bra MBAR_WAIT;\n}" :: "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1], %2, [%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+template <int DN>
+struct BulkStream {  // the ring's addresses and the issuing thread's copies
+  using R = BulkRing<DN>;
+  u32 ring, full, empty;  // shared addresses: stage 0, full[0], empty[0] (8 bytes a barrier)
+  const char* w;          // this CTA's slice of its expert: row n's words at w + 64 n
+  const char* s;          // and its scales at s + 8 n
+  int D, blocks;
+  __device__ __forceinline__ void issue(int b) const {  // block b (rows ROWS b ..) into its stage
+    const int st = b % R::ST, rows = min(R::ROWS, D - R::ROWS * b);
+    const u32 dst = ring + st * R::STAGE, bar = full + 8 * st;
+    mbar_expect_tx(bar, rows * 72);
+    bulk_g2s(dst, w + (size_t)R::ROWS * b * 64, rows * 64, bar);
+    bulk_g2s(dst + R::ROWS * 64, s + (size_t)R::ROWS * b * 8, rows * 8, bar);
+  }
+  // every warp at block b: wait for it to land; after the warp's reads, its arrival; thread 0
+  // then refills the stage of block b - 1 (all 16 warps' arrivals for it: no warp waits on a
+  // block not yet asked for, so no deadlock)
+  __device__ __forceinline__ u32 wait(int b) const {
+    mbar_wait(full + 8 * (b % R::ST), (b / R::ST) & 1);
+    return ring + (b % R::ST) * R::STAGE;
+  }
+  __device__ __forceinline__ void release(int b) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(empty + 8 * (b % R::ST));
+    if (threadIdx.x == 0 && b >= 1 && b - 1 + R::ST < blocks) {
+      mbar_wait(empty + 8 * ((b - 1) % R::ST), ((b - 1) / R::ST) & 1);
+      issue(b - 1 + R::ST);
+    }
+  }
+};
 
 // grid (NSL, K), V8_THREADS threads; dynamic shared memory: the gate/up ring (16 warps x 3
 // stages x 6 x 32 x 16 B). w1 / s1: gate/up repacked (mma_layout), x [1, ld] bf16, ids / wts
@@ -212,7 +300,10 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
 // then their math, in turn (session 28 call 3: the kernel 65.8 µs at T 1); 1: a per-lane
 // cp.async ring of V8_ST2 rows in the gate/up ring's shared memory (call 4: 68.5, slower: the
 // phase is bound by its instructions, ~110 a row a lane, not by loads in flight); 2: the tensor
-// cores (down_mma: ~115 warp instructions a 16-row tile instead of ~220)
+// cores (down_mma: ~115 warp instructions a 16-row tile instead of ~220); 3 / 4: DN 0's / DN
+// 2's math on rows brought by TMA bulk copies from the slice-major copy (LY 1) into a CTA ring
+// whose first stages are asked for before phase 1 (BulkRing; dynamic shared memory V8_RING +
+// BulkRing<DN>::BYTES)
 template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
@@ -223,6 +314,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   __shared__ float hs[V8_SLICE];
   __shared__ int zero;
   extern __shared__ uint4 dsm[];
+  __shared__ __align__(8) unsigned long long bars[2 * 8];  // DN 3 / 4: full[ST], empty[ST]
   const int xs = blockIdx.x, k = blockIdx.y;
   const long long e = v8_id(ids_ptr, ids64, s_ik, k);
   if (e < 0 || e >= E) return;  // -1: not routed here; outside [0, E): the combine's NaN
@@ -230,15 +322,50 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   // alone (h = 0); opts & 4 (DN 0): each slice's CTA sweeps the rows from its own offset, so
   // that an expert's 16 CTAs read 16 regions of it at a time instead of one
   const int ablate = opts & 3;
+  constexpr bool BULK = DN >= 3;
+  using R = BulkRing<BULK ? DN : 3>;
+  BulkStream<BULK ? DN : 3> bs;
+  if (BULK) {  // the slice-major copy (cuda_v8.py checks sn_w 16, sn_s 4: rows back to back)
+    bs.ring = (u32)__cvta_generic_to_shared(dsm) + V8_RING;
+    bs.full = (u32)__cvta_generic_to_shared(bars), bs.empty = bs.full + 8 * 8;
+    bs.w = (const char*)((const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w);
+    bs.s = (const char*)((const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s);
+    bs.D = D, bs.blocks = (D + R::ROWS - 1) / R::ROWS;
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < R::ST; ++st) {
+        mbar_init(bs.full + 8 * st, 1);
+        mbar_init(bs.empty + 8 * st, V8_THREADS / 32);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      // not under AB 1, which exits after phase 1: no copy may be in flight at the exit
+      for (int b = 0; b < R::ST && b < bs.blocks && ablate != 1; ++b) bs.issue(b);
+    }
+    // h_slice's (or AB 2's) first __syncthreads publishes the initialised barriers
+  }
   if (ablate != 2) h_slice<KPAD>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm);
   if (ablate == 1) return;
   if (ablate == 2) {
     if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;
     __syncthreads();
   }
+  float* const out_part = (float*)part + ((size_t)xs * gridDim.y + k) * D;
   if (DN == 2) {
-    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D,
-             (float*)part + ((size_t)xs * gridDim.y + k) * D, dsm);
+    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D, out_part, dsm);
+    return;
+  }
+  if (DN == 4) {  // warp w: rows 16 w .. + 15 of each 256-row block
+    DownFrags F;
+    down_frags(hs, F);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    for (int b = 0; b < bs.blocks; ++b) {
+      const u32 src = bs.wait(b);
+      float acc0, acc8;
+      tile_mma(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8);
+      bs.release(b);
+      const int n0 = R::ROWS * b + 16 * warp;
+      if ((lane & 3) == 0 && n0 + g < D) out_part[n0 + g] = acc0;
+      if ((lane & 3) == 0 && n0 + g + 8 < D) out_part[n0 + g + 8] = acc8;
+    }
     return;
   }
   const int q = threadIdx.x & 3, quad = threadIdx.x >> 2;
@@ -254,7 +381,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   // row n's words for this lane's group, and the 4-byte pair of scales that holds its scale
   const int* wrow = (const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w + 4 * q;
   const u16* srow = (const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s + (q & ~1);
-  float* out = (float*)part + ((size_t)xs * gridDim.y + k) * D;
+  float* const out = out_part;
   const int rows = (D + V8_QUADS - 1) / V8_QUADS;  // warp-uniform (the quad shuffles)
   auto row_out = [&](const uint4& w, float scale, int r) {  // row quad + QUADS r's partial
     float acc = dot8(w.x, h, corr);
@@ -285,6 +412,16 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
       for (int b = 0; b < V8_BATCH; ++b)
         if (r0 + b < rows)
           row_out(w[b], from_bf16(sc[b]), r0 + b + off - (r0 + b + off >= rows ? rows : 0));
+    }
+    return;
+  }
+  if (DN == 3) {  // quad c: row c of each 128-row block, lane q its 16 bytes and scale pair
+    for (int b = 0; b < bs.blocks; ++b) {
+      const u32 src = bs.wait(b);
+      const uint4 w = lds(src + quad * 64 + q * 16);
+      const u32 s2 = lds32(src + R::ROWS * 64 + quad * 8 + (q >> 1) * 4);
+      bs.release(b);
+      row_out(w, __uint_as_float(q & 1 ? s2 & 0xFFFF0000u : s2 << 16), b);
     }
     return;
   }

@@ -58,7 +58,8 @@ THREADS = 32 * KW * RW
 COMBINE_SLOTS = 8  # the combine's threads a column (cuda_v8.cu's V8_CK)
 RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage][6][32] uint4
 # F8 1: the fused path for a hinted one-token call too (an EP rank's decode); DN: how the down
-# partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores)
+# partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores,
+# 3 / 4 DN 0 / 2 on TMA bulk copies of the slice-major copy, LY 1, asked for before phase 1)
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
@@ -67,7 +68,10 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
 # made once on first use and cached beside the checkpoint tensors (their size again)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0}
-DOWN_FORMS = (0, 1, 2)
+DOWN_FORMS = (0, 1, 2, 3, 4)
+# DN 3 / 4's bulk ring past the gate/up ring (cuda_v8.cu's BulkRing<DN>::BYTES): stages x rows
+# x (64 bytes of words + 8 of scales)
+BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72}
 CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
@@ -87,8 +91,8 @@ def _module():
     mod = cupy.RawModule(code=code, options=("-std=c++17",),
                          name_expressions=[*names, "int4_moe_decode_combine"])
     fused = {key: mod.get_function(name) for key, name in zip(keys, names)}
-    for fn in fused.values():
-        fn.max_dynamic_shared_size_bytes = RING  # past 48 KB with the static part: opt in
+    for (_, dn, _), fn in fused.items():  # past 48 KB with the static part: opt in
+        fn.max_dynamic_shared_size_bytes = RING + BULK.get(dn, 0)
     return fused, mod.get_function("int4_moe_decode_combine")
 
 
@@ -127,6 +131,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
              "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
     _require(knobs["LY"] in (0, 1) and not (knobs["LY"] and knobs["CL"] > 1), "cfg['LY']",
              "0 or 1, and 0 with CL > 1", knobs["LY"])
+    _require(knobs["LY"] == 1 or knobs["DN"] not in BULK, "cfg['LY']",
+             f"1 with DN {knobs['DN']} (its bulk copies read the slice-major copy)", knobs["LY"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
@@ -170,6 +176,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
     if ly:
         dp, ds = by_slice(dp, ds)
         strides = ((dp.stride(0), dp.stride(1), dp.stride(2)), (ds.stride(0), ds.stride(1), ds.stride(2)))
+        assert strides[0][2] == SLICE // 8 and strides[1][2] == SLICE // 32  # rows back to back
     (se_w, sx_w, sn_w), (se_s, sx_s, sn_s) = strides
     wts = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
     NSL = I // SLICE
@@ -186,7 +193,8 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(se_w), i32(sn_w), np.int64(se_s), i32(sn_s), p(part),
-             *((i32(opts), np.int64(sx_w), np.int64(sx_s)) if cl == 1 else ())), shared_mem=RING)
+             *((i32(opts), np.int64(sx_w), np.int64(sx_s)) if cl == 1 else ())),
+            shared_mem=RING + (BULK.get(dn, 0) if cl == 1 else 0))
         comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NP), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
