@@ -63,7 +63,8 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
-# down partial alone (h = 0); single-CTA forms (CL 1). RO 1 (DN 0): each slice's CTA sweeps the
+# down partial alone (h = 0), 3 the down partial's loads alone (DN 0 / 3: no math); single-CTA
+# forms (CL 1). RO 1 (DN 0): each slice's CTA sweeps the
 # down rows from its own offset. LY 1 (CL 1): the down experts read from a slice-major copy
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
 # made once on first use and cached beside the checkpoint tensors (their size again)
@@ -125,8 +126,9 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["F8"] in (0, 1), "cfg['F8']", "0 or 1", knobs["F8"])
     _require(knobs["DN"] in DOWN_FORMS, "cfg['DN']", f"one of {DOWN_FORMS}", knobs["DN"])
     _require(knobs["CL"] in (1, *CLUSTERS), "cfg['CL']", f"one of {(1, *CLUSTERS)}", knobs["CL"])
-    _require(knobs["AB"] in (0, 1, 2) and not (knobs["AB"] and knobs["CL"] > 1), "cfg['AB']",
-             "0, 1 or 2, and 0 with CL > 1", knobs["AB"])
+    _require(knobs["AB"] in (0, 1, 2, 3) and not (knobs["AB"] and knobs["CL"] > 1)
+             and not (knobs["AB"] == 3 and knobs["DN"] not in (0, 3)), "cfg['AB']",
+             "0, 1, 2 or 3, 0 with CL > 1, 3 only with DN 0 or 3", knobs["AB"])
     _require(knobs["RO"] in (0, 1) and not (knobs["RO"] and (knobs["CL"] > 1 or knobs["DN"])),
              "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
     _require(knobs["LY"] in (0, 1) and not (knobs["LY"] and knobs["CL"] > 1), "cfg['LY']",
