@@ -883,6 +883,10 @@ def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"LY": 1, "CL": 2})
     with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 with DN 3"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"DN": 3})
+    with pytest.raises(ValueError, match=r"cfg\['IL'\]: expected 0 or 1, and 0 unless DN 0"):
+        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"IL": 1, "DN": 2})
+    with pytest.raises(ValueError, match=r"cfg\['IL'\]: expected 0 or 1, and 0 unless DN 0"):
+        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"IL": 1, "DN": 2})
 
 
 def test_v8_slice_major_down_is_the_checkpoint_reordered():
@@ -970,11 +974,11 @@ def test_v8_decode_matches_reference_gpu(D, I):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dn, cl, ro, ly", [(0, 1, 0, 0), (1, 1, 0, 0), (2, 1, 0, 0),
-                                           (0, 2, 0, 0), (0, 4, 0, 0), (0, 8, 0, 0),
-                                           (0, 1, 1, 0), (0, 1, 0, 1), (2, 1, 0, 1),
-                                           (3, 1, 0, 1), (4, 1, 0, 1)])
-def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, ro, ly):
+@pytest.mark.parametrize("dn, cl, ro, ly, il", [
+    (0, 1, 0, 0, 0), (1, 1, 0, 0, 0), (2, 1, 0, 0, 0), (0, 2, 0, 0, 0), (0, 4, 0, 0, 0),
+    (0, 8, 0, 0, 0), (0, 1, 1, 0, 0), (0, 1, 0, 1, 0), (2, 1, 0, 1, 0), (3, 1, 0, 1, 0),
+    (4, 1, 0, 1, 0), (0, 1, 0, 0, 1), (0, 1, 0, 1, 1), (3, 1, 0, 1, 1)])
+def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, ro, ly, il):
     # why: the ways the down partial streams its rows (cuda_v8.cu's DN: registers, a cp.async
     # ring, tensor cores with the permuted K order; CL: clusters sharing h through DSMEM) are
     # the A/B's configs; each must be the op at T 1 on 384 experts, -1 slots and int32 ids
@@ -990,14 +994,14 @@ def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, 
         if seed:
             ids = torch.where(torch.arange(K, device="cuda") % 3 == 1, -1, ids).int()
         assert cuda_v8.fused_here(x, ids, ex, None)
-        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn, "CL": cl, "RO": ro, "LY": ly})
+        cfg8 = {"DN": dn, "CL": cl, "RO": ro, "LY": ly, "IL": il}
+        out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg8)
         ref = int4_moe(x, ids, w, ex)
         assert not out.isnan().any()
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
         twice = ids.clone()
         twice[0, 2] = twice[0, 0]  # one expert twice: the router's NaN row
-        assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False,
-                                     cfg={"DN": dn, "CL": cl, "RO": ro, "LY": ly}).isnan().all()
+        assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False, cfg=cfg8).isnan().all()
 
 
 @pytest.mark.gpu

@@ -383,11 +383,22 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   const u16* srow = (const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s + (q & ~1);
   float* const out = out_part;
   const int rows = (D + V8_QUADS - 1) / V8_QUADS;  // warp-uniform (the quad shuffles)
+  // opts & 8 (IL 1): the group's four words summed as four independent FMA chains, added in a
+  // tree at the end, instead of one 32-FMA chain (a warp's next FMA then waits ~4 cycles on
+  // its last: at 4 warps a scheduler the chain, not the issue rate, bounds the math)
+  const bool ilp = opts & 8;
   auto row_out = [&](const uint4& w, float scale, int r) {  // row quad + QUADS r's partial
-    float acc = dot8(w.x, h, corr);
-    acc = dot8(w.y, h + 8, acc);
-    acc = dot8(w.z, h + 16, acc);
-    acc = dot8(w.w, h + 24, acc);
+    float acc;
+    if (ilp) {
+      const float a0 = dot8(w.x, h, corr), a1 = dot8(w.y, h + 8, 0.f);
+      const float a2 = dot8(w.z, h + 16, 0.f), a3 = dot8(w.w, h + 24, 0.f);
+      acc = (a0 + a1) + (a2 + a3);
+    } else {
+      acc = dot8(w.x, h, corr);
+      acc = dot8(w.y, h + 8, acc);
+      acc = dot8(w.z, h + 16, acc);
+      acc = dot8(w.w, h + 24, acc);
+    }
     acc *= scale;  // the group's (q - 8) h sum, scaled once
     acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 1);
     acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 2);

@@ -68,7 +68,8 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # down rows from its own offset. LY 1 (CL 1): the down experts read from a slice-major copy
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
 # made once on first use and cached beside the checkpoint tensors (their size again)
-KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0}
+# IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
+KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0}
 DOWN_FORMS = (0, 1, 2, 3, 4)
 # DN 3 / 4's bulk ring past the gate/up ring (cuda_v8.cu's BulkRing<DN>::BYTES): stages x rows
 # x (64 bytes of words + 8 of scales)
@@ -135,13 +136,16 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
              "0 or 1, and 0 with CL > 1", knobs["LY"])
     _require(knobs["LY"] == 1 or knobs["DN"] not in BULK, "cfg['LY']",
              f"1 with DN {knobs['DN']} (its bulk copies read the slice-major copy)", knobs["LY"])
+    _require(knobs["IL"] in (0, 1) and not (knobs["IL"] and (knobs["CL"] > 1 or knobs["DN"]
+                                                             not in (0, 3))),
+             "cfg['IL']", "0 or 1, and 0 unless DN 0 or 3 and CL 1", knobs["IL"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
     return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
-                  knobs["AB"] | 4 * knobs["RO"], knobs["LY"])
+                  knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"], knobs["LY"])
 
 
 _BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes) -> the slice-major copy (LY 1)
@@ -164,7 +168,7 @@ def by_slice(dp: Tensor, ds: Tensor) -> tuple[Tensor, Tensor]:
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
            cl: int = 1, opts: int = 0, ly: int = 0) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16. opts:
-    cuda_v8.cu's (the AB ablation | 4 RO); ly 1: the down experts from `by_slice`."""
+    cuda_v8.cu's (the AB ablation | 4 RO | 8 IL); ly 1: the down experts from `by_slice`."""
     import cupy
     import numpy as np
 
