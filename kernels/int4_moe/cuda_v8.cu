@@ -37,6 +37,7 @@ constexpr int V8_QUADS = V8_THREADS / 4;             // down rows in flight a pa
 // stage holds one row a lane, its 16 bytes of words and the 4 bytes of its scale pair;
 // V8_ST2 - 1 rows in flight a lane
 constexpr int V8_BATCH = 8;                          // DN 0: rows a lane loads, then computes
+constexpr int V8_B5 = 4;                             // DN 5: rows a register buffer (two)
 constexpr int V8_STAGE2 = V8_THREADS * (16 + 4);     // bytes a stage (10 KB)
 constexpr int V8_ST2 = 14;                           // stages (140 KB of the 144 KB ring)
 static_assert(V8_ST2 * V8_STAGE2 <= V8_KW * V8_RW * 3 * 6 * 32 * 16, "the gate/up ring holds it");
@@ -303,7 +304,8 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // cores (down_mma: ~115 warp instructions a 16-row tile instead of ~220); 3 / 4: DN 0's / DN
 // 2's math on rows brought by TMA bulk copies from the slice-major copy (LY 1) into a CTA ring
 // whose first stages are asked for before phase 1 (BulkRing; dynamic shared memory V8_RING +
-// BulkRing<DN>::BYTES)
+// BulkRing<DN>::BYTES); 5: DN 0's math with the next batch's loads issued before each batch's
+// math (two register buffers)
 template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
@@ -428,6 +430,36 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
           row_out(w[b], from_bf16(sc[b]), r0 + b + off - (r0 + b + off >= rows ? rows : 0));
     }
     if (ablate == 3 && fold == 0x9E3779B9u) out[quad] = 1.f;  // keeps the loads
+    return;
+  }
+  if (DN == 5) {  // DN 0's math, each batch's loads issued before the batch before it is done
+    // why (session 30 call 3): DN 0's loads alone (AB 3) take 16.8 µs, its loads and math 28.7;
+    // a warp there waits for its batch, then computes it with nothing in flight. Two register
+    // buffers of V8_B5 rows: batch i + 1 is loading while batch i's math runs.
+    uint4 wa[V8_B5], wb[V8_B5];
+    u16 sa[V8_B5], sb[V8_B5];
+    auto load = [&](uint4 (&w)[V8_B5], u16 (&sc)[V8_B5], int r0) {
+#pragma unroll
+      for (int b = 0; b < V8_B5; ++b) {
+        const int n = quad + (r0 + b) * V8_QUADS;
+        if (r0 + b < rows && n < D) {
+          w[b] = ld_row((const uint4*)(wrow + (size_t)n * sn_w));
+          sc[b] = __ldg(srow + (size_t)n * sn_s + (q & 1));
+        }
+      }
+    };
+    auto math = [&](const uint4 (&w)[V8_B5], const u16 (&sc)[V8_B5], int r0) {
+#pragma unroll
+      for (int b = 0; b < V8_B5; ++b)
+        if (r0 + b < rows) row_out(w[b], from_bf16(sc[b]), r0 + b);  // warp-uniform
+    };
+    load(wa, sa, 0);
+    for (int r0 = 0; r0 < rows; r0 += 2 * V8_B5) {
+      load(wb, sb, r0 + V8_B5);
+      math(wa, sa, r0);
+      load(wa, sa, r0 + 2 * V8_B5);
+      math(wb, sb, r0 + V8_B5);
+    }
     return;
   }
   if (DN == 3) {  // quad c: row c of each 128-row block, lane q its 16 bytes and scale pair

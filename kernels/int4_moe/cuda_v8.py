@@ -59,7 +59,8 @@ COMBINE_SLOTS = 8  # the combine's threads a column (cuda_v8.cu's V8_CK)
 RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage][6][32] uint4
 # F8 1: the fused path for a hinted one-token call too (an EP rank's decode); DN: how the down
 # partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores,
-# 3 / 4 DN 0 / 2 on TMA bulk copies of the slice-major copy, LY 1, asked for before phase 1)
+# 3 / 4 DN 0 / 2 on TMA bulk copies of the slice-major copy, LY 1, asked for before phase 1;
+# 5 DN 0 with each batch's loads issued before the previous batch's math)
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
@@ -70,7 +71,7 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # made once on first use and cached beside the checkpoint tensors (their size again)
 # IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0}
-DOWN_FORMS = (0, 1, 2, 3, 4)
+DOWN_FORMS = (0, 1, 2, 3, 4, 5)
 # DN 3 / 4's bulk ring past the gate/up ring (cuda_v8.cu's BulkRing<DN>::BYTES): stages x rows
 # x (64 bytes of words + 8 of scales)
 BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72}
@@ -137,8 +138,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["LY"] == 1 or knobs["DN"] not in BULK, "cfg['LY']",
              f"1 with DN {knobs['DN']} (its bulk copies read the slice-major copy)", knobs["LY"])
     _require(knobs["IL"] in (0, 1) and not (knobs["IL"] and (knobs["CL"] > 1 or knobs["DN"]
-                                                             not in (0, 3))),
-             "cfg['IL']", "0 or 1, and 0 unless DN 0 or 3 and CL 1", knobs["IL"])
+                                                             not in (0, 3, 5))),
+             "cfg['IL']", "0 or 1, and 0 unless DN 0, 3 or 5 and CL 1", knobs["IL"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
