@@ -324,7 +324,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   // alone (h = 0), 3 phase 2's loads alone (DN 0 / 3: the rows xor-folded, no math); opts & 4 (DN 0): each slice's CTA sweeps the rows from its own offset, so
   // that an expert's 16 CTAs read 16 regions of it at a time instead of one
   const int ablate = opts & 3;
-  constexpr bool BULK = DN >= 3;
+  constexpr bool BULK = DN == 3 || DN == 4;
   using R = BulkRing<BULK ? DN : 3>;
   BulkStream<BULK ? DN : 3> bs;
   if (BULK) {  // the slice-major copy (cuda_v8.py checks sn_w 16, sn_s 4: rows back to back)
