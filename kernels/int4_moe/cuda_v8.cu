@@ -221,21 +221,27 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
   }
 }
 
-// DN 3 / 4: the down rows by TMA bulk copies (cp.async.bulk, one thread issues them) into a
-// CTA ring of BulkRing<DN>::ST stages past the gate/up ring, each stage ROWS consecutive rows of
-// the slice-major copy (LY 1: a stage is one contiguous block of words and one of scales), a
-// full mbarrier a stage (the copies' bytes) and an empty one (the 16 warps' arrivals). The
-// first ST stages are asked for before phase 1, so the down stream is already landing while
-// the gate/up phase runs and its tail does not stand alone. DN 3: a row a quad (DN 0's math on
-// the CUDA cores); DN 4: a 16-row tile a warp (DN 2's tensor cores).
+// DN 3 / 4 / 6 / 7: the down rows by TMA bulk copies (cp.async.bulk, one thread issues them)
+// into a CTA ring of BulkRing<DN>::ST stages, each stage ROWS consecutive rows of the
+// slice-major copy (LY 1: a stage is one contiguous block of words and one of scales), a full
+// mbarrier a stage (the copies' bytes) and an empty one (the 16 warps' arrivals). DN 3 / 4: the
+// ring past the gate/up ring, its ST stages asked for before phase 1, so the down stream is
+// already landing while the gate/up phase runs (session 30 call 2: slower, the extra shared
+// memory takes L1 from phase 1); DN 6 / 7: the ring in the gate/up ring's shared memory, asked
+// for once phase 1 is done (no more shared memory than DN 0, more stages). DN 3 / 7: a row a
+// quad (DN 0's math on the CUDA cores); DN 4 / 6: a 16-row tile a warp (DN 2's tensor cores).
 template <int DN>
 struct BulkRing {
-  static constexpr int ROWS = DN == 3 ? V8_QUADS : 16 * (V8_THREADS / 32);  // 128 / 256
-  static constexpr int ST = DN == 3 ? 7 : 3;  // as many as the shared memory left holds
-  static constexpr int STAGE = ROWS * (64 + 8);  // words, then scales
-  static constexpr int BYTES = ST * STAGE;       // 63 / 54 KB
+  static constexpr bool TC = DN == 4 || DN == 6, LATE = DN >= 6;
+  static constexpr int ROWS = TC ? 16 * (V8_THREADS / 32) : V8_QUADS;  // 256 / 128
+  static constexpr int STAGE = ROWS * (64 + 8);                         // words, then scales
+  static constexpr int RING = V8_KW * V8_RW * 3 * 6 * 32 * 16;          // the gate/up ring
+  static constexpr int ST = LATE ? RING / STAGE : TC ? 3 : 7;  // what the shared memory holds
+  static constexpr int BYTES = LATE ? 0 : ST * STAGE;  // past the gate/up ring: 54 / 63 KB
 };
-constexpr int V8_RING = V8_KW * V8_RW * 3 * 6 * 32 * 16;  // the gate/up ring (cuda_v8.py RING)
+constexpr int V8_RING = BulkRing<3>::RING;  // cuda_v8.py's RING
+constexpr int V8_BARS = 16;                 // stages a bulk ring at most (DN 7)
+static_assert(BulkRing<6>::ST <= V8_BARS && BulkRing<7>::ST <= V8_BARS, "the barriers");
 static_assert(V8_RING + BulkRing<3>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
 static_assert(V8_RING + BulkRing<4>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
 
@@ -316,20 +322,21 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   __shared__ float hs[V8_SLICE];
   __shared__ int zero;
   extern __shared__ uint4 dsm[];
-  __shared__ __align__(8) unsigned long long bars[2 * 8];  // DN 3 / 4: full[ST], empty[ST]
+  __shared__ __align__(8) unsigned long long bars[2 * V8_BARS];  // bulk forms: full, empty
   const int xs = blockIdx.x, k = blockIdx.y;
   const long long e = v8_id(ids_ptr, ids64, s_ik, k);
   if (e < 0 || e >= E) return;  // -1: not routed here; outside [0, E): the combine's NaN
   // opts & 3, an ablation for timing only (the output is garbage): 1 phase 1 alone, 2 phase 2
-  // alone (h = 0), 3 phase 2's loads alone (DN 0 / 3: the rows xor-folded, no math); opts & 4 (DN 0): each slice's CTA sweeps the rows from its own offset, so
-  // that an expert's 16 CTAs read 16 regions of it at a time instead of one
+  // alone (h = 0), 3 phase 2's loads alone (DN 0 / 3 / 7: the rows xor-folded, no math);
+  // opts & 4 (DN 0): each slice's CTA sweeps the rows from its own offset, so that an expert's
+  // 16 CTAs read 16 regions of it at a time instead of one
   const int ablate = opts & 3;
-  constexpr bool BULK = DN == 3 || DN == 4;
+  constexpr bool BULK = DN == 3 || DN == 4 || DN == 6 || DN == 7;
   using R = BulkRing<BULK ? DN : 3>;
   BulkStream<BULK ? DN : 3> bs;
   if (BULK) {  // the slice-major copy (cuda_v8.py checks sn_w 16, sn_s 4: rows back to back)
-    bs.ring = (u32)__cvta_generic_to_shared(dsm) + V8_RING;
-    bs.full = (u32)__cvta_generic_to_shared(bars), bs.empty = bs.full + 8 * 8;
+    bs.ring = (u32)__cvta_generic_to_shared(dsm) + (R::LATE ? 0 : V8_RING);
+    bs.full = (u32)__cvta_generic_to_shared(bars), bs.empty = bs.full + 8 * V8_BARS;
     bs.w = (const char*)((const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w);
     bs.s = (const char*)((const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s);
     bs.D = D, bs.blocks = (D + R::ROWS - 1) / R::ROWS;
@@ -340,7 +347,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
       }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
       // not under AB 1, which exits after phase 1: no copy may be in flight at the exit
-      for (int b = 0; b < R::ST && b < bs.blocks && ablate != 1; ++b) bs.issue(b);
+      for (int b = 0; b < R::ST && b < bs.blocks && ablate != 1 && !R::LATE; ++b) bs.issue(b);
     }
     // h_slice's (or AB 2's) first __syncthreads publishes the initialised barriers
   }
@@ -350,12 +357,18 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;
     __syncthreads();
   }
+  if (BULK && R::LATE && threadIdx.x == 0) {
+    // the gate/up ring is free (h_slice's last __syncthreads: every warp's cp.async copies
+    // landed and were read); its bytes were the generic proxy's, the copies are the async one's
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    for (int b = 0; b < R::ST && b < bs.blocks; ++b) bs.issue(b);
+  }
   float* const out_part = (float*)part + ((size_t)xs * gridDim.y + k) * D;
   if (DN == 2) {
     down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D, out_part, dsm);
     return;
   }
-  if (DN == 4) {  // warp w: rows 16 w .. + 15 of each 256-row block
+  if (DN == 4 || DN == 6) {  // warp w: rows 16 w .. + 15 of each 256-row block
     DownFrags F;
     down_frags(hs, F);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
@@ -462,7 +475,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     }
     return;
   }
-  if (DN == 3) {  // quad c: row c of each 128-row block, lane q its 16 bytes and scale pair
+  if (DN == 3 || DN == 7) {  // quad c: row c of each 128-row block, lane q its 16 bytes and scale
     u32 fold = 0;  // AB 3
     for (int b = 0; b < bs.blocks; ++b) {
       const u32 src = bs.wait(b);

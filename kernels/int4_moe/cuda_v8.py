@@ -60,7 +60,8 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # F8 1: the fused path for a hinted one-token call too (an EP rank's decode); DN: how the down
 # partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores,
 # 3 / 4 DN 0 / 2 on TMA bulk copies of the slice-major copy, LY 1, asked for before phase 1;
-# 5 DN 0 with each batch's loads issued before the previous batch's math)
+# 5 DN 0 with each batch's loads issued before the previous batch's math; 6 / 7 DN 4 / 3 with
+# the bulk ring in the gate/up ring's shared memory, asked for after phase 1)
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
@@ -71,10 +72,11 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # made once on first use and cached beside the checkpoint tensors (their size again)
 # IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0}
-DOWN_FORMS = (0, 1, 2, 3, 4, 5)
-# DN 3 / 4's bulk ring past the gate/up ring (cuda_v8.cu's BulkRing<DN>::BYTES): stages x rows
-# x (64 bytes of words + 8 of scales)
-BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72}
+DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7)
+# the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
+# BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
+# ring is the gate/up ring's once phase 1 is done)
+BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72, 6: 0, 7: 0}
 CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
@@ -129,8 +131,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["DN"] in DOWN_FORMS, "cfg['DN']", f"one of {DOWN_FORMS}", knobs["DN"])
     _require(knobs["CL"] in (1, *CLUSTERS), "cfg['CL']", f"one of {(1, *CLUSTERS)}", knobs["CL"])
     _require(knobs["AB"] in (0, 1, 2, 3) and not (knobs["AB"] and knobs["CL"] > 1)
-             and not (knobs["AB"] == 3 and knobs["DN"] not in (0, 3)), "cfg['AB']",
-             "0, 1, 2 or 3, 0 with CL > 1, 3 only with DN 0 or 3", knobs["AB"])
+             and not (knobs["AB"] == 3 and knobs["DN"] not in (0, 3, 7)), "cfg['AB']",
+             "0, 1, 2 or 3, 0 with CL > 1, 3 only with DN 0, 3 or 7", knobs["AB"])
     _require(knobs["RO"] in (0, 1) and not (knobs["RO"] and (knobs["CL"] > 1 or knobs["DN"])),
              "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
     _require(knobs["LY"] in (0, 1) and not (knobs["LY"] and knobs["CL"] > 1), "cfg['LY']",
@@ -138,8 +140,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["LY"] == 1 or knobs["DN"] not in BULK, "cfg['LY']",
              f"1 with DN {knobs['DN']} (its bulk copies read the slice-major copy)", knobs["LY"])
     _require(knobs["IL"] in (0, 1) and not (knobs["IL"] and (knobs["CL"] > 1 or knobs["DN"]
-                                                             not in (0, 3, 5))),
-             "cfg['IL']", "0 or 1, and 0 unless DN 0, 3 or 5 and CL 1", knobs["IL"])
+                                                             not in (0, 3, 5, 7))),
+             "cfg['IL']", "0 or 1, and 0 unless DN 0, 3, 5 or 7 and CL 1", knobs["IL"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
