@@ -61,6 +61,23 @@ __device__ __forceinline__ uint4 ld_row(const uint4* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+// EF 1 (opts & 16): the down weights' copies into shared memory with an L2 evict-first policy,
+// so that the 66 MB stream does not push part (written meanwhile, read by the combine) out of
+// L2 (session 30 call 7: the combine after the cp.async / bulk forms 4.5-4.8 µs, after DN 0's
+// ld.global.nc loads 3.3)
+__device__ __forceinline__ u64 evict_first_policy() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void cp_async16_hint(u32 dst, const void* src, u64 pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+               :: "r"(dst), "l"(src), "l"(pol));
+}
+__device__ __forceinline__ void cp_async8_hint(u32 dst, const void* src, u64 pol) {
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2;"
+               :: "r"(dst), "l"(src), "l"(pol));
+}
 __device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src));
 }
@@ -176,9 +193,10 @@ __device__ __forceinline__ void tile_mma(const DownFrags& F, u32 sw, u32 ss, flo
 __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long long e,
                                          long long se_w, int sn_w, long long se_s, int sn_s,
                                          long long sx_w, long long sx_s, int xs, int D,
-                                         float* out, uint4* dsm) {
+                                         float* out, uint4* dsm, bool ef) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   constexpr int NW = V8_THREADS / 32;
+  const u64 pol = ef ? evict_first_policy() : 0;
   DownFrags F;
   down_frags(hs, F);
   const int tiles = (D + 15) / 16, mine = (tiles - warp + NW - 1) / NW;  // warp-uniform
@@ -196,9 +214,15 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
   int nn = 16 * warp;  // the next tile's first row
   auto issue = [&](int stage) {  // the next tile into stage
     const u32 dst = ring + stage * V8_TILE3;
-    if (nn + r0 < D) cp_async16(dst + lane * 16, wp0);
-    if (nn + r1 < D) cp_async16(dst + (lane + 32) * 16, wp1);
-    if (lane < 16 && nn + rs < D) cp_async8(dst + 1024 + lane * 8, sp);
+    if (ef) {
+      if (nn + r0 < D) cp_async16_hint(dst + lane * 16, wp0, pol);
+      if (nn + r1 < D) cp_async16_hint(dst + (lane + 32) * 16, wp1, pol);
+      if (lane < 16 && nn + rs < D) cp_async8_hint(dst + 1024 + lane * 8, sp, pol);
+    } else {
+      if (nn + r0 < D) cp_async16(dst + lane * 16, wp0);
+      if (nn + r1 < D) cp_async16(dst + (lane + 32) * 16, wp1);
+      if (lane < 16 && nn + rs < D) cp_async8(dst + 1024 + lane * 8, sp);
+    }
     wp0 += wstep, wp1 += wstep, sp += sstep, nn += 16 * NW;
   };
 #pragma unroll
@@ -261,6 +285,12 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {  // acquire
                "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
                "@!p bra MBAR_WAIT;\n}" :: "r"(bar), "r"(parity) : "memory");
 }
+__device__ __forceinline__ void bulk_g2s_hint(u32 dst, const void* src, u32 bytes, u32 bar,
+                                              u64 pol) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1], %2, [%3], %4;"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+}
 __device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
                " [%0], [%1], %2, [%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
@@ -273,12 +303,19 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
   const char* w;          // this CTA's slice of its expert: row n's words at w + 64 n
   const char* s;          // and its scales at s + 8 n
   int D, blocks;
+  bool ef;                // EF 1: the copies evict-first in L2
   __device__ __forceinline__ void issue(int b) const {  // block b (rows ROWS b ..) into its stage
     const int st = b % R::ST, rows = min(R::ROWS, D - R::ROWS * b);
     const u32 dst = ring + st * R::STAGE, bar = full + 8 * st;
     mbar_expect_tx(bar, rows * 72);
-    bulk_g2s(dst, w + (size_t)R::ROWS * b * 64, rows * 64, bar);
-    bulk_g2s(dst + R::ROWS * 64, s + (size_t)R::ROWS * b * 8, rows * 8, bar);
+    if (ef) {
+      const u64 pol = evict_first_policy();
+      bulk_g2s_hint(dst, w + (size_t)R::ROWS * b * 64, rows * 64, bar, pol);
+      bulk_g2s_hint(dst + R::ROWS * 64, s + (size_t)R::ROWS * b * 8, rows * 8, bar, pol);
+    } else {
+      bulk_g2s(dst, w + (size_t)R::ROWS * b * 64, rows * 64, bar);
+      bulk_g2s(dst + R::ROWS * 64, s + (size_t)R::ROWS * b * 8, rows * 8, bar);
+    }
   }
   // every warp at block b: wait for it to land; after the warp's reads, its arrival; thread 0
   // then refills the stage of block b - 1 (all 16 warps' arrivals for it: no warp waits on a
@@ -339,7 +376,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     bs.full = (u32)__cvta_generic_to_shared(bars), bs.empty = bs.full + 8 * V8_BARS;
     bs.w = (const char*)((const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w);
     bs.s = (const char*)((const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s);
-    bs.D = D, bs.blocks = (D + R::ROWS - 1) / R::ROWS;
+    bs.D = D, bs.blocks = (D + R::ROWS - 1) / R::ROWS, bs.ef = opts & 16;
     if (threadIdx.x == 0) {
       for (int st = 0; st < R::ST; ++st) {
         mbar_init(bs.full + 8 * st, 1);
@@ -365,7 +402,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   }
   float* const out_part = (float*)part + ((size_t)xs * gridDim.y + k) * D;
   if (DN == 2) {
-    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D, out_part, dsm);
+    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D, out_part, dsm, opts & 16);
     return;
   }
   if (DN == 4 || DN == 6) {  // warp w: rows 16 w .. + 15 of each 256-row block

@@ -71,7 +71,8 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
 # made once on first use and cached beside the checkpoint tensors (their size again)
 # IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
-KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0}
+# EF 1 (DN 2, 4, 6): the down weights' copies evict-first in L2 (cuda_v8.cu's opts & 16)
+KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0}
 DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
 # BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
@@ -142,13 +143,16 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["IL"] in (0, 1) and not (knobs["IL"] and (knobs["CL"] > 1 or knobs["DN"]
                                                              not in (0, 3, 5, 7))),
              "cfg['IL']", "0 or 1, and 0 unless DN 0, 3, 5 or 7 and CL 1", knobs["IL"])
+    _require(knobs["EF"] in (0, 1) and not (knobs["EF"] and (knobs["CL"] > 1 or knobs["DN"]
+                                                             not in (2, 4, 6))),
+             "cfg['EF']", "0 or 1, and 0 unless DN 2, 4 or 6 and CL 1", knobs["EF"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
     return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
-                  knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"], knobs["LY"])
+                  knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"], knobs["LY"])
 
 
 _BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes) -> the slice-major copy (LY 1)
@@ -171,7 +175,7 @@ def by_slice(dp: Tensor, ds: Tensor) -> tuple[Tensor, Tensor]:
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
            cl: int = 1, opts: int = 0, ly: int = 0) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16. opts:
-    cuda_v8.cu's (the AB ablation | 4 RO | 8 IL); ly 1: the down experts from `by_slice`."""
+    cuda_v8.cu's (the AB ablation | 4 RO | 8 IL | 16 EF); ly 1: the down experts from `by_slice`."""
     import cupy
     import numpy as np
 
