@@ -164,13 +164,19 @@ __device__ __forceinline__ void down_frags(const float* hs, DownFrags& F) {
 // 4) of a word are A's column pairs (2 t, 2 t + 1): lane t takes nibbles (t, t + 4) of words 0
 // / 2 and (8 + t, 12 + t) of words 1 / 3 of a group's 16 bytes; a group's partial starts from
 // its corr and is scaled once by the row's group scale.
+// swz (LY 2): a row's four 16-byte groups stored at positions grp ^ ((row >> 1) & 3)
+// (`by_slice(swizzle=True)`; tiles start at rows multiple of 16, so rows g and g + 8 share it):
+// the eight rows g of one group then fall in distinct banks (session 30 call 9: 4-way conflicts,
+// 1.1 M a call, at 64 bytes a row)
 __device__ __forceinline__ void tile_mma(const DownFrags& F, u32 sw, u32 ss, float& acc0,
-                                         float& acc8) {
+                                         float& acc8, bool swz = false) {
   const int lane = threadIdx.x & 31, g = lane >> 2, sh = 4 * (lane & 3);
+  const int sx = swz ? (g >> 1) & 3 : 0;
   acc0 = 0.f, acc8 = 0.f;
 #pragma unroll
   for (int grp = 0; grp < 4; ++grp) {
-    const uint4 wg = lds(sw + g * 64 + grp * 16), wg8 = lds(sw + (g + 8) * 64 + grp * 16);
+    const int at = (grp ^ sx) * 16;
+    const uint4 wg = lds(sw + g * 64 + at), wg8 = lds(sw + (g + 8) * 64 + at);
     float c[4] = {F.corr[grp], F.corr[grp], F.corr[grp], F.corr[grp]};
     u32 a0 = raw(wg.x >> sh), a1 = raw(wg8.x >> sh), a2 = raw(wg.y >> sh), a3 = raw(wg8.y >> sh);
     mma(c, a0, a1, a2, a3, F.bh[grp][0][0], F.bh[grp][0][1]);
@@ -193,7 +199,7 @@ __device__ __forceinline__ void tile_mma(const DownFrags& F, u32 sw, u32 ss, flo
 __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long long e,
                                          long long se_w, int sn_w, long long se_s, int sn_s,
                                          long long sx_w, long long sx_s, int xs, int D,
-                                         float* out, uint4* dsm, bool ef) {
+                                         float* out, uint4* dsm, bool ef, bool swz) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   constexpr int NW = V8_THREADS / 32;
   const u64 pol = ef ? evict_first_policy() : 0;
@@ -238,7 +244,7 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
     if (r + V8_ST3 - 1 < mine) issue((r + V8_ST3 - 1) & (V8_ST3 - 1));  // read one tile ago
     cp_commit();
     float acc0, acc8;
-    tile_mma(F, src, src + 1024, acc0, acc8);
+    tile_mma(F, src, src + 1024, acc0, acc8, swz);
     const int n0 = 16 * (warp + NW * r);
     if (t == 0 && n0 + g < D) out[n0 + g] = acc0;
     if (t == 0 && n0 + g + 8 < D) out[n0 + g + 8] = acc8;
@@ -402,7 +408,8 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   }
   float* const out_part = (float*)part + ((size_t)xs * gridDim.y + k) * D;
   if (DN == 2) {
-    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D, out_part, dsm, opts & 16);
+    down_mma(hs, wd, sd, e, se_w, sn_w, se_s, sn_s, sx_w, sx_s, xs, D, out_part, dsm, opts & 16,
+             opts & 32);
     return;
   }
   if (DN == 4 || DN == 6) {  // warp w: rows 16 w .. + 15 of each 256-row block
@@ -412,7 +419,8 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     for (int b = 0; b < bs.blocks; ++b) {
       const u32 src = bs.wait(b);
       float acc0, acc8;
-      tile_mma(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8);
+      tile_mma(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8,
+               opts & 32);
       bs.release(b);
       const int n0 = R::ROWS * b + 16 * warp;
       if ((lane & 3) == 0 && n0 + g < D) out_part[n0 + g] = acc0;

@@ -69,7 +69,8 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # forms (CL 1). RO 1 (DN 0): each slice's CTA sweeps the
 # down rows from its own offset. LY 1 (CL 1): the down experts read from a slice-major copy
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
-# made once on first use and cached beside the checkpoint tensors (their size again)
+# made once on first use and cached beside the checkpoint tensors (their size again); LY 2 (DN
+# 2 / 4 / 6): that copy with each row's four 16-byte groups swizzled (`by_slice`)
 # IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
 # EF 1 (DN 2, 4, 6): the down weights' copies evict-first in L2 (cuda_v8.cu's opts & 16)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0}
@@ -136,9 +137,10 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
              "0, 1, 2 or 3, 0 with CL > 1, 3 only with DN 0, 3 or 7", knobs["AB"])
     _require(knobs["RO"] in (0, 1) and not (knobs["RO"] and (knobs["CL"] > 1 or knobs["DN"])),
              "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
-    _require(knobs["LY"] in (0, 1) and not (knobs["LY"] and knobs["CL"] > 1), "cfg['LY']",
-             "0 or 1, and 0 with CL > 1", knobs["LY"])
-    _require(knobs["LY"] == 1 or knobs["DN"] not in BULK, "cfg['LY']",
+    _require(knobs["LY"] in (0, 1, 2) and not (knobs["LY"] and knobs["CL"] > 1)
+             and not (knobs["LY"] == 2 and knobs["DN"] not in (2, 4, 6)), "cfg['LY']",
+             "0, 1 or 2, 0 with CL > 1, 2 only with DN 2, 4 or 6", knobs["LY"])
+    _require(knobs["LY"] >= 1 or knobs["DN"] not in BULK, "cfg['LY']",
              f"1 with DN {knobs['DN']} (its bulk copies read the slice-major copy)", knobs["LY"])
     _require(knobs["IL"] in (0, 1) and not (knobs["IL"] and (knobs["CL"] > 1 or knobs["DN"]
                                                              not in (0, 3, 5, 7))),
@@ -158,15 +160,22 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
 _BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes) -> the slice-major copy (LY 1)
 
 
-def by_slice(dp: Tensor, ds: Tensor) -> tuple[Tensor, Tensor]:
+def by_slice(dp: Tensor, ds: Tensor, swizzle: bool = False) -> tuple[Tensor, Tensor]:
     """The down experts slice-major: words [E, NSL, D, SLICE / 8] int32 and scales [E, NSL, D,
     SLICE / 32] bf16 from the checkpoint's [E, D, I / 8] / [E, D, I / 32] (a copy, exact: the
-    same words reordered), so that CTA (slice, slot) streams its down rows as one block."""
-    key = (dp.data_ptr(), ds.data_ptr(), tuple(dp.shape), tuple(ds.shape))
+    same words reordered), so that CTA (slice, slot) streams its down rows as one block.
+    swizzle (LY 2): row n's four 4-word groups (one 32-input scale group each) stored at
+    positions g ^ ((n >> 1) & 3) (cuda_v8.cu's `tile_mma`: conflict-free shared-memory reads)."""
+    key = (dp.data_ptr(), ds.data_ptr(), tuple(dp.shape), tuple(ds.shape), swizzle)
     if key not in _BY_SLICE:
         E, D, IW = dp.shape
         NSL = IW * 8 // SLICE
         w = dp.reshape(E, D, NSL, SLICE // 8).permute(0, 2, 1, 3).contiguous()
+        if swizzle:  # position p of row n holds group p ^ s(n) (XOR: its own inverse)
+            n = torch.arange(D, device=dp.device)
+            src = torch.arange(4, device=dp.device)[None, :] ^ ((n[:, None] >> 1) & 3)  # [D, 4]
+            w = w.reshape(E, NSL, D, 4, 4).gather(
+                3, src[None, None, :, :, None].expand(E, NSL, D, 4, 4)).reshape(E, NSL, D, 16)
         s = ds.reshape(E, D, NSL, SLICE // 32).permute(0, 2, 1, 3).contiguous()
         _BY_SLICE[key] = (w, s)
     return _BY_SLICE[key]
@@ -187,7 +196,8 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
     # (expert, slice, row) strides of the down words / scales, in elements
     strides = ((dp.stride(0), SLICE // 8, dp.stride(1)), (ds.stride(0), SLICE // 32, ds.stride(1)))
     if ly:
-        dp, ds = by_slice(dp, ds)
+        dp, ds = by_slice(dp, ds, swizzle=ly == 2)
+        opts |= 32 * (ly == 2)
         strides = ((dp.stride(0), dp.stride(1), dp.stride(2)), (ds.stride(0), ds.stride(1), ds.stride(2)))
         assert strides[0][2] == SLICE // 8 and strides[1][2] == SLICE // 32  # rows back to back
     (se_w, sx_w, sn_w), (se_s, sx_s, sn_s) = strides
