@@ -34,7 +34,13 @@ against cuda_v5's 72.7-73.8 in process (calls 5-7), REAL bench 71.4 / 72.1 µs u
 (1.27x / 1.24x Humming, 67 % of the floor; the #6 bar is 60). The phases alone (AB): gate/up
 38.6 µs, the down partial 28.3 for 66 MB, in every form (DN 0 / 1 / 2, CL 2; ncu: 47.5 % of
 DRAM peak, 1.1 eligible warps a scheduler). An EP8 rank's hint 1 on this path (F8): 56 against
-29 µs. Not BEST; the engine preset's calls are hinted (cuda_v5 here).
+29 µs. Session 30 (traces/gpu/session30/README.md): the down partial's loads alone (AB 3)
+stream its 66 MB in 16.8 µs, with DN 0's math 28-30: the slice-major copy (LY 1) took 2.4 µs
+off the op (71.3 vs 73.7), the tensor-core form with it and evict-first copies (DN 2, EF 1)
+another ~0.6; the bulk-copy rings (DN 3 / 4 / 6 / 7), a register double buffer (DN 5) and four
+FMA chains (IL) did not close the gap (ncu: issue-bound math, not loads in flight). Not BEST;
+the engine preset's calls are hinted (cuda_v5 here); every knob is off by default (LY's copy
+doubles the down experts' memory for ~2 µs).
 Load step: gate / up repacked in place (REPACKED, cuda_v4's), down in the checkpoint layout.
 Dimension legend: cuda_v1.cu's and cuda_v8.cu's.
 """
