@@ -881,7 +881,7 @@ def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
     assert not cuda_v8.fused_here(x1, torch.zeros(1, cuda_v8.KMAX + 1, dtype=torch.long), ex, None)
     with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 0, 1 or 2, 0 with CL > 1"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"LY": 1, "CL": 2})
-    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 with DN 3"):
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 or 2 with DN 3"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"DN": 3})
     with pytest.raises(ValueError, match=r"cfg\[.IL.\]: expected 0 or 1, and 0 unless DN 0, 3, 5"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"IL": 1, "DN": 2})
@@ -1050,5 +1050,5 @@ def test_v8_bulk_down_forms_match_reference_gpu(dn, D, I):
             rep = compare(ref, out, case)
             assert rep["pass"] and not out.isnan().any(), (cfg, rep)
             assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg))
-    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 with DN"):
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 or 2 with DN"):
         cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn})

@@ -71,9 +71,9 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
-# down partial alone (h = 0), 3 the down partial's loads alone (DN 0 / 3: no math); single-CTA
-# forms (CL 1). RO 1 (DN 0): each slice's CTA sweeps the
-# down rows from its own offset. LY 1 (CL 1): the down experts read from a slice-major copy
+# down partial alone (h = 0), 3 the down partial's loads alone (DN 0 / 3 / 7: no math);
+# single-CTA forms (CL 1). RO 1 (DN 0): each slice's CTA sweeps the down rows from its own
+# offset. LY 1 (CL 1): the down experts read from a slice-major copy
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
 # made once on first use and cached beside the checkpoint tensors (their size again); LY 2 (DN
 # 2 / 4 / 6): that copy with each row's four 16-byte groups swizzled (`by_slice`)
@@ -147,7 +147,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
              and not (knobs["LY"] == 2 and knobs["DN"] not in (2, 4, 6)), "cfg['LY']",
              "0, 1 or 2, 0 with CL > 1, 2 only with DN 2, 4 or 6", knobs["LY"])
     _require(knobs["LY"] >= 1 or knobs["DN"] not in BULK, "cfg['LY']",
-             f"1 with DN {knobs['DN']} (its bulk copies read the slice-major copy)", knobs["LY"])
+             f"1 or 2 with DN {knobs['DN']} (its bulk copies read the slice-major copy)",
+             knobs["LY"])
     _require(knobs["IL"] in (0, 1) and not (knobs["IL"] and (knobs["CL"] > 1 or knobs["DN"]
                                                              not in (0, 3, 5, 7))),
              "cfg['IL']", "0 or 1, and 0 unless DN 0, 3, 5 or 7 and CL 1", knobs["IL"])
@@ -163,7 +164,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"], knobs["LY"])
 
 
-_BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes) -> the slice-major copy (LY 1)
+_BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes, swizzle) -> the slice-major copy (LY)
 
 
 def by_slice(dp: Tensor, ds: Tensor, swizzle: bool = False) -> tuple[Tensor, Tensor]:
@@ -190,7 +191,8 @@ def by_slice(dp: Tensor, ds: Tensor, swizzle: bool = False) -> tuple[Tensor, Ten
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
            cl: int = 1, opts: int = 0, ly: int = 0) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16. opts:
-    cuda_v8.cu's (the AB ablation | 4 RO | 8 IL | 16 EF); ly 1: the down experts from `by_slice`."""
+    cuda_v8.cu's (the AB ablation | 4 RO | 8 IL | 16 EF); ly 1 / 2: the down experts from
+    `by_slice` (2: swizzled, cuda_v8.cu's opts & 32)."""
     import cupy
     import numpy as np
 
