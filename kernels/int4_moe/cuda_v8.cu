@@ -126,7 +126,7 @@ __device__ __forceinline__ void h_slice(u64 w1, u64 s1, u64 x_ptr, int e, int NU
   __syncthreads();  // hs complete
 }
 
-// The tensor-core down forms' h (DN 2 / 4): B fragments of h as bf16 hi + lo at the permuted
+// The tensor-core down forms' h (DN 2 / 4 / 6): B fragments of h as bf16 hi + lo at the permuted
 // inputs (below) and each group's -136 sum(hi + lo) (cuda_v2's association), the same in every
 // row and column
 struct DownFrags {
@@ -354,7 +354,9 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // 2's math on rows brought by TMA bulk copies from the slice-major copy (LY 1) into a CTA ring
 // whose first stages are asked for before phase 1 (BulkRing; dynamic shared memory V8_RING +
 // BulkRing<DN>::BYTES); 5: DN 0's math with the next batch's loads issued before each batch's
-// math (two register buffers)
+// math (two register buffers); 6 / 7: DN 4's / DN 3's math with the bulk ring in the gate/up
+// ring's shared memory, asked for once phase 1 is done (session 30: none beat DN 0 by more
+// than ~1 µs; traces/gpu/session30/README.md)
 template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
@@ -444,8 +446,8 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   float* const out = out_part;
   const int rows = (D + V8_QUADS - 1) / V8_QUADS;  // warp-uniform (the quad shuffles)
   // opts & 8 (IL 1): the group's four words summed as four independent FMA chains, added in a
-  // tree at the end, instead of one 32-FMA chain (a warp's next FMA then waits ~4 cycles on
-  // its last: at 4 warps a scheduler the chain, not the issue rate, bounds the math)
+  // tree at the end, instead of one 32-FMA chain (the hypothesis: at 4 warps a scheduler the
+  // chain bounds the math; session 30 call 4: no change, 72.8 vs 72.7 µs)
   const bool ilp = opts & 8;
   auto row_out = [&](const uint4& w, float scale, int r) {  // row quad + QUADS r's partial
     float acc;
