@@ -879,7 +879,7 @@ def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
     with pytest.raises(ValueError, match=r"cfg\['CL'\]: expected one of"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"CL": 3})
     assert not cuda_v8.fused_here(x1, torch.zeros(1, cuda_v8.KMAX + 1, dtype=torch.long), ex, None)
-    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 0, 1 or 2, 0 with CL > 1"):
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 0, 1, 2 or 3, 0 with CL > 1"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"LY": 1, "CL": 2})
     with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 or 2 with DN 3"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"DN": 3})
@@ -903,15 +903,47 @@ def test_v8_slice_major_down_is_the_checkpoint_reordered():
         assert torch.equal(s[:, sl], ex.down_scale[:, :, 4 * sl:4 * sl + 4])
     assert cuda_v8.by_slice(ex.down_packed, ex.down_scale)[0] is w
     # LY 2: row n's 4-word group g at position g ^ ((n >> 1) & 3), the scales as LY 1's
-    ws, ss = cuda_v8.by_slice(ex.down_packed, ex.down_scale, swizzle=True)
+    ws, ss = cuda_v8.by_slice(ex.down_packed, ex.down_scale, ly=2)
     assert torch.equal(ss, s) and ws is not w
     for n in range(D):
         for g in range(4):
             p = g ^ ((n >> 1) & 3)
             assert torch.equal(ws[:, :, n, 4 * p:4 * p + 4], w[:, :, n, 4 * g:4 * g + 4])
-    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 0, 1 or 2, .* 2 only with DN 2"):
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 0, 1, 2 or 3, .* 2 only with DN"):
         cuda_v8.int4_moe_cuda(torch.zeros(1, 64).bfloat16(), torch.zeros(1, 8, dtype=torch.long),
                               torch.ones(1, 8), ex, cfg={"LY": 2})
+    for bad in ({"LY": 3, "DN": 6}, {"LY": 1, "DN": 8}):  # LY 3 exactly with DN 8
+        with pytest.raises(ValueError, match=r"cfg\['LY'\]: .* 3 exactly with DN 8"):
+            cuda_v8.int4_moe_cuda(torch.zeros(1, 64).bfloat16(),
+                                  torch.zeros(1, 8, dtype=torch.long), torch.ones(1, 8), ex,
+                                  cfg=bad)
+
+
+def test_v8_lane_major_down_holds_each_lanes_nibble_pairs():
+    # why: DN 8 reads row n's 16 bytes at lane t's piece and extracts raw(u >> 4 j) for word j
+    # of each group (cuda_v8.cu's tile_mma_lanes); a CPU twin of that extraction must give the
+    # nibbles tile_mma takes from the slice-major row, raw(word >> 4 t): nibbles t and t + 4 of
+    # word 4 c + j, for every row, lane, group and word, sign bits included
+    from workbench.kernels.int4_moe import cuda_v8
+
+    ex = _v8_experts(2, 32, 256, seed=9)
+    ex.down_packed[0, 0, 0] = -1  # every nibble 15: the u32 past 2^31
+    w, s1 = cuda_v8.by_slice(ex.down_packed, ex.down_scale)
+    lanes, s3 = cuda_v8.by_slice(ex.down_packed, ex.down_scale, ly=3)
+    assert lanes.shape == w.shape and lanes.dtype == torch.int32 and torch.equal(s3, s1)
+    u = lanes.long() & 0xFFFFFFFF
+    word = w.long() & 0xFFFFFFFF
+    for t in range(4):
+        for c in range(4):
+            U = u[..., 4 * t + c]
+            for j in range(4):
+                src = word[..., 4 * c + j] >> (4 * t)  # tile_mma's raw(word >> 4 t)
+                got = U >> (4 * j)  # tile_mma_lanes' raw(u >> 4 j)
+                assert torch.equal(got & 0xF, src & 0xF)
+                assert torch.equal((got >> 16) & 0xF, (src >> 16) & 0xF)
+    # together the pairs hold every nibble of the row once: the same multiset of values
+    assert torch.equal(torch.sort(((u[..., None] >> 4 * torch.arange(8)) & 15).flatten(-2))[0],
+                       torch.sort(((word[..., None] >> 4 * torch.arange(8)) & 15).flatten(-2))[0])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
@@ -941,7 +973,7 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     assert len(spills) == n, log
     for name, b in spills.items():
         dn = int(m.group(1)) if (m := re.search(r"decodeILi\dELi(\d)EEv", name)) else -1
-        assert b <= {2: 32, 4: 32, 6: 32}.get(dn, 0), (name, b)
+        assert b <= {2: 32, 4: 32, 6: 32, 8: 32}.get(dn, 0), (name, b)
     assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
     # DN 3 / 4: the down rows by TMA bulk copies into the ring, its waits on the mbarriers
     assert "UBLKCP.S.G" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass
@@ -992,7 +1024,8 @@ def test_v8_decode_matches_reference_gpu(D, I):
     (0, 1, 0, 1, 1, 0), (3, 1, 0, 1, 1, 0), (5, 1, 0, 0, 0, 0), (5, 1, 0, 1, 0, 0),
     (5, 1, 0, 1, 1, 0), (6, 1, 0, 1, 0, 0), (7, 1, 0, 1, 0, 0), (7, 1, 0, 1, 1, 0),
     (2, 1, 0, 1, 0, 1), (2, 1, 0, 0, 0, 1), (4, 1, 0, 1, 0, 1), (6, 1, 0, 1, 0, 1),
-    (2, 1, 0, 2, 0, 1), (4, 1, 0, 2, 0, 1), (6, 1, 0, 2, 0, 1)])
+    (2, 1, 0, 2, 0, 1), (4, 1, 0, 2, 0, 1), (6, 1, 0, 2, 0, 1), (8, 1, 0, 3, 0, 0),
+    (8, 1, 0, 3, 0, 1)])
 def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, ro, ly, il, ef):
     # why: the ways the down partial streams its rows (cuda_v8.cu's DN: registers, a cp.async
     # ring, tensor cores with the permuted K order; CL: clusters sharing h through DSMEM) are
@@ -1020,14 +1053,14 @@ def test_v8_down_forms_match_reference_at_kimi_shapes_gpu(real_experts, dn, cl, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dn", [3, 4, 6, 7])
+@pytest.mark.parametrize("dn", [3, 4, 6, 7, 8])
 @pytest.mark.parametrize("D, I", [(256, 256), (192, 384), (7168 - 64, 256)],
                          ids=["whole", "tail", "many"])
 def test_v8_bulk_down_forms_match_reference_gpu(dn, D, I):
     # why: DN 3 / 4 stream the down rows in 128 / 256-row blocks through a ring of 7 / 3 stages
     # whose first ones are asked for before phase 1, DN 7 / 6 through 16 / 8 stages in the gate/up
-    # ring's shared memory once phase 1 is done: D 192 ends inside a block (DN 4 / 6: the only
-    # block), D 7104 refills every stage several times and ends in a partial block; each must be
+    # ring's shared memory once phase 1 is done (DN 8: DN 6 on the lane-major copy): D 192 ends
+    # inside a block (DN 4 / 6 / 8: the only block), D 7104 refills every stage several times and ends in a partial block; each must be
     # the reference (the harness's bf16-derived tolerance; DN 0, the default, alongside) and
     # deterministic, -1 slots included
     from workbench.kernels.int4_moe import cuda_v8
@@ -1045,10 +1078,10 @@ def test_v8_bulk_down_forms_match_reference_gpu(dn, D, I):
         case = Case("int4_moe", f"v8 DN {dn} D={D}", (x, ids, w, ex),
                     dims=dict(T=1, D=D, I=I, E=E, K=K))
         ref = int4_moe(x, ids, w, ex)
-        for cfg in ({}, {"DN": dn, "LY": 1}):
+        for cfg in ({}, {"DN": dn, "LY": 3 if dn == 8 else 1}):
             out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
             rep = compare(ref, out, case)
             assert rep["pass"] and not out.isnan().any(), (cfg, rep)
             assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg))
-    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected 1 or 2 with DN"):
+    with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected (1 or 2 with DN|.* 3 exactly)"):
         cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn})

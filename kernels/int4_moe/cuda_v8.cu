@@ -193,6 +193,43 @@ __device__ __forceinline__ void tile_mma(const DownFrags& F, u32 sw, u32 ss, flo
   }
 }
 
+// DN 8's tile on the lane-major copy (LY 3, `by_lane`): row n's 64 bytes are four 16-byte
+// pieces, piece t lane t's: its u32 c holds, for word j of group c (j = 0..3), nibble t at bits
+// 4 j and nibble t + 4 at bits 16 + 4 j, i.e. exactly the pairs `tile_mma`'s lane t extracts
+// from that group's 16 bytes (raw(word >> 4 t)). One LDS.128 a row a lane instead of four (the
+// eight rows g of a warp read 512 contiguous bytes: no bank conflict), raw(u >> 4 j) three
+// shifts a group instead of four, the row's four scales one LDS.64; the arithmetic (and so the
+// bits) is tile_mma's.
+__device__ __forceinline__ uint2 lds64v(u32 a) {
+  uint2 r;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(a));
+  return r;
+}
+__device__ __forceinline__ void tile_mma_lanes(const DownFrags& F, u32 sw, u32 ss, float& acc0,
+                                               float& acc8) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint4 ug = lds(sw + g * 64 + t * 16), ug8 = lds(sw + (g + 8) * 64 + t * 16);
+  const uint2 sg = lds64v(ss + g * 8), sg8 = lds64v(ss + (g + 8) * 8);
+  const u32 U[4] = {ug.x, ug.y, ug.z, ug.w}, U8[4] = {ug8.x, ug8.y, ug8.z, ug8.w};
+  const u32 S[2] = {sg.x, sg.y}, S8[2] = {sg8.x, sg8.y};
+  acc0 = 0.f, acc8 = 0.f;
+#pragma unroll
+  for (int grp = 0; grp < 4; ++grp) {
+    float c[4] = {F.corr[grp], F.corr[grp], F.corr[grp], F.corr[grp]};
+    u32 a0 = raw(U[grp]), a1 = raw(U8[grp]), a2 = raw(U[grp] >> 4), a3 = raw(U8[grp] >> 4);
+    mma(c, a0, a1, a2, a3, F.bh[grp][0][0], F.bh[grp][0][1]);
+    mma(c, a0, a1, a2, a3, F.bl[grp][0][0], F.bl[grp][0][1]);
+    a0 = raw(U[grp] >> 8), a1 = raw(U8[grp] >> 8), a2 = raw(U[grp] >> 12), a3 = raw(U8[grp] >> 12);
+    mma(c, a0, a1, a2, a3, F.bh[grp][1][0], F.bh[grp][1][1]);
+    mma(c, a0, a1, a2, a3, F.bl[grp][1][0], F.bl[grp][1][1]);
+    const u32 w0 = S[grp / 2], w8 = S8[grp / 2];
+    const float s0 = __uint_as_float(grp & 1 ? w0 & 0xFFFF0000u : w0 << 16);
+    const float s8 = __uint_as_float(grp & 1 ? w8 & 0xFFFF0000u : w8 << 16);
+    acc0 = fmaf(s0, c[0], acc0);
+    acc8 = fmaf(s8, c[2], acc8);
+  }
+}
+
 // DN 2's down partial: out[n] = sum over the slice of W[e][n, :] h for n in [0, D), a warp
 // taking the 16-row tiles warp, warp + W, ..., each tile's 16 x 64 bytes of words and 16 x 8
 // of scales brought into a per-warp cp.async ring, then `tile_mma`
@@ -262,7 +299,7 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
 // quad (DN 0's math on the CUDA cores); DN 4 / 6: a 16-row tile a warp (DN 2's tensor cores).
 template <int DN>
 struct BulkRing {
-  static constexpr bool TC = DN == 4 || DN == 6, LATE = DN >= 6;
+  static constexpr bool TC = DN == 4 || DN == 6 || DN == 8, LATE = DN >= 6;
   static constexpr int ROWS = TC ? 16 * (V8_THREADS / 32) : V8_QUADS;  // 256 / 128
   static constexpr int STAGE = ROWS * (64 + 8);                         // words, then scales
   static constexpr int RING = V8_KW * V8_RW * 3 * 6 * 32 * 16;          // the gate/up ring
@@ -271,7 +308,8 @@ struct BulkRing {
 };
 constexpr int V8_RING = BulkRing<3>::RING;  // cuda_v8.py's RING
 constexpr int V8_BARS = 16;                 // stages a bulk ring at most (DN 7)
-static_assert(BulkRing<6>::ST <= V8_BARS && BulkRing<7>::ST <= V8_BARS, "the barriers");
+static_assert(BulkRing<6>::ST <= V8_BARS && BulkRing<7>::ST <= V8_BARS &&
+              BulkRing<8>::ST <= V8_BARS, "the barriers");
 static_assert(V8_RING + BulkRing<3>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
 static_assert(V8_RING + BulkRing<4>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
 
@@ -356,7 +394,8 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // BulkRing<DN>::BYTES); 5: DN 0's math with the next batch's loads issued before each batch's
 // math (two register buffers); 6 / 7: DN 4's / DN 3's math with the bulk ring in the gate/up
 // ring's shared memory, asked for once phase 1 is done (session 30: none beat DN 0 by more
-// than ~1 µs; traces/gpu/session30/README.md)
+// than ~1 µs; traces/gpu/session30/README.md); 8: DN 6 on the lane-major copy (LY 3,
+// tile_mma_lanes)
 template <int KPAD, int DN>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
@@ -376,7 +415,7 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   // opts & 4 (DN 0): each slice's CTA sweeps the rows from its own offset, so that an expert's
   // 16 CTAs read 16 regions of it at a time instead of one
   const int ablate = opts & 3;
-  constexpr bool BULK = DN == 3 || DN == 4 || DN == 6 || DN == 7;
+  constexpr bool BULK = DN == 3 || DN == 4 || DN == 6 || DN == 7 || DN == 8;
   using R = BulkRing<BULK ? DN : 3>;
   BulkStream<BULK ? DN : 3> bs;
   if (BULK) {  // the slice-major copy (cuda_v8.py checks sn_w 16, sn_s 4: rows back to back)
@@ -414,15 +453,18 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
              opts & 32);
     return;
   }
-  if (DN == 4 || DN == 6) {  // warp w: rows 16 w .. + 15 of each 256-row block
+  if (DN == 4 || DN == 6 || DN == 8) {  // warp w: rows 16 w .. + 15 of each 256-row block
     DownFrags F;
     down_frags(hs, F);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     for (int b = 0; b < bs.blocks; ++b) {
       const u32 src = bs.wait(b);
       float acc0, acc8;
-      tile_mma(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8,
-               opts & 32);
+      if (DN == 8)
+        tile_mma_lanes(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8);
+      else
+        tile_mma(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8,
+                 opts & 32);
       bs.release(b);
       const int n0 = R::ROWS * b + 16 * warp;
       if ((lane & 3) == 0 && n0 + g < D) out_part[n0 + g] = acc0;

@@ -67,7 +67,7 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores,
 # 3 / 4 DN 0 / 2 on TMA bulk copies of the slice-major copy, LY 1, asked for before phase 1;
 # 5 DN 0 with each batch's loads issued before the previous batch's math; 6 / 7 DN 4 / 3 with
-# the bulk ring in the gate/up ring's shared memory, asked for after phase 1)
+# the bulk ring in the gate/up ring's shared memory, asked for after phase 1; 8 DN 6 on LY 3)
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
@@ -76,15 +76,16 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # offset. LY 1 (CL 1): the down experts read from a slice-major copy
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
 # made once on first use and cached beside the checkpoint tensors (their size again); LY 2 (DN
-# 2 / 4 / 6): that copy with each row's four 16-byte groups swizzled (`by_slice`)
+# 2 / 4 / 6): that copy with each row's four 16-byte groups swizzled (`by_slice`); LY 3 (DN 8
+# only): its nibbles in the lane-major order of cuda_v8.cu's tile_mma_lanes (`_lanes`)
 # IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
 # EF 1 (DN 2, 4, 6): the down weights' copies evict-first in L2 (cuda_v8.cu's opts & 16)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0}
-DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7)
+DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
 # BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
 # ring is the gate/up ring's once phase 1 is done)
-BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72, 6: 0, 7: 0}
+BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72, 6: 0, 7: 0, 8: 0}
 CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
@@ -143,9 +144,11 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
              "0, 1, 2 or 3, 0 with CL > 1, 3 only with DN 0, 3 or 7", knobs["AB"])
     _require(knobs["RO"] in (0, 1) and not (knobs["RO"] and (knobs["CL"] > 1 or knobs["DN"])),
              "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
-    _require(knobs["LY"] in (0, 1, 2) and not (knobs["LY"] and knobs["CL"] > 1)
-             and not (knobs["LY"] == 2 and knobs["DN"] not in (2, 4, 6)), "cfg['LY']",
-             "0, 1 or 2, 0 with CL > 1, 2 only with DN 2, 4 or 6", knobs["LY"])
+    _require(knobs["LY"] in (0, 1, 2, 3) and not (knobs["LY"] and knobs["CL"] > 1)
+             and not (knobs["LY"] == 2 and knobs["DN"] not in (2, 4, 6))
+             and (knobs["LY"] == 3) == (knobs["DN"] == 8), "cfg['LY']",
+             "0, 1, 2 or 3, 0 with CL > 1, 2 only with DN 2, 4 or 6, 3 exactly with DN 8",
+             knobs["LY"])
     _require(knobs["LY"] >= 1 or knobs["DN"] not in BULK, "cfg['LY']",
              f"1 or 2 with DN {knobs['DN']} (its bulk copies read the slice-major copy)",
              knobs["LY"])
@@ -153,8 +156,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                                                              not in (0, 3, 5, 7))),
              "cfg['IL']", "0 or 1, and 0 unless DN 0, 3, 5 or 7 and CL 1", knobs["IL"])
     _require(knobs["EF"] in (0, 1) and not (knobs["EF"] and (knobs["CL"] > 1 or knobs["DN"]
-                                                             not in (2, 4, 6))),
-             "cfg['EF']", "0 or 1, and 0 unless DN 2, 4 or 6 and CL 1", knobs["EF"])
+                                                             not in (2, 4, 6, 8))),
+             "cfg['EF']", "0 or 1, and 0 unless DN 2, 4, 6 or 8 and CL 1", knobs["EF"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
@@ -167,18 +170,22 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
 _BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes, swizzle) -> the slice-major copy (LY)
 
 
-def by_slice(dp: Tensor, ds: Tensor, swizzle: bool = False) -> tuple[Tensor, Tensor]:
+def by_slice(dp: Tensor, ds: Tensor, ly: int = 1) -> tuple[Tensor, Tensor]:
     """The down experts slice-major: words [E, NSL, D, SLICE / 8] int32 and scales [E, NSL, D,
     SLICE / 32] bf16 from the checkpoint's [E, D, I / 8] / [E, D, I / 32] (a copy, exact: the
     same words reordered), so that CTA (slice, slot) streams its down rows as one block.
-    swizzle (LY 2): row n's four 4-word groups (one 32-input scale group each) stored at
-    positions g ^ ((n >> 1) & 3) (cuda_v8.cu's `tile_mma`: conflict-free shared-memory reads)."""
-    key = (dp.data_ptr(), ds.data_ptr(), tuple(dp.shape), tuple(ds.shape), swizzle)
+    ly 2: row n's four 4-word groups (one 32-input scale group each) stored at positions
+    g ^ ((n >> 1) & 3) (cuda_v8.cu's `tile_mma`: conflict-free shared-memory reads). ly 3: the
+    lane-major nibble order of cuda_v8.cu's `tile_mma_lanes` (`_lanes`)."""
+    _require(ly in (1, 2, 3), "ly", "1, 2 or 3", ly)
+    key = (dp.data_ptr(), ds.data_ptr(), tuple(dp.shape), tuple(ds.shape), ly)
     if key not in _BY_SLICE:
         E, D, IW = dp.shape
         NSL = IW * 8 // SLICE
         w = dp.reshape(E, D, NSL, SLICE // 8).permute(0, 2, 1, 3).contiguous()
-        if swizzle:  # position p of row n holds group p ^ s(n) (XOR: its own inverse)
+        if ly == 3:
+            w = _lanes(w)
+        if ly == 2:  # position p of row n holds group p ^ s(n) (XOR: its own inverse)
             n = torch.arange(D, device=dp.device)
             src = torch.arange(4, device=dp.device)[None, :] ^ ((n[:, None] >> 1) & 3)  # [D, 4]
             w = w.reshape(E, NSL, D, 4, 4).gather(
@@ -186,6 +193,26 @@ def by_slice(dp: Tensor, ds: Tensor, swizzle: bool = False) -> tuple[Tensor, Ten
         s = ds.reshape(E, D, NSL, SLICE // 32).permute(0, 2, 1, 3).contiguous()
         _BY_SLICE[key] = (w, s)
     return _BY_SLICE[key]
+
+
+def _lanes(w: Tensor) -> Tensor:
+    """LY 3 from the slice-major words w [E, NSL, D, 16] (int32): row n's u32 4 t + c holds,
+    for word j of group c (words 4 c + j), nibble t at bits 4 j and nibble t + 4 at bits
+    16 + 4 j: lane t's 16 bytes of a row are its nibble pairs of all four groups. One expert at
+    a time (the nibbles as int64 are 32x the words)."""
+    E, NSL, D, W = w.shape
+    out = torch.empty_like(w)
+    sh = 4 * torch.arange(8, device=w.device)
+    j4 = 4 * torch.arange(4, device=w.device)
+    for e in range(E):
+        u = w[e].long() & 0xFFFFFFFF  # [NSL, D, 16] as unsigned
+        nib = (u[..., None] >> sh) & 15  # [NSL, D, 16 words, 8 nibbles]
+        nib = nib.reshape(NSL, D, 4, 4, 8)  # [.., group c, word j, nibble]
+        lo = (nib[..., :4] << j4[:, None]).sum(3)  # [.., c, t]: nibble t of word j at 4 j
+        hi = (nib[..., 4:] << (16 + j4)[:, None]).sum(3)  # nibble t + 4 at 16 + 4 j
+        U = (lo + hi).transpose(-1, -2).reshape(NSL, D, W)  # [.., t, c] -> u32 4 t + c
+        out[e] = (U - (U >= 2 ** 31).long() * 2 ** 32).int()
+    return out
 
 
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
@@ -204,7 +231,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
     # (expert, slice, row) strides of the down words / scales, in elements
     strides = ((dp.stride(0), SLICE // 8, dp.stride(1)), (ds.stride(0), SLICE // 32, ds.stride(1)))
     if ly:
-        dp, ds = by_slice(dp, ds, swizzle=ly == 2)
+        dp, ds = by_slice(dp, ds, ly)
         opts |= 32 * (ly == 2)
         strides = ((dp.stride(0), dp.stride(1), dp.stride(2)), (ds.stride(0), ds.stride(1), ds.stride(2)))
         assert strides[0][2] == SLICE // 8 and strides[1][2] == SLICE // 32  # rows back to back
