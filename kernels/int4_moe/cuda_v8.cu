@@ -158,15 +158,35 @@ __device__ __forceinline__ void down_frags(const float* hs, DownFrags& F) {
   }
 }
 
+// One group of a 16-row tile (both tensor-core tile forms): the four mmas of its two k16 steps
+// (A fragments a0..a3, then b0..b3, rows g / g + 8) starting from its corr, then the rows' group
+// scales from the bf16 pairs `scales()` returns (loaded after the mmas are issued) into acc0 /
+// acc8 (column 0, lanes t 0, is the token's)
+template <class Scales>
+__device__ __forceinline__ void group_mma(const DownFrags& F, int grp, u32 a0, u32 a1, u32 a2,
+                                          u32 a3, u32 b0, u32 b1, u32 b2, u32 b3, Scales scales,
+                                          float& acc0, float& acc8) {
+  float c[4] = {F.corr[grp], F.corr[grp], F.corr[grp], F.corr[grp]};
+  mma(c, a0, a1, a2, a3, F.bh[grp][0][0], F.bh[grp][0][1]);
+  mma(c, a0, a1, a2, a3, F.bl[grp][0][0], F.bl[grp][0][1]);
+  mma(c, b0, b1, b2, b3, F.bh[grp][1][0], F.bh[grp][1][1]);
+  mma(c, b0, b1, b2, b3, F.bl[grp][1][0], F.bl[grp][1][1]);
+  const uint2 w = scales();  // the scale pairs holding this group's, rows g and g + 8
+  const float s0 = __uint_as_float(grp & 1 ? w.x & 0xFFFF0000u : w.x << 16);
+  const float s8 = __uint_as_float(grp & 1 ? w.y & 0xFFFF0000u : w.y << 16);
+  acc0 = fmaf(s0, c[0], acc0);
+  acc8 = fmaf(s8, c[2], acc8);
+}
+
 // One 16-row tile of the down partial in shared memory (words: 64 bytes a row from sw; scales:
-// 8 bytes a row from ss): rows g, g + 8 of lane (g, t) into acc0 / acc8 (column 0, lanes t 0,
-// is the token's). The mma's K order is permuted so that the bf16 magic's nibble pairs (j, j +
-// 4) of a word are A's column pairs (2 t, 2 t + 1): lane t takes nibbles (t, t + 4) of words 0
-// / 2 and (8 + t, 12 + t) of words 1 / 3 of a group's 16 bytes; a group's partial starts from
-// its corr and is scaled once by the row's group scale.
+// 8 bytes a row from ss): rows g, g + 8 of lane (g, t) into acc0 / acc8. The mma's K order is
+// permuted so that the bf16 magic's nibble pairs (j, j + 4) of a word are A's column pairs
+// (2 t, 2 t + 1): lane t takes nibbles (t, t + 4) of words 0 / 2 and (8 + t, 12 + t) of words
+// 1 / 3 of a group's 16 bytes; a group's partial starts from its corr and is scaled once by the
+// row's group scale.
 // swz (LY 2): a row's four 16-byte groups stored at positions grp ^ ((row >> 1) & 3)
-// (`by_slice(swizzle=True)`; tiles start at rows multiple of 16, so rows g and g + 8 share it):
-// the eight rows g of one group then fall in distinct banks (session 30 call 9: 4-way conflicts,
+// (`by_slice(ly=2)`; tiles start at rows multiple of 16, so rows g and g + 8 share it): the
+// eight rows g of one group then fall in distinct banks (session 30 call 9: 4-way conflicts,
 // 1.1 M a call, at 64 bytes a row)
 __device__ __forceinline__ void tile_mma(const DownFrags& F, u32 sw, u32 ss, float& acc0,
                                          float& acc8, bool swz = false) {
@@ -177,56 +197,35 @@ __device__ __forceinline__ void tile_mma(const DownFrags& F, u32 sw, u32 ss, flo
   for (int grp = 0; grp < 4; ++grp) {
     const int at = (grp ^ sx) * 16;
     const uint4 wg = lds(sw + g * 64 + at), wg8 = lds(sw + (g + 8) * 64 + at);
-    float c[4] = {F.corr[grp], F.corr[grp], F.corr[grp], F.corr[grp]};
-    u32 a0 = raw(wg.x >> sh), a1 = raw(wg8.x >> sh), a2 = raw(wg.y >> sh), a3 = raw(wg8.y >> sh);
-    mma(c, a0, a1, a2, a3, F.bh[grp][0][0], F.bh[grp][0][1]);
-    mma(c, a0, a1, a2, a3, F.bl[grp][0][0], F.bl[grp][0][1]);
-    a0 = raw(wg.z >> sh), a1 = raw(wg8.z >> sh), a2 = raw(wg.w >> sh), a3 = raw(wg8.w >> sh);
-    mma(c, a0, a1, a2, a3, F.bh[grp][1][0], F.bh[grp][1][1]);
-    mma(c, a0, a1, a2, a3, F.bl[grp][1][0], F.bl[grp][1][1]);
-    // the scale pair holding this group's, rows g and g + 8
-    const u32 w0 = lds32(ss + g * 8 + grp / 2 * 4), w8 = lds32(ss + (g + 8) * 8 + grp / 2 * 4);
-    const float s0 = __uint_as_float(grp & 1 ? w0 & 0xFFFF0000u : w0 << 16);
-    const float s8 = __uint_as_float(grp & 1 ? w8 & 0xFFFF0000u : w8 << 16);
-    acc0 = fmaf(s0, c[0], acc0);
-    acc8 = fmaf(s8, c[2], acc8);
+    group_mma(F, grp, raw(wg.x >> sh), raw(wg8.x >> sh), raw(wg.y >> sh), raw(wg8.y >> sh),
+              raw(wg.z >> sh), raw(wg8.z >> sh), raw(wg.w >> sh), raw(wg8.w >> sh), [&] {
+                return make_uint2(lds32(ss + g * 8 + grp / 2 * 4),
+                                  lds32(ss + (g + 8) * 8 + grp / 2 * 4));
+              }, acc0, acc8);
   }
 }
 
-// DN 8's tile on the lane-major copy (LY 3, `by_lane`): row n's 64 bytes are four 16-byte
-// pieces, piece t lane t's: its u32 c holds, for word j of group c (j = 0..3), nibble t at bits
-// 4 j and nibble t + 4 at bits 16 + 4 j, i.e. exactly the pairs `tile_mma`'s lane t extracts
-// from that group's 16 bytes (raw(word >> 4 t)). One LDS.128 a row a lane instead of four (the
-// eight rows g of a warp read 512 contiguous bytes: no bank conflict), raw(u >> 4 j) three
-// shifts a group instead of four, the row's four scales one LDS.64; the arithmetic (and so the
-// bits) is tile_mma's.
-__device__ __forceinline__ uint2 lds64v(u32 a) {
-  uint2 r;
-  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(a));
-  return r;
-}
+// DN 8's tile on the lane-major copy (LY 3, cuda_v8.py's `_lanes`): row n's 64 bytes are four
+// 16-byte pieces, piece t lane t's: its u32 c holds, for word j of group c (j = 0..3), nibble t
+// at bits 4 j and nibble t + 4 at bits 16 + 4 j, i.e. exactly the pairs `tile_mma`'s lane t
+// extracts from that group's 16 bytes (raw(word >> 4 t)). One LDS.128 a row a lane instead of
+// four (the eight rows g of a warp read 512 contiguous bytes: no bank conflict), raw(u >> 4 j)
+// three shifts a group instead of four, the row's four scales one LDS.64; the arithmetic (and
+// so the bits) is tile_mma's.
 __device__ __forceinline__ void tile_mma_lanes(const DownFrags& F, u32 sw, u32 ss, float& acc0,
                                                float& acc8) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint4 ug = lds(sw + g * 64 + t * 16), ug8 = lds(sw + (g + 8) * 64 + t * 16);
-  const uint2 sg = lds64v(ss + g * 8), sg8 = lds64v(ss + (g + 8) * 8);
+  const uint2 sg = lds64(ss + g * 8), sg8 = lds64(ss + (g + 8) * 8);
   const u32 U[4] = {ug.x, ug.y, ug.z, ug.w}, U8[4] = {ug8.x, ug8.y, ug8.z, ug8.w};
   const u32 S[2] = {sg.x, sg.y}, S8[2] = {sg8.x, sg8.y};
   acc0 = 0.f, acc8 = 0.f;
 #pragma unroll
   for (int grp = 0; grp < 4; ++grp) {
-    float c[4] = {F.corr[grp], F.corr[grp], F.corr[grp], F.corr[grp]};
-    u32 a0 = raw(U[grp]), a1 = raw(U8[grp]), a2 = raw(U[grp] >> 4), a3 = raw(U8[grp] >> 4);
-    mma(c, a0, a1, a2, a3, F.bh[grp][0][0], F.bh[grp][0][1]);
-    mma(c, a0, a1, a2, a3, F.bl[grp][0][0], F.bl[grp][0][1]);
-    a0 = raw(U[grp] >> 8), a1 = raw(U8[grp] >> 8), a2 = raw(U[grp] >> 12), a3 = raw(U8[grp] >> 12);
-    mma(c, a0, a1, a2, a3, F.bh[grp][1][0], F.bh[grp][1][1]);
-    mma(c, a0, a1, a2, a3, F.bl[grp][1][0], F.bl[grp][1][1]);
-    const u32 w0 = S[grp / 2], w8 = S8[grp / 2];
-    const float s0 = __uint_as_float(grp & 1 ? w0 & 0xFFFF0000u : w0 << 16);
-    const float s8 = __uint_as_float(grp & 1 ? w8 & 0xFFFF0000u : w8 << 16);
-    acc0 = fmaf(s0, c[0], acc0);
-    acc8 = fmaf(s8, c[2], acc8);
+    const u32 u = U[grp], u8 = U8[grp];
+    group_mma(F, grp, raw(u), raw(u8), raw(u >> 4), raw(u8 >> 4), raw(u >> 8), raw(u8 >> 8),
+              raw(u >> 12), raw(u8 >> 12),
+              [&] { return make_uint2(S[grp / 2], S8[grp / 2]); }, acc0, acc8);
   }
 }
 
