@@ -975,7 +975,7 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
         dn = int(m.group(1)) if (m := re.search(r"decodeILi\dELi(\d)EEv", name)) else -1
         assert b <= {2: 32, 4: 32, 6: 32, 8: 32}.get(dn, 0), (name, b)
     assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
-    # DN 3 / 4: the down rows by TMA bulk copies into the ring, its waits on the mbarriers
+    # the bulk forms (DN 3 / 4 / 6 / 7 / 8): TMA bulk copies into the ring, its mbarrier waits
     assert "UBLKCP.S.G" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass
 
 
