@@ -958,10 +958,12 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
         f"template __global__ void int4_moe_decode<{k}, {dn}>({sig},int,long long,long long);\n"
         for k in (0, 1)
         for dn in cuda_v8.DOWN_FORMS) + "".join(
+        f"template __global__ void int4_moe_decode<{k}, 8, {gu}, {gb}>({sig},int,long long,"
+        "long long);\n" for k in (0, 1) for gu, gb in cuda_v8.GATE_RINGS) + "".join(
         f"template __global__ void int4_moe_decode_cl<{k}, {cl}>({sig});\n" for k in (0, 1)
         for cl in cuda_v8.CLUSTERS))
     log, sass = _build_sm90(src)
-    n = 2 * len(cuda_v8.DOWN_FORMS) + 2 * len(cuda_v8.CLUSTERS) + 1  # instances, the combine
+    n = 2 * (len(cuda_v8.DOWN_FORMS) + len(cuda_v8.GATE_RINGS) + len(cuda_v8.CLUSTERS)) + 1
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     assert len(regs) == n and max(regs) <= 128, log
     # DN 2 (the down partial on the tensor cores, its 32 B-fragment registers live through the
@@ -972,7 +974,8 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
         r"entry function '(\w+)'.*?(\d+) bytes spill stores", log, re.S)}
     assert len(spills) == n, log
     for name, b in spills.items():
-        dn = int(m.group(1)) if (m := re.search(r"decodeILi\dELi(\d)EEv", name)) else -1
+        dn = int(m.group(1)) if (m := re.search(r"decodeILi\dELi(\d)E(?:Li\dELi\dE)?Ev",
+                                                name)) else -1
         assert b <= {2: 32, 4: 32, 6: 32, 8: 32}.get(dn, 0), (name, b)
     assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
     # the bulk forms (DN 3 / 4 / 6 / 7 / 8): TMA bulk copies into the ring, its mbarrier waits
@@ -1085,3 +1088,63 @@ def test_v8_bulk_down_forms_match_reference_gpu(dn, D, I):
             assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg))
     with pytest.raises(ValueError, match=r"cfg\['LY'\]: expected (1 or 2 with DN|.* 3 exactly)"):
         cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": dn})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, I", [(256, 256), (192, 384), (7168 - 64, 256)],
+                         ids=["one-pair", "kpad", "many"])
+def test_v8_gate_rings_are_bitwise_the_cp_async_ring_gpu(D, I):
+    # why: GU / GB change only how phase 1's weights reach shared memory (deeper cp.async rings,
+    # TMA bulk copies with one mbarrier a stage); the arithmetic is the default ring's, so the
+    # output must be its bits: one pair a warp (D 256: no refill), KPAD's masked inputs (D 192),
+    # and every stage refilled many times (D 7104: 28 pairs a warp); -1 slots included
+    from workbench.kernels.int4_moe import cuda_v8
+
+    E, K = 6, 4
+    ex = _v8_experts(E, D, I, seed=17, device="cuda")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, D, generator=g).bfloat16().cuda()
+    w = (torch.rand(1, K, generator=g) + 0.1).cuda()
+    for ids in (torch.tensor([[3, 0, 5, 1]]), torch.tensor([[2, -1, 4, -1]], dtype=torch.int32)):
+        ids = ids.cuda()
+        base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": 8, "LY": 3, "EF": 1})
+        assert not base.isnan().any()
+        for gu, gb in cuda_v8.GATE_RINGS:
+            cfg = {"DN": 8, "LY": 3, "EF": 1, "GU": gu, "GB": gb}
+            assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg), base), cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gu, gb", [(4, 0), (3, 1), (4, 1), (5, 1)])
+def test_v8_gate_rings_at_kimi_shapes_gpu(real_experts, gu, gb):
+    # why: the A/B's phase-1 rings at T 1 on 384 experts (28 pairs a warp, 128 CTAs): the
+    # default ring's bits, the reference within tolerance, a duplicated id's NaN row
+    from workbench.kernels.int4_moe import cuda_v8
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(931, "cuda")
+    ids, w, x = r.distinct(E, K, 1), r.uniform(1, K) + 0.05, r.normal(1, cfg.hidden_size)
+    cfg8 = {"DN": 8, "LY": 3, "EF": 1}
+    base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg8)
+    out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cfg8, "GU": gu, "GB": gb})
+    assert torch.equal(out, base)
+    torch.testing.assert_close(out.float(), int4_moe(x, ids, w, ex).float(), rtol=2e-2, atol=2e-2)
+    twice = ids.clone()
+    twice[0, 2] = twice[0, 0]
+    assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False,
+                                 cfg={**cfg8, "GU": gu, "GB": gb}).isnan().all()
+
+
+def test_v8_gate_ring_knobs_refused_by_name():
+    # why: a ring that is not built (GU 5 by cp.async does not fit shared memory) or a ring knob
+    # on a down form without its instances must be a named error, not a missing kernel
+    from workbench.kernels.int4_moe import cuda_v8
+
+    assert cuda_v8.ring_bytes() == cuda_v8.RING and cuda_v8.ring_bytes(5, 1) == 16 * 5 * 2304
+    assert cuda_v8.shared_bytes(8, 4, 0) == 16 * 4 * 3072 and cuda_v8.shared_bytes(8, 3, 1) == cuda_v8.RING
+    x = torch.zeros(1, 8)
+    for cfg in ({"DN": 8, "LY": 3, "GU": 5}, {"DN": 2, "GB": 1}, {"DN": 8, "LY": 3, "GB": 2}):
+        with pytest.raises(ValueError, match=r"cfg\['GU'\], cfg\['GB'\]: expected"):
+            cuda_v8.int4_moe_cuda(x, None, None, None, cfg=cfg)

@@ -111,6 +111,35 @@ __device__ __forceinline__ void l2_share(const char* base, u64 bytes) {
   for (u64 off = lo + threadIdx.x * PIECE; off < hi; off += blockDim.x * PIECE)
     prefetch_l2(base + off, (u32)min(PIECE, hi - off));
 }
+// mbarriers and TMA bulk copies (cp.async.bulk): cuda_v8's rings (its phase 1's GB form, the
+// down partial's bulk forms)
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {  // release: this thread's reads before it
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {  // acquire
+  asm volatile("{\n\t.reg .pred p;\n"
+               "MBAR_WAIT:\n\t"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+               "@!p bra MBAR_WAIT;\n}" :: "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s_hint(u32 dst, const void* src, u32 bytes, u32 bar,
+                                              u64 pol) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1], %2, [%3], %4;"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1], %2, [%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 __device__ __forceinline__ uint4 lds(u32 a) {
   uint4 r;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -150,6 +179,7 @@ struct GemmArgs {  // one GEMM's operands: weights, scales, activations (hi, lo)
   int NU, C, ld, k_real, n_real, ldo;
   int pf0, pf;  // L2 prefetch of a warp's slice: its first pf0 chunk pairs at the start, then
                 // pair p + pf while pair p is computed (0, 0: none)
+  u32 bars;     // BK > 0 (unit_block): the shared address of the warps' ring barriers, BK each
 };
 
 __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
@@ -166,7 +196,7 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
 // (written earlier in this launch); ready(): called by each warp that has a unit, after its
 // first weight pairs are issued and before its first activation load (cuda_v3's wait for h).
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, int XB,
-          int HOUT = 0, class Ready>
+          int HOUT = 0, int BK = 0, class Ready>
 __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, int topk, int e,
                                            int start, int cnt, int ublk, float* red, uint4* dsm,
                                            Ready ready) {
@@ -310,6 +340,58 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
           if (pr + i < NP) {
             if (pr + i + U < NP) loadw(bw[(i + U) % (U + 1)]), loadx(bx[(i + U) % (U + 1)]);
             compute(bw[i], bx[i]);
+          }
+        }
+      }
+    } else if (unit_ok && BK > 0) {
+      // BK: the ring filled by TMA bulk copies (cuda_v8's GB 1), BK stages a warp, each a
+      // pair's 2 KB of words (as the cp.async ring lays them out: lane l's 16 bytes of block b
+      // at b 512 + 16 l) then its 256 bytes of scales (16 a row g), one full mbarrier a stage;
+      // lane 0 issues a pair's two copies (one instruction each instead of every lane's six
+      // cp.async: BK - 1 pairs in flight at a fraction of the issue and LSU cost)
+      constexpr int STG = 2048 + 256;
+      const u32 ring = (u32)__cvta_generic_to_shared(dsm) + warp * BK * STG;
+      const u32 bar = A.bars + warp * BK * 8;
+      const char* wsrc = (const char*)(wq - lane);  // the warp's K part: pair p at 2048 p
+      const char* ssrc = (const char*)(sq - g);     // and its scales at 256 p
+      auto issue = [&](int p) {  // lane 0
+        const u32 dst = ring + (p % BK) * STG, b = bar + 8 * (p % BK);
+        mbar_expect_tx(b, STG);
+        bulk_g2s(dst, wsrc + (size_t)p * 2048, 2048, b);
+        bulk_g2s(dst + 2048, ssrc + (size_t)p * 256, 256, b);
+      };
+      if (lane == 0) {
+        for (int st = 0; st < BK; ++st) mbar_init(bar + 8 * st, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int p = 0; p < BK - 1 && p < NP; ++p) issue(p);
+      }
+      __syncwarp();  // the barriers are initialised before any lane waits on them
+      XS<NN, NH> bx[XB];
+      ready();
+      if (XB == 2) loadx(bx[0]);
+      for (int pr = 0; pr < NP; pr += 2) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int p = pr + i;
+          if (p < NP) {
+            mbar_wait(bar + 8 * (p % BK), (p / BK) & 1);  // pair p has landed
+            const u32 src = ring + (p % BK) * STG;
+            WS cur;
+#pragma unroll
+            for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+              for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512 + lane * 16);
+#pragma unroll
+            for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + 2048 + (t2 * 8 + g) * 16);
+            __syncwarp();  // every lane has read pair p - 1's stage, the one refilled now
+            if (lane == 0 && p + BK - 1 < NP) issue(p + BK - 1);
+            if (XB == 2) {
+              if (p + 1 < NP) loadx(bx[(i ^ 1) % XB]);
+              compute(cur, bx[i % XB]);
+            } else {
+              loadx(bx[0]);
+              compute(cur, bx[0]);
+            }
           }
         }
       }

@@ -110,19 +110,22 @@ __device__ __forceinline__ float dot8(u32 q, const float* h, float acc) {
 }
 
 // Phase 1, both kernels: hs[0, SLICE) = h for inputs SLICE xs .. of expert e (fp32), through
-// cuda_v1's gate/up unit_block (cuda_v2's dequant, KW K parts summed in part order, HOUT 2)
-template <int KPAD>
+// cuda_v1's gate/up unit_block (cuda_v2's dequant, KW K parts summed in part order, HOUT 2),
+// its weight ring GU stages a warp filled by cp.async (GB 0) or by TMA bulk copies (GB 1,
+// unit_block's BK, the warps' barriers at gbars)
+template <int KPAD, int GU = 3, int GB = 0>
 __device__ __forceinline__ void h_slice(u64 w1, u64 s1, u64 x_ptr, int e, int NU, int C, int ld,
                                         int D, int I, int xs, float* red, float* hs, int* zero,
-                                        uint4* dsm) {
+                                        uint4* dsm, u32 gbars = 0) {
   if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;  // inputs past I (padding) read as 0
   if (threadIdx.x == 0) *zero = 0;  // the slot table unit_block reads: row 0 / 1 = the token
   __syncthreads();
   // h's input i lands at hs[i - SLICE xs]: out_ptr is hs's generic address shifted back by
   // the slice's first input, and ldo 0 (one slot)
   const u64 h_at = (u64)(hs) - sizeof(float) * (u64)(V8_SLICE * xs);
-  const GemmArgs A{w1, s1, x_ptr, x_ptr, h_at, h_at, NU, C, ld, D, I, 0, 0, 0};
-  unit_block<0, 1, KPAD, V8_KW, V8_RW, 1, 3, 0, 2, 2>(A, zero, 1, e, 0, 1, xs, red, dsm, [] {});
+  const GemmArgs A{w1, s1, x_ptr, x_ptr, h_at, h_at, NU, C, ld, D, I, 0, 0, 0, gbars};
+  unit_block<0, 1, KPAD, V8_KW, V8_RW, 1, GU, 0, 2, 2, GB ? GU : 0>(A, zero, 1, e, 0, 1, xs, red,
+                                                                   dsm, [] {});
   __syncthreads();  // hs complete
 }
 
@@ -312,33 +315,6 @@ static_assert(BulkRing<6>::ST <= V8_BARS && BulkRing<7>::ST <= V8_BARS &&
 static_assert(V8_RING + BulkRing<3>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
 static_assert(V8_RING + BulkRing<4>::BYTES + 17 * 1024 <= 227 * 1024, "one CTA's shared memory");
 
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-               :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {  // release: this thread's reads before it
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {  // acquire
-  asm volatile("{\n\t.reg .pred p;\n"
-               "MBAR_WAIT:\n\t"
-               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-               "@!p bra MBAR_WAIT;\n}" :: "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s_hint(u32 dst, const void* src, u32 bytes, u32 bar,
-                                              u64 pol) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-               " [%0], [%1], %2, [%3], %4;"
-               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1], %2, [%3];" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
 template <int DN>
 struct BulkStream {  // the ring's addresses and the issuing thread's copies
   using R = BulkRing<DN>;
@@ -394,8 +370,11 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // math (two register buffers); 6 / 7: DN 4's / DN 3's math with the bulk ring in the gate/up
 // ring's shared memory, asked for once phase 1 is done (session 30: none beat DN 0 by more
 // than ~1 µs; traces/gpu/session30/README.md); 8: DN 6 on the lane-major copy (LY 3,
-// tile_mma_lanes)
-template <int KPAD, int DN>
+// tile_mma_lanes; session 31 call 1: the op 67.8 µs against cuda_v5's 73.9).
+// GU / GB: phase 1's weight ring, GU stages a warp filled by cp.async (GB 0: 3 KB a stage, the
+// default GU 3 is the 144 KB the later rings reuse) or by TMA bulk copies (GB 1: 2.25 KB a
+// stage, unit_block's BK); dynamic shared memory max(V8_RING, that ring) (+ BYTES for DN 3 / 4)
+template <int KPAD, int DN, int GU = 3, int GB = 0>
 __global__ void __launch_bounds__(V8_THREADS, 1)
 int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
                 int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
@@ -406,6 +385,9 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   __shared__ int zero;
   extern __shared__ uint4 dsm[];
   __shared__ __align__(8) unsigned long long bars[2 * V8_BARS];  // bulk forms: full, empty
+  __shared__ __align__(8) unsigned long long gbars[GB ? V8_THREADS / 32 * GU : 1];  // GB 1
+  static_assert(GU >= 3 && (V8_THREADS / 32) * GU * (GB ? 2304 : 3072) + 18 * 1024 <= 227 * 1024,
+                "the gate/up ring fits one CTA's shared memory");
   const int xs = blockIdx.x, k = blockIdx.y;
   const long long e = v8_id(ids_ptr, ids64, s_ik, k);
   if (e < 0 || e >= E) return;  // -1: not routed here; outside [0, E): the combine's NaN
@@ -434,7 +416,9 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
     }
     // h_slice's (or AB 2's) first __syncthreads publishes the initialised barriers
   }
-  if (ablate < 2) h_slice<KPAD>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm);
+  if (ablate < 2)
+    h_slice<KPAD, GU, GB>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm,
+                          (u32)__cvta_generic_to_shared(gbars));
   if (ablate == 1) return;
   if (ablate >= 2) {
     if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;

@@ -63,6 +63,13 @@ KW, RW = 2, 8  # the gate/up instance's K parts x units a CTA (V8_KW, V8_RW)
 THREADS = 32 * KW * RW
 COMBINE_SLOTS = 8  # the combine's threads a column (cuda_v8.cu's V8_CK)
 RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage][6][32] uint4
+
+
+def ring_bytes(gu: int = 3, gb: int = 0) -> int:
+    """Phase 1's ring (cuda_v8.cu's GU / GB): 16 warps x GU stages of a chunk pair, 3 KB by
+    cp.async (every lane's words and scales) or 2.25 KB by bulk copies (2 KB words, 256 B
+    scales)."""
+    return KW * RW * gu * (2048 + 256 if gb else 6 * 32 * 16)
 # F8 1: the fused path for a hinted one-token call too (an EP rank's decode); DN: how the down
 # partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores,
 # 3 / 4 DN 0 / 2 on TMA bulk copies of the slice-major copy, LY 1, asked for before phase 1;
@@ -80,8 +87,12 @@ RING = KW * RW * cuda_v1.STAGES * 6 * 32 * 16  # the gate/up ring: [warp][stage]
 # only): its nibbles in the lane-major order of cuda_v8.cu's tile_mma_lanes (`_lanes`)
 # IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
 # EF 1 (DN 2, 4, 6): the down weights' copies evict-first in L2 (cuda_v8.cu's opts & 16)
-KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0}
+# GU / GB (DN 8 only): phase 1's weight ring, GU stages a warp (3, 4 or 5) filled by cp.async (GB
+# 0; GU 5 does not fit) or by TMA bulk copies, one lane a warp issuing a pair's words and scales
+# (GB 1, cuda_v1.cu's unit_block BK)
+KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0, "GU": 3, "GB": 0}
 DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
+GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1))  # the (GU, GB) instances past the default (3, 0)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
 # BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
 # ring is the gate/up ring's once phase 1 is done)
@@ -97,17 +108,25 @@ def _module():
     int4_moe_decode_cl at each KPAD and CL, and the combine."""
     import cupy
 
-    keys = [(kpad, dn, 1) for kpad in (0, 1) for dn in DOWN_FORMS]
-    keys += [(kpad, 0, cl) for kpad in (0, 1) for cl in CLUSTERS]
-    names = [f"int4_moe_decode<{kpad}, {dn}>" if cl == 1 else f"int4_moe_decode_cl<{kpad}, {cl}>"
-             for kpad, dn, cl in keys]
+    keys = [(kpad, dn, 1, 3, 0) for kpad in (0, 1) for dn in DOWN_FORMS]
+    keys += [(kpad, 8, 1, gu, gb) for kpad in (0, 1) for gu, gb in GATE_RINGS]
+    keys += [(kpad, 0, cl, 3, 0) for kpad in (0, 1) for cl in CLUSTERS]
+    names = [(f"int4_moe_decode<{kpad}, {dn}>" if (gu, gb) == (3, 0)
+              else f"int4_moe_decode<{kpad}, {dn}, {gu}, {gb}>") if cl == 1
+             else f"int4_moe_decode_cl<{kpad}, {cl}>" for kpad, dn, cl, gu, gb in keys]
     code = "".join(open(p).read() + "\n" for p in (cuda_v1._SRC, _SRC))
     mod = cupy.RawModule(code=code, options=("-std=c++17",),
                          name_expressions=[*names, "int4_moe_decode_combine"])
     fused = {key: mod.get_function(name) for key, name in zip(keys, names)}
-    for (_, dn, _), fn in fused.items():  # past 48 KB with the static part: opt in
-        fn.max_dynamic_shared_size_bytes = RING + BULK.get(dn, 0)
+    for (_, dn, _, gu, gb), fn in fused.items():  # past 48 KB with the static part: opt in
+        fn.max_dynamic_shared_size_bytes = shared_bytes(dn, gu, gb)
     return fused, mod.get_function("int4_moe_decode_combine")
+
+
+def shared_bytes(dn: int = 0, gu: int = 3, gb: int = 0) -> int:
+    """The fused kernel's dynamic shared memory: phase 1's ring, at least the 144 KB the later
+    rings reuse (DN 1 / 2 / 6 / 7 / 8), plus DN 3 / 4's ring past it."""
+    return max(RING, ring_bytes(gu, gb)) + BULK.get(dn, 0)
 
 
 def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
@@ -158,13 +177,17 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     _require(knobs["EF"] in (0, 1) and not (knobs["EF"] and (knobs["CL"] > 1 or knobs["DN"]
                                                              not in (2, 4, 6, 8))),
              "cfg['EF']", "0 or 1, and 0 unless DN 2, 4, 6 or 8 and CL 1", knobs["EF"])
+    ring = (knobs["GU"], knobs["GB"])
+    _require(ring == (3, 0) or (ring in GATE_RINGS and knobs["DN"] == 8 and knobs["CL"] == 1),
+             "cfg['GU'], cfg['GB']", f"(3, 0), or one of {GATE_RINGS} with DN 8", ring)
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
     return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
-                  knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"], knobs["LY"])
+                  knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"], knobs["LY"],
+                  ring)
 
 
 _BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes, swizzle) -> the slice-major copy (LY)
@@ -216,10 +239,10 @@ def _lanes(w: Tensor) -> Tensor:
 
 
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
-           cl: int = 1, opts: int = 0, ly: int = 0) -> Tensor:
+           cl: int = 1, opts: int = 0, ly: int = 0, ring: tuple[int, int] = (3, 0)) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16. opts:
     cuda_v8.cu's (the AB ablation | 4 RO | 8 IL | 16 EF); ly 1 / 2: the down experts from
-    `by_slice` (2: swizzled, cuda_v8.cu's opts & 32)."""
+    `by_slice` (2: swizzled, cuda_v8.cu's opts & 32); ring: phase 1's (GU, GB)."""
     import cupy
     import numpy as np
 
@@ -246,13 +269,15 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
     p, i32 = (lambda t: np.uint64(t.data_ptr())), np.int32
     fused, comb = _module()
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-        fused[int(D % mma_layout.KALIGN != 0), dn if cl == 1 else 0, cl](
+        key = (int(D % mma_layout.KALIGN != 0), dn if cl == 1 else 0, cl,
+               *(ring if cl == 1 else (3, 0)))
+        fused[key](
             (NSL, K), (THREADS,),
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(se_w), i32(sn_w), np.int64(se_s), i32(sn_s), p(part),
              *((i32(opts), np.int64(sx_w), np.int64(sx_s)) if cl == 1 else ())),
-            shared_mem=RING + (BULK.get(dn, 0) if cl == 1 else 0))
+            shared_mem=shared_bytes(dn, *ring) if cl == 1 else RING)
         comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NP), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
