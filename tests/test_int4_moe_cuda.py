@@ -955,11 +955,11 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     sig = ",".join(["u64"] * 4 + ["int"] * 8 + ["u64"] * 2 + ["long long", "int"] * 2 + ["u64"])
     src = tmp_path / "v8.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v8._SRC}"\n' + "".join(
-        f"template __global__ void int4_moe_decode<{k}, {dn}>({sig},int,long long,long long);\n"
+        f"template __global__ void int4_moe_decode<{k}, {dn}>({sig},int,long long,long long,u64,int,u64,u64);\n"
         for k in (0, 1)
         for dn in cuda_v8.DOWN_FORMS) + "".join(
         f"template __global__ void int4_moe_decode<{k}, 8, {gu}, {gb}>({sig},int,long long,"
-        "long long);\n" for k in (0, 1) for gu, gb in cuda_v8.GATE_RINGS) + "".join(
+        "long long,u64,int,u64,u64);\n" for k in (0, 1) for gu, gb in cuda_v8.GATE_RINGS) + "".join(
         f"template __global__ void int4_moe_decode_cl<{k}, {cl}>({sig});\n" for k in (0, 1)
         for cl in cuda_v8.CLUSTERS))
     log, sass = _build_sm90(src)
@@ -1147,4 +1147,75 @@ def test_v8_gate_ring_knobs_refused_by_name():
     x = torch.zeros(1, 8)
     for cfg in ({"DN": 8, "LY": 3, "GU": 5}, {"DN": 2, "GB": 1}, {"DN": 8, "LY": 3, "GB": 2}):
         with pytest.raises(ValueError, match=r"cfg\['GU'\], cfg\['GB'\]: expected"):
+            cuda_v8.int4_moe_cuda(x, None, None, None, cfg=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, I", [(256, 256), (192, 384), (7168 - 64, 256)],
+                         ids=["few-blocks", "kpad", "blocks-past-the-grid"])
+def test_v8_fused_combine_is_bitwise_the_combine_launch_gpu(D, I):
+    # why: FC 1 moves the combine into the fused launch's tail (tickets, the last CTAs combine,
+    # a generation word): the arithmetic is the combine launch's, so the bits must be; D 7104
+    # has 111 combine blocks on an 8-CTA grid (each combiner takes several); -1 slots, int32
+    # ids, a bad token's NaN row, and many launches in a row on one counter (it must wrap)
+    from workbench.kernels.int4_moe import cuda_v8
+
+    E, K = 6, 4
+    ex = _v8_experts(E, D, I, seed=19, device="cuda")
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, D, generator=g).bfloat16().cuda()
+    w = (torch.rand(1, K, generator=g) + 0.1).cuda()
+    for cfg in ({}, {"DN": 8, "LY": 3, "EF": 1, "GB": 1}):
+        for ids in (torch.tensor([[3, 0, 5, 1]]), torch.tensor([[2, -1, 4, -1]], dtype=torch.int32)):
+            ids = ids.cuda()
+            base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
+            for _ in range(5):
+                assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cfg, "FC": 1}), base)
+        bad = torch.tensor([[3, 3, 5, 1]]).cuda()
+        assert cuda_v8.int4_moe_cuda(x, bad, w, ex, validate=False,
+                                     cfg={**cfg, "FC": 1}).isnan().all()
+    assert int(cuda_v8.sync_words(x.device)[0]) == 0  # every launch's last ticket wrapped it
+
+
+@pytest.mark.gpu
+def test_v8_fused_combine_at_kimi_shapes_under_graph_replay_gpu(real_experts):
+    # why: the A/B's FC at T 1 on 384 experts (128 CTAs, 112 combiners): the combine launch's
+    # bits eagerly and across CUDA-graph replays (the counter and generation word are baked
+    # into the graph and must serve every replay), with no host sync inside
+    from workbench.kernels.int4_moe import cuda_v8
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(933, "cuda")
+    ids, w, x = r.distinct(E, K, 1), r.uniform(1, K) + 0.05, r.normal(1, cfg.hidden_size)
+    cfg8 = {"DN": 8, "LY": 3, "EF": 1, "GB": 1}
+    base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg8)
+    fc = {**cfg8, "FC": 1}
+    assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=fc), base)
+    torch.testing.assert_close(base.float(), int4_moe(x, ids, w, ex).float(), rtol=2e-2, atol=2e-2)
+    xs = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cuda_v8.int4_moe_cuda(xs, ids, w, ex, cfg=fc)  # warm-up on the capture's stream
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cuda_v8.int4_moe_cuda(xs, ids, w, ex, cfg=fc)
+    for seed in (934, 935, 936):
+        xs.copy_(_Rand(seed, "cuda").normal(1, cfg.hidden_size))
+        graph.replay()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, cuda_v8.int4_moe_cuda(xs, ids, w, ex, cfg=cfg8))
+
+
+def test_v8_fused_combine_knob_refused_by_name():
+    from workbench.kernels.int4_moe import cuda_v8
+
+    assert cuda_v8.fc_combiners(7168, 128) == 112 and cuda_v8.fc_combiners(7104, 8) == 8
+    x = torch.zeros(1, 8)
+    for cfg in ({"FC": 2}, {"FC": 1, "CL": 2}):
+        with pytest.raises(ValueError, match=r"cfg\['FC'\]: expected"):
             cuda_v8.int4_moe_cuda(x, None, None, None, cfg=cfg)

@@ -98,6 +98,69 @@ __device__ __forceinline__ u32 lds32(u32 a) {
   return r;
 }
 
+// The combine's pieces (its launch and FC's tail): the token's ids into shared memory and the
+// router's rule (an id outside [-1, E) or one expert twice: bad; -1 may repeat), one slot a
+// thread against the ones before it
+constexpr int V8_CK = 8;
+constexpr int V8_KMAX = 256;  // slots a token the combine reads its ids of (cuda_v8.py's rule)
+__device__ __forceinline__ void combine_ids(u64 ids_ptr, int ids64, int s_ik, int K, int E,
+                                            long long* ids, int* bad) {
+  for (int i = threadIdx.x; i < K; i += blockDim.x) ids[i] = v8_id(ids_ptr, ids64, s_ik, i);
+  if (threadIdx.x == 0) *bad = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    const long long e = ids[i];
+    bool b = e < -1 || e >= E;
+    for (int i2 = 0; i2 < i && e != -1; ++i2) b |= ids[i2] == e;
+    if (b) *bad = 1;
+  }
+}
+// Columns n0 + 4 c .. + 3 by thread (c, j) = (tid % NC, tid / NC), j < V8_CK (one 16-byte load
+// a part row; D a multiple of 4): the slots k = j, j + V8_CK, ..., each w[k] sum_s part[s, k, n],
+// then out[0, n] = bf16 of the sum over j in order (for K <= V8_CK: slot order), NaN for a bad
+// token. CG: part read from L2 (FC's tail: other CTAs of this launch wrote it), else streamed.
+template <int NC, bool CG>
+__device__ __forceinline__ void combine_cols(const float* part, int NSL, const long long* ids,
+                                             const int* bad, const float* wts, int s_wk, int K,
+                                             int E, int D, u64 out_ptr, int n0,
+                                             float4 (*acc_j)[NC]) {
+  const int c = threadIdx.x % NC, j = threadIdx.x / NC;
+  const int n = n0 + 4 * c;
+  if (j < V8_CK) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = j; k < K && n < D; k += V8_CK) {
+      const long long e = ids[k];
+      if (e < 0 || e >= E) continue;  // -1 adds nothing; outside [0, E): NaN below
+      const float4* P = (const float4*)(part + (size_t)k * D + n);
+      const size_t step = (size_t)K * D / 4;  // one slice to the next, in float4
+      float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+      for (int s = 0; s < NSL; ++s) {
+        const float4 v = CG ? __ldcg(P + s * step) : __ldcs(P + s * step);  // read once
+        y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
+      }
+      const float wk = wts[(size_t)k * s_wk];
+      acc.x = fmaf(wk, y.x, acc.x), acc.y = fmaf(wk, y.y, acc.y);
+      acc.z = fmaf(wk, y.z, acc.z), acc.w = fmaf(wk, y.w, acc.w);
+    }
+    acc_j[j][c] = acc;
+  }
+  __syncthreads();  // acc_j and bad complete
+  if (j == 0 && n < D) {
+    float4 sum = acc_j[0][c];
+#pragma unroll
+    for (int i = 1; i < V8_CK; ++i) {
+      const float4 v = acc_j[i][c];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const u32 nan2 = 0x7FC07FC0u;
+    const uint2 o = make_uint2(*bad ? nan2 : (u32)to_bf16(sum.x) | (u32)to_bf16(sum.y) << 16,
+                               *bad ? nan2 : (u32)to_bf16(sum.z) | (u32)to_bf16(sum.w) << 16);
+    *(uint2*)((u16*)out_ptr + n) = o;
+  }
+  __syncthreads();  // acc_j free for the next block
+}
+
 // sum_j (128 + q_j) h_j over one word's 8 inputs (input 8 w + j at bits 4 j, reference/int4.py)
 __device__ __forceinline__ float dot8(u32 q, const float* h, float acc) {
 #pragma unroll
@@ -374,20 +437,14 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // GU / GB: phase 1's weight ring, GU stages a warp filled by cp.async (GB 0: 3 KB a stage, the
 // default GU 3 is the 144 KB the later rings reuse) or by TMA bulk copies (GB 1: 2.25 KB a
 // stage, unit_block's BK); dynamic shared memory max(V8_RING, that ring) (+ BYTES for DN 3 / 4)
-template <int KPAD, int DN, int GU = 3, int GB = 0>
-__global__ void __launch_bounds__(V8_THREADS, 1)
-int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
-                int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
-                long long se_s, int sn_s, u64 part, int opts, long long sx_w,
-                long long sx_s) {
-  __shared__ float red[V8_KW * V8_RW * 2 * 32 * 4];
-  __shared__ float hs[V8_SLICE];
-  __shared__ int zero;
-  extern __shared__ uint4 dsm[];
-  __shared__ __align__(8) unsigned long long bars[2 * V8_BARS];  // bulk forms: full, empty
-  __shared__ __align__(8) unsigned long long gbars[GB ? V8_THREADS / 32 * GU : 1];  // GB 1
-  static_assert(GU >= 3 && (V8_THREADS / 32) * GU * (GB ? 2304 : 3072) + 18 * 1024 <= 227 * 1024,
-                "the gate/up ring fits one CTA's shared memory");
+template <int KPAD, int DN, int GU, int GB>
+__device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64,
+                                           int s_ik, int E, int NU, int C, int ld, int D, int I,
+                                           u64 wd, u64 sd, long long se_w, int sn_w,
+                                           long long se_s, int sn_s, u64 part, int opts,
+                                           long long sx_w, long long sx_s, float* red,
+                                           float* hs, int& zero, uint4* dsm,
+                                           unsigned long long* bars, unsigned long long* gbars) {
   const int xs = blockIdx.x, k = blockIdx.y;
   const long long e = v8_id(ids_ptr, ids64, s_ik, k);
   if (e < 0 || e >= E) return;  // -1: not routed here; outside [0, E): the combine's NaN
@@ -588,6 +645,79 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   }
 }
 
+// FC 1 (opts & 64): the combine in this launch's tail, so that no second launch (3.3 µs and
+// its gap) follows. Every CTA, once its part is stored, takes a ticket t = atomicInc(cnt, G - 1)
+// (G CTAs; the counter wraps to 0 at the last one, ready for the next launch); the last
+// min(G, NB) tickets (NB combine blocks of 64 columns) are the combiners: each waits until the
+// last arrival bumps the generation word gen (read before its own ticket: it can only move once
+// every CTA, this one included, has arrived), then combines blocks t - (G - NC), + NC, ...
+// with the combine's arithmetic (the same bits as its launch). No CTA waits on a CTA that is not
+// running unless all SM slots hold waiters: the rule (cuda_v8.py) keeps the combiners fewer
+// than the SMs. sync: [cnt, gen] u32, zero before a stream's first launch (cuda_v8.py: one pair
+// a stream).
+__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+constexpr int V8_FC = 16;  // the tail's column threads a combine block (4 columns each: 64)
+__device__ __forceinline__ void combine_tail(u64 part, u64 ids_ptr, int ids64, int s_ik,
+                                             u64 w_ptr, int s_wk, int E, int D, u64 out_ptr,
+                                             u64 sync_ptr, float* red) {
+  u32* cnt = (u32*)sync_ptr;
+  u32* gen = cnt + 1;
+  const int K = gridDim.y, NSL = gridDim.x;
+  const u32 G = gridDim.x * gridDim.y;
+  const int NB = (D + 4 * V8_FC - 1) / (4 * V8_FC), NCB = min((int)G, NB);  // blocks, combiners
+  long long* ids = (long long*)red;  // red (phase 1's) is free: [V8_KMAX] ids, bad, ticket,
+  int* sh = (int*)(ids + V8_KMAX);   // then the combine's [V8_CK][V8_FC] float4
+  float4(*acc_j)[V8_FC] = (float4(*)[V8_FC])(sh + 4);
+  __syncthreads();  // every thread's part stores issued, every read of red done
+  if (threadIdx.x == 0) {
+    const u32 g0 = ld_acquire_gpu(gen);
+    __threadfence();  // this CTA's part before its ticket
+    const u32 t = atomicInc(cnt, G - 1);
+    if (t == G - 1) {
+      __threadfence();
+      atomicAdd(gen, 1u);  // every part is stored
+    } else if (t >= G - NCB) {
+      while (ld_acquire_gpu(gen) == g0) __nanosleep(100);
+    }
+    sh[1] = (int)t;
+  }
+  __syncthreads();
+  const int t = sh[1];
+  if (t < (int)G - NCB) return;
+  combine_ids(ids_ptr, ids64, s_ik, K, E, ids, sh);
+  for (int b = t - ((int)G - NCB); b < NB; b += NCB)
+    combine_cols<V8_FC, true>((const float*)part, NSL, ids, sh, (const float*)w_ptr, s_wk, K,
+                              E, D, out_ptr, b * 4 * V8_FC, acc_j);
+}
+
+// grid (NSL, K), V8_THREADS threads (decode_cta's header above); FC 1 (opts & 64): the combine
+// too (combine_tail), out [1, D] bf16 at out_ptr, w_ptr / s_wk the routing weights (fp32)
+template <int KPAD, int DN, int GU = 3, int GB = 0>
+__global__ void __launch_bounds__(V8_THREADS, 1)
+int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int E, int NU,
+                int C, int ld, int D, int I, u64 wd, u64 sd, long long se_w, int sn_w,
+                long long se_s, int sn_s, u64 part, int opts, long long sx_w,
+                long long sx_s, u64 w_ptr, int s_wk, u64 out_ptr, u64 sync_ptr) {
+  __shared__ __align__(16) float red[V8_KW * V8_RW * 2 * 32 * 4];
+  __shared__ float hs[V8_SLICE];
+  __shared__ int zero;
+  extern __shared__ uint4 dsm[];
+  __shared__ __align__(8) unsigned long long bars[2 * V8_BARS];  // bulk forms: full, empty
+  __shared__ __align__(8) unsigned long long gbars[GB ? V8_THREADS / 32 * GU : 1];  // GB 1
+  static_assert(GU >= 3 && (V8_THREADS / 32) * GU * (GB ? 2304 : 3072) + 18 * 1024 <= 227 * 1024,
+                "the gate/up ring fits one CTA's shared memory");
+  static_assert(V8_KMAX * 8 + 16 + V8_CK * V8_FC * 16 <= (int)sizeof(red), "the tail's arrays");
+  decode_cta<KPAD, DN, GU, GB>(w1, s1, x_ptr, ids_ptr, ids64, s_ik, E, NU, C, ld, D, I, wd, sd,
+                               se_w, sn_w, se_s, sn_s, part, opts, sx_w, sx_s, red, hs, zero,
+                               dsm, bars, gbars);
+  if (opts & 64)
+    combine_tail(part, ids_ptr, ids64, s_ik, w_ptr, s_wk, E, D, out_ptr, sync_ptr, red);
+}
+
 __device__ __forceinline__ void cluster_sync() {  // every thread of every CTA of the cluster
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
                ::: "memory");
@@ -678,53 +808,13 @@ int4_moe_decode_cl(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, 
 // come into shared memory once, K <= V8_KMAX);
 // out[0, n] = bf16 of the sum over j in order of those (for K <= V8_CK: slot order), NaN for a
 // bad token (an id outside [-1, E) or one expert twice; -1 may repeat)
-constexpr int V8_CK = 8;
-constexpr int V8_KMAX = 256;  // slots a token the combine reads its ids of (cuda_v8.py's rule)
 __global__ void __launch_bounds__(32 * V8_CK)
 int4_moe_decode_combine(u64 part, int NSL, u64 ids_ptr, int ids64, int s_ik, u64 w_ptr,
                         int s_wk, int K, int E, int D, u64 out_ptr) {
   __shared__ float4 acc_j[V8_CK][32];
   __shared__ long long ids[V8_KMAX];
   __shared__ int bad;
-  const int c = threadIdx.x & 31, j = threadIdx.x >> 5;
-  const int n = blockIdx.x * 128 + 4 * c;
-  const float* wts = (const float*)w_ptr;
-  if (threadIdx.x < K) ids[threadIdx.x] = v8_id(ids_ptr, ids64, s_ik, threadIdx.x);
-  if (threadIdx.x == 0) bad = 0;
-  __syncthreads();
-  if (threadIdx.x < K) {  // the router's rule, one slot a thread against the ones before it
-    const long long e = ids[threadIdx.x];
-    bool b = e < -1 || e >= E;
-    for (int i = 0; i < threadIdx.x && e != -1; ++i) b |= ids[i] == e;
-    if (b) bad = 1;
-  }
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int k = j; k < K && n < D; k += V8_CK) {
-    const long long e = ids[k];
-    if (e < 0 || e >= E) continue;  // -1 adds nothing; outside [0, E): NaN below
-    const float4* P = (const float4*)((const float*)part + (size_t)k * D + n);
-    const size_t step = (size_t)K * D / 4;  // one slice to the next, in float4
-    float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int s = 0; s < NSL; ++s) {
-      const float4 v = __ldcs(P + s * step);  // read once: evict first
-      y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
-    }
-    const float wk = wts[(size_t)k * s_wk];
-    acc.x = fmaf(wk, y.x, acc.x), acc.y = fmaf(wk, y.y, acc.y);
-    acc.z = fmaf(wk, y.z, acc.z), acc.w = fmaf(wk, y.w, acc.w);
-  }
-  acc_j[j][c] = acc;
-  __syncthreads();  // acc_j and bad complete
-  if (j != 0 || n >= D) return;
-  float4 sum = acc_j[0][c];
-#pragma unroll
-  for (int i = 1; i < V8_CK; ++i) {
-    const float4 v = acc_j[i][c];
-    sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-  }
-  const u32 nan2 = 0x7FC07FC0u;
-  const uint2 o = make_uint2(bad ? nan2 : (u32)to_bf16(sum.x) | (u32)to_bf16(sum.y) << 16,
-                             bad ? nan2 : (u32)to_bf16(sum.z) | (u32)to_bf16(sum.w) << 16);
-  *(uint2*)((u16*)out_ptr + n) = o;
+  combine_ids(ids_ptr, ids64, s_ik, K, E, ids, &bad);
+  combine_cols<32, false>((const float*)part, NSL, ids, &bad, (const float*)w_ptr, s_wk, K, E, D,
+                          out_ptr, blockIdx.x * 128, acc_j);
 }

@@ -90,7 +90,11 @@ def ring_bytes(gu: int = 3, gb: int = 0) -> int:
 # GU / GB (DN 8 only): phase 1's weight ring, GU stages a warp (3, 4 or 5) filled by cp.async (GB
 # 0; GU 5 does not fit) or by TMA bulk copies, one lane a warp issuing a pair's words and scales
 # (GB 1, cuda_v1.cu's unit_block BK)
-KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0, "GU": 3, "GB": 0}
+# FC 1 (CL 1): the combine in the fused launch's tail (cuda_v8.cu's combine_tail: the last CTAs
+# to finish combine, after a ticket count; one launch instead of two, the same bits)
+KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0, "GU": 3, "GB": 0,
+         "FC": 0}
+FC_COLS = 64  # columns a combine block of the tail (cuda_v8.cu's 4 V8_FC)
 DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1))  # the (GU, GB) instances past the default (3, 0)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
@@ -180,14 +184,36 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     ring = (knobs["GU"], knobs["GB"])
     _require(ring == (3, 0) or (ring in GATE_RINGS and knobs["DN"] == 8 and knobs["CL"] == 1),
              "cfg['GU'], cfg['GB']", f"(3, 0), or one of {GATE_RINGS} with DN 8", ring)
+    _require(knobs["FC"] in (0, 1) and not (knobs["FC"] and knobs["CL"] > 1), "cfg['FC']",
+             "0 or 1, and 0 with CL > 1", knobs["FC"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
     return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
-                  knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"], knobs["LY"],
-                  ring)
+                  knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"]
+                  | 64 * knobs["FC"], knobs["LY"], ring)
+
+
+_SYNC: dict = {}  # (device, stream) -> FC's [cnt, gen] int32 (cuda_v8.cu's combine_tail)
+
+
+def sync_words(device: torch.device) -> Tensor:
+    """FC's ticket counter and generation word for the current stream: zero when made, and
+    back to a zero count after every launch (the last ticket wraps it), so one pair serves
+    every launch of one stream in order; streams that may run launches concurrently each get
+    their own."""
+    stream = torch.cuda.current_stream(device)
+    key = (stream.device_index, stream.cuda_stream)
+    if key not in _SYNC:
+        _SYNC[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _SYNC[key]
+
+
+def fc_combiners(D: int, grid: int) -> int:
+    """CTAs that combine in FC's tail: one a 64-column block, at most the grid's."""
+    return min(grid, -(-D // FC_COLS))
 
 
 _BY_SLICE: dict = {}  # (words ptr, scales ptr, shapes, swizzle) -> the slice-major copy (LY)
@@ -240,8 +266,9 @@ def _lanes(w: Tensor) -> Tensor:
 
 def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int = 0,
            cl: int = 1, opts: int = 0, ly: int = 0, ring: tuple[int, int] = (3, 0)) -> Tensor:
-    """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16. opts:
-    cuda_v8.cu's (the AB ablation | 4 RO | 8 IL | 16 EF); ly 1 / 2: the down experts from
+    """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16 (one
+    launch under opts & 64, FC 1: its tail combines). opts: cuda_v8.cu's (the AB ablation |
+    4 RO | 8 IL | 16 EF | 64 FC); ly 1 / 2: the down experts from
     `by_slice` (2: swizzled, cuda_v8.cu's opts & 32); ring: phase 1's (GU, GB)."""
     import cupy
     import numpy as np
@@ -266,6 +293,12 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
     part = torch.empty(NP, K, D, dtype=torch.float32, device=x.device)  # [part, slot, D]
     out = torch.empty(1, D, dtype=torch.bfloat16, device=x.device)
     ids64 = int(topk_ids.dtype == torch.int64)
+    fc = bool(opts & 64)
+    if fc:  # the tail's combiners wait for the rest: some SM must stay free for a CTA not yet
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count  # running
+        _require(cl == 1 and fc_combiners(D, NSL * K) < sms, "cfg['FC']",
+                 f"0 here (CL 1 and fewer combiners than the {sms} SMs)", 1)
+        sync = sync_words(x.device)
     p, i32 = (lambda t: np.uint64(t.data_ptr())), np.int32
     fused, comb = _module()
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
@@ -276,8 +309,11 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
             (p(w1), p(s1), p(xq), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), i32(E),
              i32(NU1), i32(C1), i32(xq.stride(0)), i32(D), i32(I), p(dp), p(ds),
              np.int64(se_w), i32(sn_w), np.int64(se_s), i32(sn_s), p(part),
-             *((i32(opts), np.int64(sx_w), np.int64(sx_s)) if cl == 1 else ())),
+             *((i32(opts), np.int64(sx_w), np.int64(sx_s), p(wts), i32(wts.stride(1)), p(out),
+                np.uint64(sync.data_ptr() if fc else 0)) if cl == 1 else ())),
             shared_mem=shared_bytes(dn, *ring) if cl == 1 else RING)
+        if fc:
+            return out
         comb((-(-D // 128),), (32 * COMBINE_SLOTS,),
              (p(part), i32(NP), p(topk_ids), i32(ids64), i32(topk_ids.stride(1)), p(wts),
               i32(wts.stride(1)), i32(K), i32(E), i32(D), p(out)))
