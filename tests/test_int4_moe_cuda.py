@@ -980,6 +980,16 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
     # the bulk forms (DN 3 / 4 / 6 / 7 / 8): TMA bulk copies into the ring, its mbarrier waits
     assert "UBLKCP.S.G" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass
+    # GB 2 reads each group's correction instead of computing it: phase 1's K loop (the
+    # innermost loop that issues bulk copies and mmas and loads x from global memory; the
+    # down loop loads nothing from there) holds 16 of GB 1's 24 mmas a pair
+    phase1 = {}
+    for fn in sass.split("Function : ")[1:]:
+        if m := re.match(r"_Z15int4_moe_decodeILi0ELi8ELi3ELi([12])E", fn):
+            loop = min((lp for lp in _mma_loops(fn) if any("UBLKCP" in i for i in lp)
+                        and any(i.lstrip("@!P0123456789 ").startswith("LDG") for i in lp)), key=len)
+            phase1[m.group(1)] = sum("HMMA" in i for i in loop)
+    assert phase1["2"] * 3 == phase1["1"] * 2 and phase1["2"] > 0, phase1
 
 
 @pytest.mark.gpu
@@ -1115,7 +1125,7 @@ def test_v8_gate_rings_are_bitwise_the_cp_async_ring_gpu(D, I):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gu, gb", [(4, 0), (3, 1), (4, 1), (5, 1)])
+@pytest.mark.parametrize("gu, gb", [(4, 0), (3, 1), (4, 1), (5, 1), (3, 2)])
 def test_v8_gate_rings_at_kimi_shapes_gpu(real_experts, gu, gb):
     # why: the A/B's phase-1 rings at T 1 on 384 experts (28 pairs a warp, 128 CTAs): the
     # default ring's bits, the reference within tolerance, a duplicated id's NaN row
@@ -1137,6 +1147,21 @@ def test_v8_gate_rings_at_kimi_shapes_gpu(real_experts, gu, gb):
                                  cfg={**cfg8, "GU": gu, "GB": gb}).isnan().all()
 
 
+@pytest.mark.gpu
+def test_v8_gb2_refuses_a_hidden_size_past_its_table_gpu():
+    # why: GB 2 keeps one correction a 32-input group of x in shared memory (CORR_GROUPS); a
+    # wider x must be a named error before any launch, not a write past the table
+    from workbench.kernels.int4_moe import cuda_v8
+
+    D, I, E = 16640, 128, 2  # 260 chunks: 520 groups (the rule's other conditions hold)
+    ex = _v8_experts(E, D, I, seed=23, device="cuda")
+    x = torch.randn(1, D).bfloat16().cuda()
+    ids, w = torch.tensor([[1, 0]]).cuda(), torch.full((1, 2), 0.5).cuda()
+    assert not cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": 8, "LY": 3, "GB": 1}).isnan().any()
+    with pytest.raises(ValueError, match=r"x.shape\[1\]: expected at most 16384"):
+        cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": 8, "LY": 3, "GB": 2})
+
+
 def test_v8_gate_ring_knobs_refused_by_name():
     # why: a ring that is not built (GU 5 by cp.async does not fit shared memory) or a ring knob
     # on a down form without its instances must be a named error, not a missing kernel
@@ -1144,8 +1169,11 @@ def test_v8_gate_ring_knobs_refused_by_name():
 
     assert cuda_v8.ring_bytes() == cuda_v8.RING and cuda_v8.ring_bytes(5, 1) == 16 * 5 * 2304
     assert cuda_v8.shared_bytes(8, 4, 0) == 16 * 4 * 3072 and cuda_v8.shared_bytes(8, 3, 1) == cuda_v8.RING
+    # GB 2's corrections past its ring fit the 144 KB the down ring takes anyway
+    assert cuda_v8.shared_bytes(8, 3, 2) == cuda_v8.RING
     x = torch.zeros(1, 8)
-    for cfg in ({"DN": 8, "LY": 3, "GU": 5}, {"DN": 2, "GB": 1}, {"DN": 8, "LY": 3, "GB": 2}):
+    for cfg in ({"DN": 8, "LY": 3, "GU": 5}, {"DN": 2, "GB": 1}, {"DN": 8, "LY": 3, "GB": 3},
+                {"DN": 8, "LY": 3, "GU": 4, "GB": 2}):
         with pytest.raises(ValueError, match=r"cfg\['GU'\], cfg\['GB'\]: expected"):
             cuda_v8.int4_moe_cuda(x, None, None, None, cfg=cfg)
 
@@ -1165,20 +1193,27 @@ def test_v8_fused_combine_is_bitwise_the_combine_launch_gpu(D, I):
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1, D, generator=g).bfloat16().cuda()
     w = (torch.rand(1, K, generator=g) + 0.1).cuda()
-    for cfg in ({}, {"DN": 8, "LY": 3, "EF": 1, "GB": 1}):
+    for cfg in ({}, {"DN": 8, "LY": 3, "EF": 1, "GB": 1}, {"DN": 8, "LY": 3, "EF": 1, "GB": 2}):
         for ids in (torch.tensor([[3, 0, 5, 1]]), torch.tensor([[2, -1, 4, -1]], dtype=torch.int32)):
             ids = ids.cuda()
             base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
             for _ in range(5):
                 assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cfg, "FC": 1}), base)
-        bad = torch.tensor([[3, 3, 5, 1]]).cuda()
-        assert cuda_v8.int4_moe_cuda(x, bad, w, ex, validate=False,
-                                     cfg={**cfg, "FC": 1}).isnan().all()
-    assert int(cuda_v8.sync_words(x.device)[0]) == 0  # every launch's last ticket wrapped it
+        # an expert twice, an id past E, one past int32 (the tail keeps ids as int32: -2)
+        for bad in ([[3, 3, 5, 1]], [[3, 6, 5, 1]], [[3, 2**40, 5, 1]], [[3, -2, 5, 1]]):
+            assert cuda_v8.int4_moe_cuda(x, torch.tensor(bad).cuda(), w, ex, validate=False,
+                                         cfg={**cfg, "FC": 1}).isnan().all(), bad
+    sync = cuda_v8.sync_words(x.device)
+    assert sync.numel() == cuda_v8.SYNC_WORDS and int(sync[0]) == 0  # every last ticket wrapped it
+    many = torch.arange(cuda_v8.FC_KMAX + 1).remainder(E)[None].cuda()  # past the tail's table
+    with pytest.raises(ValueError, match=r"topk_ids.shape\[1\]: expected at most 64"):
+        cuda_v8.int4_moe_cuda(x, many, torch.full(many.shape, 0.1).cuda(), ex, validate=False,
+                              cfg={"FC": 1})
 
 
 @pytest.mark.gpu
-def test_v8_fused_combine_at_kimi_shapes_under_graph_replay_gpu(real_experts):
+@pytest.mark.parametrize("gb", [1, 2])
+def test_v8_fused_combine_at_kimi_shapes_under_graph_replay_gpu(real_experts, gb):
     # why: the A/B's FC at T 1 on 384 experts (128 CTAs, 112 combiners): the combine launch's
     # bits eagerly and across CUDA-graph replays (the counter and generation word are baked
     # into the graph and must serve every replay), with no host sync inside
@@ -1189,7 +1224,7 @@ def test_v8_fused_combine_at_kimi_shapes_under_graph_replay_gpu(real_experts):
     E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
     r = _Rand(933, "cuda")
     ids, w, x = r.distinct(E, K, 1), r.uniform(1, K) + 0.05, r.normal(1, cfg.hidden_size)
-    cfg8 = {"DN": 8, "LY": 3, "EF": 1, "GB": 1}
+    cfg8 = {"DN": 8, "LY": 3, "EF": 1, "GB": gb}
     base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg8)
     fc = {**cfg8, "FC": 1}
     assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=fc), base)

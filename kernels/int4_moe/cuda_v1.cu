@@ -180,6 +180,7 @@ struct GemmArgs {  // one GEMM's operands: weights, scales, activations (hi, lo)
   int pf0, pf;  // L2 prefetch of a warp's slice: its first pf0 chunk pairs at the start, then
                 // pair p + pf while pair p is computed (0, 0: none)
   u32 bars;     // BK > 0 (unit_block): the shared address of the warps' ring barriers, BK each
+  u32 corr;     // CORR (unit_block): the shared address of 2 C floats, each group's correction
 };
 
 __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
@@ -195,8 +196,14 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
 // warp of the CTA calls it (the K-part reduction has CTA barriers). CG: activations by ld.cg
 // (written earlier in this launch); ready(): called by each warp that has a unit, after its
 // first weight pairs are issued and before its first activation load (cuda_v3's wait for h).
+// CORR (POST 1, MODE 0, NN 1, one slot, BK > 0: cuda_v8's GB 2): every 32-input group's
+// correction -136 sum(x) is the same in every warp of the CTA (one token: all eight columns read
+// the same row), so the CTA's warps compute each group's once, with the same two mmas, into
+// A.corr (2 C float4s, group 2 chunk + half: lane 0's four accumulators, all the same value)
+// before their first pair, and compute reads a group's there (one LDS.128, the mma's C quad as
+// it is: no moves) instead of issuing 8 of a pair's 24 mmas.
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, int XB,
-          int HOUT = 0, int BK = 0, class Ready>
+          int HOUT = 0, int BK = 0, int CORR = 0, class Ready>
 __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, int topk, int e,
                                            int start, int cnt, int ublk, float* red, uint4* dsm,
                                            Ready ready) {
@@ -265,13 +272,19 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
 #pragma unroll
         for (int h = 0; h < NH; ++h) xq[q][h] += 16;
     };
+    static_assert(!CORR || (POST && MODE == 0 && NN == 1 && BK > 0), "CORR: T 1's gate/up ring");
+    u32 cpair = 0;  // CORR: the shared address of the pair's four groups' corrections
     auto compute = [&](const WS& b, const XS<NN, NH>& bx) {
 #pragma unroll
       for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {  // scale group 2 ch + hf of the pair: mma steps 2 hf, 2 hf + 1
           float corr[NN][4];  // POST: -136 sum(x) over the group's inputs (hi and lo), a column
-          if (POST) {
+          if (CORR) {
+            const uint4 cv = lds(cpair + 16 * (2 * ch + hf));
+            corr[0][0] = __uint_as_float(cv.x), corr[0][1] = __uint_as_float(cv.y);
+            corr[0][2] = __uint_as_float(cv.z), corr[0][3] = __uint_as_float(cv.w);
+          } else if (POST) {
             const u32 m136 = 0xC308C308u;  // bf16x2 (-136, -136)
 #pragma unroll
             for (int n = 0; n < NN; ++n)
@@ -366,6 +379,34 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
         for (int p = 0; p < BK - 1 && p < NP; ++p) issue(p);
       }
       __syncwarp();  // the barriers are initialised before any lane waits on them
+      if (CORR) {  // the groups warp, warp + nw, ... of the whole K while the first pairs land
+        const int nw = KW * min(RW, NU - ublk * RW);  // the warps with a unit: 0 .. nw - 1
+        const uint4* x0 = xq[0][0] - 8 * c0;          // this lane's 8 inputs of chunk 0
+        const u32 m136 = 0xC308C308u;                  // bf16x2 (-136, -136), as compute's
+        for (int G0 = warp; G0 < 2 * C; G0 += 4 * nw) {
+          uint4 xv[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {  // four groups' loads in flight, then their mmas
+            const int G = G0 + i * nw, c = G >> 1, hf = G & 1;
+            const bool ok = G < 2 * C && (!KPAD || 64 * c + 32 * hf + 8 * t < k_real);
+            xv[i] = !ok ? make_uint4(0, 0, 0, 0) : CG ? ld_cg(x0 + 8 * c + 4 * hf)
+                                                      : ld_act(x0 + 8 * c + 4 * hf);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int G = G0 + i * nw;
+            float cr[4];
+            mma_cd(cr, m136, m136, m136, m136, xv[i].x, xv[i].y, 0.f, 0.f, 0.f, 0.f);
+            mma(cr, m136, m136, m136, m136, xv[i].z, xv[i].w);
+            if (lane == 0 && G < 2 * C)
+              asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(A.corr + 16 * G),
+                           "f"(cr[0]), "f"(cr[1]), "f"(cr[2]), "f"(cr[3]) : "memory");
+          }
+        }
+        // every warp with a unit: the table complete (named barrier 1; the warps without a
+        // unit never come here)
+        asm volatile("bar.sync 1, %0;" :: "r"(32 * nw) : "memory");
+      }
       XS<NN, NH> bx[XB];
       ready();
       if (XB == 2) loadx(bx[0]);
@@ -383,6 +424,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
               for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512 + lane * 16);
 #pragma unroll
             for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + 2048 + (t2 * 8 + g) * 16);
+            cpair = A.corr + 16 * (2 * c0 + 4 * p);  // CORR: groups 2 (c0 + 2 p) .. + 3
             __syncwarp();  // every lane has read pair p - 1's stage, the one refilled now
             if (lane == 0 && p + BK - 1 < NP) issue(p + BK - 1);
             if (XB == 2) {

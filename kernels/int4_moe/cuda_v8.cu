@@ -102,6 +102,8 @@ __device__ __forceinline__ u32 lds32(u32 a) {
 // router's rule (an id outside [-1, E) or one expert twice: bad; -1 may repeat), one slot a
 // thread against the ones before it
 constexpr int V8_CK = 8;
+constexpr int V8_CORR = 512;  // GB 2's groups a CTA (2 C: D <= 16384; cuda_v8.py's CORR_GROUPS)
+constexpr int V8_FCK = 64;    // FC's slots a token at most (its ids and weights in shared memory)
 constexpr int V8_KMAX = 256;  // slots a token the combine reads its ids of (cuda_v8.py's rule)
 __device__ __forceinline__ void combine_ids(u64 ids_ptr, int ids64, int s_ik, int K, int E,
                                             long long* ids, int* bad) {
@@ -119,8 +121,8 @@ __device__ __forceinline__ void combine_ids(u64 ids_ptr, int ids64, int s_ik, in
 // a part row; D a multiple of 4): the slots k = j, j + V8_CK, ..., each w[k] sum_s part[s, k, n],
 // then out[0, n] = bf16 of the sum over j in order (for K <= V8_CK: slot order), NaN for a bad
 // token. CG: part read from L2 (FC's tail: other CTAs of this launch wrote it), else streamed.
-template <int NC, bool CG>
-__device__ __forceinline__ void combine_cols(const float* part, int NSL, const long long* ids,
+template <int NC, bool CG, class Id>
+__device__ __forceinline__ void combine_cols(const float* part, int NSL, const Id* ids,
                                              const int* bad, const float* wts, int s_wk, int K,
                                              int E, int D, u64 out_ptr, int n0,
                                              float4 (*acc_j)[NC]) {
@@ -134,8 +136,8 @@ __device__ __forceinline__ void combine_cols(const float* part, int NSL, const l
       const float4* P = (const float4*)(part + (size_t)k * D + n);
       const size_t step = (size_t)K * D / 4;  // one slice to the next, in float4
       float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-      for (int s = 0; s < NSL; ++s) {
+#pragma unroll 16
+      for (int s = 0; s < NSL; ++s) {  // 16 loads in flight (Kimi's NSL): one L2 round trip
         const float4 v = CG ? __ldcg(P + s * step) : __ldcs(P + s * step);  // read once
         y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
       }
@@ -175,20 +177,21 @@ __device__ __forceinline__ float dot8(u32 q, const float* h, float acc) {
 // Phase 1, both kernels: hs[0, SLICE) = h for inputs SLICE xs .. of expert e (fp32), through
 // cuda_v1's gate/up unit_block (cuda_v2's dequant, KW K parts summed in part order, HOUT 2),
 // its weight ring GU stages a warp filled by cp.async (GB 0) or by TMA bulk copies (GB 1,
-// unit_block's BK, the warps' barriers at gbars)
+// unit_block's BK, the warps' barriers at gbars; GB 2: those, and each 32-input group's
+// correction once a CTA into the 2 C floats at corr, unit_block's CORR)
 template <int KPAD, int GU = 3, int GB = 0>
 __device__ __forceinline__ void h_slice(u64 w1, u64 s1, u64 x_ptr, int e, int NU, int C, int ld,
                                         int D, int I, int xs, float* red, float* hs, int* zero,
-                                        uint4* dsm, u32 gbars = 0) {
+                                        uint4* dsm, u32 gbars = 0, u32 corr = 0) {
   if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;  // inputs past I (padding) read as 0
   if (threadIdx.x == 0) *zero = 0;  // the slot table unit_block reads: row 0 / 1 = the token
   __syncthreads();
   // h's input i lands at hs[i - SLICE xs]: out_ptr is hs's generic address shifted back by
   // the slice's first input, and ldo 0 (one slot)
   const u64 h_at = (u64)(hs) - sizeof(float) * (u64)(V8_SLICE * xs);
-  const GemmArgs A{w1, s1, x_ptr, x_ptr, h_at, h_at, NU, C, ld, D, I, 0, 0, 0, gbars};
-  unit_block<0, 1, KPAD, V8_KW, V8_RW, 1, GU, 0, 2, 2, GB ? GU : 0>(A, zero, 1, e, 0, 1, xs, red,
-                                                                   dsm, [] {});
+  const GemmArgs A{w1, s1, x_ptr, x_ptr, h_at, h_at, NU, C, ld, D, I, 0, 0, 0, gbars, corr};
+  unit_block<0, 1, KPAD, V8_KW, V8_RW, 1, GU, 0, 2, 2, GB ? GU : 0, GB == 2>(
+      A, zero, 1, e, 0, 1, xs, red, dsm, [] {});
   __syncthreads();  // hs complete
 }
 
@@ -436,7 +439,10 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // tile_mma_lanes; session 31 call 1: the op 67.8 µs against cuda_v5's 73.9).
 // GU / GB: phase 1's weight ring, GU stages a warp filled by cp.async (GB 0: 3 KB a stage, the
 // default GU 3 is the 144 KB the later rings reuse) or by TMA bulk copies (GB 1: 2.25 KB a
-// stage, unit_block's BK); dynamic shared memory max(V8_RING, that ring) (+ BYTES for DN 3 / 4)
+// stage, unit_block's BK; session 31 call 2: phase 1 alone 38.9 -> 35.2 µs, issue-bound on its
+// mmas); GB 2: GB 1 with each group's correction computed once a CTA (unit_block's CORR: 16 of
+// a pair's 24 mmas left, the same bits), its V8_CORR float4s past the ring; dynamic shared
+// memory max(V8_RING, that ring (+ 16 V8_CORR for GB 2)) (+ BYTES for DN 3 / 4)
 template <int KPAD, int DN, int GU, int GB>
 __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64,
                                            int s_ik, int E, int NU, int C, int ld, int D, int I,
@@ -475,7 +481,9 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
   }
   if (ablate < 2)
     h_slice<KPAD, GU, GB>(w1, s1, x_ptr, (int)e, NU, C, ld, D, I, xs, red, hs, &zero, dsm,
-                          (u32)__cvta_generic_to_shared(gbars));
+                          (u32)__cvta_generic_to_shared(gbars),
+                          // GB 2's corrections past phase 1's ring (the down ring's later)
+                          (u32)__cvta_generic_to_shared(dsm) + V8_THREADS / 32 * GU * 2304);
   if (ablate == 1) return;
   if (ablate >= 2) {
     if (threadIdx.x < V8_SLICE) hs[threadIdx.x] = 0.f;
@@ -646,52 +654,80 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
 }
 
 // FC 1 (opts & 64): the combine in this launch's tail, so that no second launch (3.3 µs and
-// its gap) follows. Every CTA, once its part is stored, takes a ticket t = atomicInc(cnt, G - 1)
+// its gap) follows. Every CTA, once its part is stored, takes a ticket t = atom.inc(cnt, G - 1)
 // (G CTAs; the counter wraps to 0 at the last one, ready for the next launch); the last
 // min(G, NB) tickets (NB combine blocks of 64 columns) are the combiners: each waits until the
-// last arrival bumps the generation word gen (read before its own ticket: it can only move once
+// last arrival bumps the generation word gen (read at this CTA's start: it can only move once
 // every CTA, this one included, has arrived), then combines blocks t - (G - NC), + NC, ...
 // with the combine's arithmetic (the same bits as its launch). No CTA waits on a CTA that is not
 // running unless all SM slots hold waiters: the rule (cuda_v8.py) keeps the combiners fewer
-// than the SMs. sync: [cnt, gen] u32, zero before a stream's first launch (cuda_v8.py: one pair
-// a stream).
+// than the SMs. sync: u32 words, cnt at 0 and gen at 32 (their own 128-byte lines: the spins
+// on gen do not queue behind the tickets), zero before a stream's first launch (cuda_v8.py: one
+// set a stream).
+// The tail is a latency chain (session 31 call 3: ~3.2 µs, what the combine launch took), so
+// what it can do early it does at the CTA's start (fc_start): the token's ids and weights into
+// FcShared, gen's value; the router's rule is checked while thread 0 takes the ticket; the
+// ticket is one acq_rel atomic (no separate fence); a combiner's 16 slice loads a column are
+// in flight at once (combine_cols).
 __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 constexpr int V8_FC = 16;  // the tail's column threads a combine block (4 columns each: 64)
-__device__ __forceinline__ void combine_tail(u64 part, u64 ids_ptr, int ids64, int s_ik,
-                                             u64 w_ptr, int s_wk, int E, int D, u64 out_ptr,
-                                             u64 sync_ptr, float* red) {
+constexpr int V8_GEN = 32;  // gen's word in the sync words
+struct FcShared {  // FC's state, filled at the CTA's start (past the 164 KB carve-out step
+  int ids[V8_FCK];  // otherwise: 512 B); an id outside [-1, E) as -2 (skipped, and bad)
+  float wts[V8_FCK];
+  int bad, ticket;
+  u32 g0;  // gen at the start
+};
+__device__ __forceinline__ void fc_start(u64 ids_ptr, int ids64, int s_ik, int E, u64 w_ptr,
+                                         int s_wk, u64 sync_ptr, FcShared& fc) {
+  for (int i = threadIdx.x; i < (int)gridDim.y; i += blockDim.x) {
+    const long long e = v8_id(ids_ptr, ids64, s_ik, i);
+    fc.ids[i] = e < -1 || e >= (long long)E ? -2 : (int)e;
+    fc.wts[i] = ((const float*)w_ptr)[(size_t)i * s_wk];
+  }
+  if (threadIdx.x == 0) {
+    fc.bad = 0;
+    fc.g0 = *(volatile const u32*)((const u32*)sync_ptr + V8_GEN);
+  }
+  // decode_cta's (or the tail's) first __syncthreads publishes them
+}
+__device__ __forceinline__ void combine_tail(u64 part, int E, int D, u64 out_ptr, u64 sync_ptr,
+                                             float* red, FcShared& fc) {
   u32* cnt = (u32*)sync_ptr;
-  u32* gen = cnt + 1;
+  u32* gen = cnt + V8_GEN;
   const int K = gridDim.y, NSL = gridDim.x;
   const u32 G = gridDim.x * gridDim.y;
   const int NB = (D + 4 * V8_FC - 1) / (4 * V8_FC), NCB = min((int)G, NB);  // blocks, combiners
-  long long* ids = (long long*)red;  // red (phase 1's) is free: [V8_KMAX] ids, bad, ticket,
-  int* sh = (int*)(ids + V8_KMAX);   // then the combine's [V8_CK][V8_FC] float4
-  float4(*acc_j)[V8_FC] = (float4(*)[V8_FC])(sh + 4);
-  __syncthreads();  // every thread's part stores issued, every read of red done
+  float4(*acc_j)[V8_FC] = (float4(*)[V8_FC])red;  // red (phase 1's) is free: [V8_CK][V8_FC]
+  __syncthreads();  // every thread's part stores issued, every read of red done, fc filled
   if (threadIdx.x == 0) {
-    const u32 g0 = ld_acquire_gpu(gen);
-    __threadfence();  // this CTA's part before its ticket
-    const u32 t = atomicInc(cnt, G - 1);
-    if (t == G - 1) {
-      __threadfence();
-      atomicAdd(gen, 1u);  // every part is stored
-    } else if (t >= G - NCB) {
-      while (ld_acquire_gpu(gen) == g0) __nanosleep(100);
+    u32 t;  // acq_rel: this CTA's part (ordered before by the barrier) released with the ticket
+    asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                 : "=r"(t) : "l"(cnt), "r"(G - 1) : "memory");
+    if (t == G - 1)  // every part is stored (the tickets' release sequence): publish it
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(gen) : "memory");
+    else if (t >= G - NCB)
+      while (ld_acquire_gpu(gen) == fc.g0) {
+      }
+    fc.ticket = (int)t;
+  } else if (threadIdx.x >= 32) {  // meanwhile the router's rule, slot i against those before
+    for (int i = threadIdx.x - 32; i < K; i += blockDim.x - 32) {
+      const int e = fc.ids[i];
+      bool b = e < -1;  // fc_start's -2: outside [-1, E)
+      for (int i2 = 0; i2 < i && e != -1; ++i2) b |= fc.ids[i2] == e;
+      if (b) fc.bad = 1;
     }
-    sh[1] = (int)t;
   }
   __syncthreads();
-  const int t = sh[1];
+  const int t = fc.ticket;
   if (t < (int)G - NCB) return;
-  combine_ids(ids_ptr, ids64, s_ik, K, E, ids, sh);
   for (int b = t - ((int)G - NCB); b < NB; b += NCB)
-    combine_cols<V8_FC, true>((const float*)part, NSL, ids, sh, (const float*)w_ptr, s_wk, K,
-                              E, D, out_ptr, b * 4 * V8_FC, acc_j);
+    combine_cols<V8_FC, true>((const float*)part, NSL, fc.ids, &fc.bad, fc.wts, 1, K, E, D,
+                              out_ptr, b * 4 * V8_FC, acc_j);
 }
 
 // grid (NSL, K), V8_THREADS threads (decode_cta's header above); FC 1 (opts & 64): the combine
@@ -707,15 +743,17 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   __shared__ int zero;
   extern __shared__ uint4 dsm[];
   __shared__ __align__(8) unsigned long long bars[2 * V8_BARS];  // bulk forms: full, empty
-  __shared__ __align__(8) unsigned long long gbars[GB ? V8_THREADS / 32 * GU : 1];  // GB 1
-  static_assert(GU >= 3 && (V8_THREADS / 32) * GU * (GB ? 2304 : 3072) + 18 * 1024 <= 227 * 1024,
+  __shared__ __align__(8) unsigned long long gbars[GB ? V8_THREADS / 32 * GU : 1];  // GB 1 / 2
+  __shared__ FcShared fc;
+  static_assert(GU >= 3 && (V8_THREADS / 32) * GU * (GB ? 2304 : 3072) + 16 * V8_CORR + 18 * 1024
+                <= 227 * 1024,
                 "the gate/up ring fits one CTA's shared memory");
-  static_assert(V8_KMAX * 8 + 16 + V8_CK * V8_FC * 16 <= (int)sizeof(red), "the tail's arrays");
+  static_assert(V8_CK * V8_FC * 16 <= (int)sizeof(red), "the tail's combine array");
+  if (opts & 64) fc_start(ids_ptr, ids64, s_ik, E, w_ptr, s_wk, sync_ptr, fc);
   decode_cta<KPAD, DN, GU, GB>(w1, s1, x_ptr, ids_ptr, ids64, s_ik, E, NU, C, ld, D, I, wd, sd,
                                se_w, sn_w, se_s, sn_s, part, opts, sx_w, sx_s, red, hs, zero,
                                dsm, bars, gbars);
-  if (opts & 64)
-    combine_tail(part, ids_ptr, ids64, s_ik, w_ptr, s_wk, E, D, out_ptr, sync_ptr, red);
+  if (opts & 64) combine_tail(part, E, D, out_ptr, sync_ptr, red, fc);
 }
 
 __device__ __forceinline__ void cluster_sync() {  // every thread of every CTA of the cluster

@@ -89,14 +89,19 @@ def ring_bytes(gu: int = 3, gb: int = 0) -> int:
 # EF 1 (DN 2, 4, 6): the down weights' copies evict-first in L2 (cuda_v8.cu's opts & 16)
 # GU / GB (DN 8 only): phase 1's weight ring, GU stages a warp (3, 4 or 5) filled by cp.async (GB
 # 0; GU 5 does not fit) or by TMA bulk copies, one lane a warp issuing a pair's words and scales
-# (GB 1, cuda_v1.cu's unit_block BK)
-# FC 1 (CL 1): the combine in the fused launch's tail (cuda_v8.cu's combine_tail: the last CTAs
-# to finish combine, after a ticket count; one launch instead of two, the same bits)
+# (GB 1, cuda_v1.cu's unit_block BK); GB 2: GB 1 with each 32-input group's correction
+# computed once a CTA instead of in every warp (unit_block's CORR; the same bits)
+# FC 1 (CL 1, at most FC_KMAX slots): the combine in the fused launch's tail (cuda_v8.cu's
+# combine_tail: the last CTAs to finish combine, after a ticket count; one launch instead of
+# two, the same bits)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0, "GU": 3, "GB": 0,
          "FC": 0}
 FC_COLS = 64  # columns a combine block of the tail (cuda_v8.cu's 4 V8_FC)
 DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
-GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1))  # the (GU, GB) instances past the default (3, 0)
+GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1), (3, 2))  # the (GU, GB) past the default (3, 0)
+CORR_GROUPS = 512  # GB 2's corrections a CTA at most (cuda_v8.cu's V8_CORR: 2 C, D <= 16384)
+FC_KMAX = 64  # FC's slots a token at most (cuda_v8.cu's V8_FCK)
+SYNC_WORDS = 64  # FC's [cnt, ..., gen at 32, ...] u32 (cuda_v8.cu's V8_GEN: two 128-byte lines)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
 # BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
 # ring is the gate/up ring's once phase 1 is done)
@@ -128,9 +133,10 @@ def _module():
 
 
 def shared_bytes(dn: int = 0, gu: int = 3, gb: int = 0) -> int:
-    """The fused kernel's dynamic shared memory: phase 1's ring, at least the 144 KB the later
-    rings reuse (DN 1 / 2 / 6 / 7 / 8), plus DN 3 / 4's ring past it."""
-    return max(RING, ring_bytes(gu, gb)) + BULK.get(dn, 0)
+    """The fused kernel's dynamic shared memory: phase 1's ring (GB 2: and its corrections past
+    it), at least the 144 KB the later rings reuse (DN 1 / 2 / 6 / 7 / 8), plus DN 3 / 4's ring
+    past it."""
+    return max(RING, ring_bytes(gu, gb) + 16 * CORR_GROUPS * (gb == 2)) + BULK.get(dn, 0)
 
 
 def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
@@ -190,13 +196,22 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
+    if knobs["FC"]:
+        _require(topk_ids.shape[1] <= FC_KMAX, "topk_ids.shape[1]",
+                 f"at most {FC_KMAX} slots with cfg['FC'] 1", topk_ids.shape[1])
+    if knobs["GB"] == 2:
+        # 32-input groups of gate/up's K: two a 64-deep chunk
+        groups = 2 * mma_layout.dims(experts[0].shape[1], x.shape[1], True)[1]
+        _require(groups <= CORR_GROUPS, "x.shape[1]",
+                 f"at most {32 * CORR_GROUPS} with cfg['GB'] 2 (its corrections table)",
+                 x.shape[1])
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
     return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
                   knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"]
                   | 64 * knobs["FC"], knobs["LY"], ring)
 
 
-_SYNC: dict = {}  # (device, stream) -> FC's [cnt, gen] int32 (cuda_v8.cu's combine_tail)
+_SYNC: dict = {}  # (device, stream) -> FC's SYNC_WORDS int32 (cuda_v8.cu's combine_tail)
 
 
 def sync_words(device: torch.device) -> Tensor:
@@ -207,7 +222,7 @@ def sync_words(device: torch.device) -> Tensor:
     stream = torch.cuda.current_stream(device)
     key = (stream.device_index, stream.cuda_stream)
     if key not in _SYNC:
-        _SYNC[key] = torch.zeros(2, dtype=torch.int32, device=device)
+        _SYNC[key] = torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
     return _SYNC[key]
 
 
