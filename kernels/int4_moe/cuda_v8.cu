@@ -103,7 +103,6 @@ __device__ __forceinline__ u32 lds32(u32 a) {
 // thread against the ones before it
 constexpr int V8_CK = 8;
 constexpr int V8_CORR = 512;  // GB 2's groups a CTA (2 C: D <= 16384; cuda_v8.py's CORR_GROUPS)
-constexpr int V8_FCK = 64;    // FC's slots a token at most (its ids and weights in shared memory)
 constexpr int V8_KMAX = 256;  // slots a token the combine reads its ids of (cuda_v8.py's rule)
 __device__ __forceinline__ void combine_ids(u64 ids_ptr, int ids64, int s_ik, int K, int E,
                                             long long* ids, int* bad) {
@@ -661,49 +660,39 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
 // every CTA, this one included, has arrived), then combines blocks t - (G - NC), + NC, ...
 // with the combine's arithmetic (the same bits as its launch). No CTA waits on a CTA that is not
 // running unless all SM slots hold waiters: the rule (cuda_v8.py) keeps the combiners fewer
-// than the SMs. sync: u32 words, cnt at 0 and gen at 32 (their own 128-byte lines: the spins
-// on gen do not queue behind the tickets), zero before a stream's first launch (cuda_v8.py: one
-// set a stream).
+// than the SMs. sync: u32 words, cnt at 0 and gen at V8_GEN (their own 128-byte lines: the
+// spins on gen do not queue behind the tickets), zero before a stream's first launch
+// (cuda_v8.py: one set a stream).
 // The tail is a latency chain (session 31 call 3: ~3.2 µs, what the combine launch took), so
-// what it can do early it does at the CTA's start (fc_start): the token's ids and weights into
-// FcShared, gen's value; the router's rule is checked while thread 0 takes the ticket; the
-// ticket is one acq_rel atomic (no separate fence); a combiner's 16 slice loads a column are
-// in flight at once (combine_cols).
+// it overlaps what it can: gen is read at the CTA's start, the token's ids and weights are
+// loaded while thread 0 takes the ticket (one acq_rel atomic, no separate fence), and a
+// combiner's 16 slice loads a column are in flight at once (combine_cols). Nothing is kept in
+// static shared memory (session 32 call 1: 528 more bytes of it, phase 1 alone 35 -> 40 µs).
 __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-constexpr int V8_FC = 16;  // the tail's column threads a combine block (4 columns each: 64)
+constexpr int V8_FC = 16;   // the tail's column threads a combine block (4 columns each: 64)
 constexpr int V8_GEN = 32;  // gen's word in the sync words
-struct FcShared {  // FC's state, filled at the CTA's start (past the 164 KB carve-out step
-  int ids[V8_FCK];  // otherwise: 512 B); an id outside [-1, E) as -2 (skipped, and bad)
-  float wts[V8_FCK];
-  int bad, ticket;
-  u32 g0;  // gen at the start
-};
-__device__ __forceinline__ void fc_start(u64 ids_ptr, int ids64, int s_ik, int E, u64 w_ptr,
-                                         int s_wk, u64 sync_ptr, FcShared& fc) {
-  for (int i = threadIdx.x; i < (int)gridDim.y; i += blockDim.x) {
-    const long long e = v8_id(ids_ptr, ids64, s_ik, i);
-    fc.ids[i] = e < -1 || e >= (long long)E ? -2 : (int)e;
-    fc.wts[i] = ((const float*)w_ptr)[(size_t)i * s_wk];
-  }
-  if (threadIdx.x == 0) {
-    fc.bad = 0;
-    fc.g0 = *(volatile const u32*)((const u32*)sync_ptr + V8_GEN);
-  }
-  // decode_cta's (or the tail's) first __syncthreads publishes them
+__device__ __forceinline__ u32 fc_gen(u64 sync_ptr) {  // gen at the CTA's start (thread 0's)
+  return *(volatile const u32*)((const u32*)sync_ptr + V8_GEN);
 }
-__device__ __forceinline__ void combine_tail(u64 part, int E, int D, u64 out_ptr, u64 sync_ptr,
-                                             float* red, FcShared& fc) {
+__device__ __forceinline__ void combine_tail(u64 part, u64 ids_ptr, int ids64, int s_ik,
+                                             u64 w_ptr, int s_wk, int E, int D, u64 out_ptr,
+                                             u64 sync_ptr, float* red, u32 g0) {
   u32* cnt = (u32*)sync_ptr;
   u32* gen = cnt + V8_GEN;
   const int K = gridDim.y, NSL = gridDim.x;
   const u32 G = gridDim.x * gridDim.y;
   const int NB = (D + 4 * V8_FC - 1) / (4 * V8_FC), NCB = min((int)G, NB);  // blocks, combiners
-  float4(*acc_j)[V8_FC] = (float4(*)[V8_FC])red;  // red (phase 1's) is free: [V8_CK][V8_FC]
-  __syncthreads();  // every thread's part stores issued, every read of red done, fc filled
+  // red (phase 1's) is free: the combine's [V8_CK][V8_FC] float4, then [V8_KMAX] ids (an id
+  // outside [-1, E) as -2: skipped, and bad), [V8_KMAX] weights, bad, the ticket
+  float4(*acc_j)[V8_FC] = (float4(*)[V8_FC])red;
+  int* ids = (int*)(red + 4 * V8_CK * V8_FC);
+  float* wts = (float*)(ids + V8_KMAX);
+  int* sh = (int*)(wts + V8_KMAX);
+  __syncthreads();  // every thread's part stores issued, every read of red done
   if (threadIdx.x == 0) {
     u32 t;  // acq_rel: this CTA's part (ordered before by the barrier) released with the ticket
     asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
@@ -711,23 +700,30 @@ __device__ __forceinline__ void combine_tail(u64 part, int E, int D, u64 out_ptr
     if (t == G - 1)  // every part is stored (the tickets' release sequence): publish it
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(gen) : "memory");
     else if (t >= G - NCB)
-      while (ld_acquire_gpu(gen) == fc.g0) {
+      while (ld_acquire_gpu(gen) == g0) {
       }
-    fc.ticket = (int)t;
-  } else if (threadIdx.x >= 32) {  // meanwhile the router's rule, slot i against those before
+    sh[1] = (int)t;
+  } else if (threadIdx.x >= 32) {  // meanwhile the token's ids and weights
+    if (threadIdx.x == 32) sh[0] = 0;
     for (int i = threadIdx.x - 32; i < K; i += blockDim.x - 32) {
-      const int e = fc.ids[i];
-      bool b = e < -1;  // fc_start's -2: outside [-1, E)
-      for (int i2 = 0; i2 < i && e != -1; ++i2) b |= fc.ids[i2] == e;
-      if (b) fc.bad = 1;
+      const long long e = v8_id(ids_ptr, ids64, s_ik, i);
+      ids[i] = e < -1 || e >= (long long)E ? -2 : (int)e;
+      wts[i] = ((const float*)w_ptr)[(size_t)i * s_wk];
     }
   }
   __syncthreads();
-  const int t = fc.ticket;
+  const int t = sh[1];
   if (t < (int)G - NCB) return;
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {  // the router's rule (cuda_v8.py)
+    const int e = ids[i];
+    bool b = e < -1;
+    for (int i2 = 0; i2 < i && e != -1; ++i2) b |= ids[i2] == e;
+    if (b) sh[0] = 1;
+  }
+  // combine_cols' first __syncthreads publishes bad
   for (int b = t - ((int)G - NCB); b < NB; b += NCB)
-    combine_cols<V8_FC, true>((const float*)part, NSL, fc.ids, &fc.bad, fc.wts, 1, K, E, D,
-                              out_ptr, b * 4 * V8_FC, acc_j);
+    combine_cols<V8_FC, true>((const float*)part, NSL, ids, sh, wts, 1, K, E, D, out_ptr,
+                              b * 4 * V8_FC, acc_j);
 }
 
 // grid (NSL, K), V8_THREADS threads (decode_cta's header above); FC 1 (opts & 64): the combine
@@ -744,16 +740,16 @@ int4_moe_decode(u64 w1, u64 s1, u64 x_ptr, u64 ids_ptr, int ids64, int s_ik, int
   extern __shared__ uint4 dsm[];
   __shared__ __align__(8) unsigned long long bars[2 * V8_BARS];  // bulk forms: full, empty
   __shared__ __align__(8) unsigned long long gbars[GB ? V8_THREADS / 32 * GU : 1];  // GB 1 / 2
-  __shared__ FcShared fc;
   static_assert(GU >= 3 && (V8_THREADS / 32) * GU * (GB ? 2304 : 3072) + 16 * V8_CORR + 18 * 1024
                 <= 227 * 1024,
                 "the gate/up ring fits one CTA's shared memory");
-  static_assert(V8_CK * V8_FC * 16 <= (int)sizeof(red), "the tail's combine array");
-  if (opts & 64) fc_start(ids_ptr, ids64, s_ik, E, w_ptr, s_wk, sync_ptr, fc);
+  static_assert(V8_CK * V8_FC * 16 + V8_KMAX * 8 + 8 <= (int)sizeof(red), "the tail's arrays");
+  const u32 g0 = (opts & 64) && threadIdx.x == 0 ? fc_gen(sync_ptr) : 0;
   decode_cta<KPAD, DN, GU, GB>(w1, s1, x_ptr, ids_ptr, ids64, s_ik, E, NU, C, ld, D, I, wd, sd,
                                se_w, sn_w, se_s, sn_s, part, opts, sx_w, sx_s, red, hs, zero,
                                dsm, bars, gbars);
-  if (opts & 64) combine_tail(part, E, D, out_ptr, sync_ptr, red, fc);
+  if (opts & 64)
+    combine_tail(part, ids_ptr, ids64, s_ik, w_ptr, s_wk, E, D, out_ptr, sync_ptr, red, g0);
 }
 
 __device__ __forceinline__ void cluster_sync() {  // every thread of every CTA of the cluster

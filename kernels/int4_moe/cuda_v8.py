@@ -91,16 +91,14 @@ def ring_bytes(gu: int = 3, gb: int = 0) -> int:
 # 0; GU 5 does not fit) or by TMA bulk copies, one lane a warp issuing a pair's words and scales
 # (GB 1, cuda_v1.cu's unit_block BK); GB 2: GB 1 with each 32-input group's correction
 # computed once a CTA instead of in every warp (unit_block's CORR; the same bits)
-# FC 1 (CL 1, at most FC_KMAX slots): the combine in the fused launch's tail (cuda_v8.cu's
-# combine_tail: the last CTAs to finish combine, after a ticket count; one launch instead of
-# two, the same bits)
+# FC 1 (CL 1): the combine in the fused launch's tail (cuda_v8.cu's combine_tail: the last CTAs
+# to finish combine, after a ticket count; one launch instead of two, the same bits)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0, "GU": 3, "GB": 0,
          "FC": 0}
 FC_COLS = 64  # columns a combine block of the tail (cuda_v8.cu's 4 V8_FC)
 DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1), (3, 2))  # the (GU, GB) past the default (3, 0)
 CORR_GROUPS = 512  # GB 2's corrections a CTA at most (cuda_v8.cu's V8_CORR: 2 C, D <= 16384)
-FC_KMAX = 64  # FC's slots a token at most (cuda_v8.cu's V8_FCK)
 SYNC_WORDS = 64  # FC's [cnt, ..., gen at 32, ...] u32 (cuda_v8.cu's V8_GEN: two 128-byte lines)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
 # BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
@@ -196,9 +194,6 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
-    if knobs["FC"]:
-        _require(topk_ids.shape[1] <= FC_KMAX, "topk_ids.shape[1]",
-                 f"at most {FC_KMAX} slots with cfg['FC'] 1", topk_ids.shape[1])
     if knobs["GB"] == 2:
         # 32-input groups of gate/up's K: two a 64-deep chunk
         groups = 2 * mma_layout.dims(experts[0].shape[1], x.shape[1], True)[1]
