@@ -1,4 +1,4 @@
-"""int4_moe cuda_v1 ... cuda_v8 (hand-written CUDA through cupy): the fragment
+"""int4_moe cuda_v1 ... cuda_v9 (hand-written CUDA through cupy): the fragment
 layout and the kernels' reading of it on the CPU (the CPU twin), the launch rule, the sm_90 build,
 and on the H200 the op against the reference (EDGE, REAL, an EP8 rank, graph replay; the harness
 NaN-poisons the outputs)."""
@@ -9,6 +9,7 @@ import importlib
 import re
 import shutil
 import subprocess
+from unittest import mock
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from workbench.reference.int4 import dequant_int4_g32, pack_int4, quantize_int4_
 from workbench.reference.int4_moe import int4_moe
 
 CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda_v6", "cuda_v7",
-                 "cuda_v8")
+                 "cuda_v8", "cuda_v9")
 
 
 def _mats(E, N, KI, n, seed):
@@ -875,7 +876,7 @@ def test_v8_fuses_one_token_calls_on_the_layout_it_reads():
     with pytest.raises(ValueError, match=r"cfg\['F8'\]: expected 0 or 1, got 2"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"F8": 2})
     with pytest.raises(ValueError, match=r"cfg\['DN'\]: expected one of"):
-        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"DN": 9})
+        cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"DN": 10})
     with pytest.raises(ValueError, match=r"cfg\['CL'\]: expected one of"):
         cuda_v8.int4_moe_cuda(x1, ids, torch.ones(1, 8), ex, cfg={"CL": 3})
     assert not cuda_v8.fused_here(x1, torch.zeros(1, cuda_v8.KMAX + 1, dtype=torch.long), ex, None)
@@ -958,12 +959,14 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
         f"template __global__ void int4_moe_decode<{k}, {dn}>({sig},int,long long,long long,u64,int,u64,u64);\n"
         for k in (0, 1)
         for dn in cuda_v8.DOWN_FORMS) + "".join(
-        f"template __global__ void int4_moe_decode<{k}, 8, {gu}, {gb}>({sig},int,long long,"
-        "long long,u64,int,u64,u64);\n" for k in (0, 1) for gu, gb in cuda_v8.GATE_RINGS) + "".join(
+        f"template __global__ void int4_moe_decode<{k}, {dn}, {gu}, {gb}>({sig},int,long long,"
+        "long long,u64,int,u64,u64);\n" for k in (0, 1) for dn, rings in cuda_v8.RINGS_OF.items()
+        for gu, gb in rings) + "".join(
         f"template __global__ void int4_moe_decode_cl<{k}, {cl}>({sig});\n" for k in (0, 1)
         for cl in cuda_v8.CLUSTERS))
     log, sass = _build_sm90(src)
-    n = 2 * (len(cuda_v8.DOWN_FORMS) + len(cuda_v8.GATE_RINGS) + len(cuda_v8.CLUSTERS)) + 1
+    rings = sum(len(r) for r in cuda_v8.RINGS_OF.values())
+    n = 2 * (len(cuda_v8.DOWN_FORMS) + rings + len(cuda_v8.CLUSTERS)) + 1
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     assert len(regs) == n and max(regs) <= 128, log
     # DN 2 (the down partial on the tensor cores, its 32 B-fragment registers live through the
@@ -976,7 +979,7 @@ def test_v8_decode_kernel_builds_for_sm90_at_one_cta_an_sm_without_spills(tmp_pa
     for name, b in spills.items():
         dn = int(m.group(1)) if (m := re.search(r"decodeILi\dELi(\d)E(?:Li\dELi\dE)?Ev",
                                                 name)) else -1
-        assert b <= {2: 32, 4: 32, 6: 32, 8: 32}.get(dn, 0), (name, b)
+        assert b <= {2: 32, 4: 32, 6: 32, 8: 32, 9: 32}.get(dn, 0), (name, b)
     assert "HMMA.16816.F32.BF16" in sass  # the gate/up phase on tensor cores
     # the bulk forms (DN 3 / 4 / 6 / 7 / 8): TMA bulk copies into the ring, its mbarrier waits
     assert "UBLKCP.S.G" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass
@@ -1119,14 +1122,16 @@ def test_v8_gate_rings_are_bitwise_the_cp_async_ring_gpu(D, I):
         ids = ids.cuda()
         base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={"DN": 8, "LY": 3, "EF": 1})
         assert not base.isnan().any()
-        for gu, gb in cuda_v8.GATE_RINGS:
-            cfg = {"DN": 8, "LY": 3, "EF": 1, "GU": gu, "GB": gb}
-            assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg), base), cfg
+        for dn, rings in cuda_v8.RINGS_OF.items():  # DN 9: DN 8's math on a shorter ring
+            for gu, gb in ((3, 0), *rings):
+                cfg = {"DN": dn, "LY": 3, "EF": 1, "GU": gu, "GB": gb}
+                assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg), base), cfg
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gu, gb", [(4, 0), (3, 1), (4, 1), (5, 1), (3, 2)])
-def test_v8_gate_rings_at_kimi_shapes_gpu(real_experts, gu, gb):
+@pytest.mark.parametrize("dn, gu, gb", [(8, 4, 0), (8, 3, 1), (8, 4, 1), (8, 5, 1), (8, 3, 2),
+                                       (9, 3, 1), (9, 3, 2)])
+def test_v8_gate_rings_at_kimi_shapes_gpu(real_experts, dn, gu, gb):
     # why: the A/B's phase-1 rings at T 1 on 384 experts (28 pairs a warp, 128 CTAs): the
     # default ring's bits, the reference within tolerance, a duplicated id's NaN row
     from workbench.kernels.int4_moe import cuda_v8
@@ -1138,13 +1143,49 @@ def test_v8_gate_rings_at_kimi_shapes_gpu(real_experts, gu, gb):
     ids, w, x = r.distinct(E, K, 1), r.uniform(1, K) + 0.05, r.normal(1, cfg.hidden_size)
     cfg8 = {"DN": 8, "LY": 3, "EF": 1}
     base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg8)
-    out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cfg8, "GU": gu, "GB": gb})
+    out = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cfg8, "DN": dn, "GU": gu, "GB": gb})
     assert torch.equal(out, base)
     torch.testing.assert_close(out.float(), int4_moe(x, ids, w, ex).float(), rtol=2e-2, atol=2e-2)
     twice = ids.clone()
     twice[0, 2] = twice[0, 0]
     assert cuda_v8.int4_moe_cuda(x, twice, w, ex, validate=False,
-                                 cfg={**cfg8, "GU": gu, "GB": gb}).isnan().all()
+                                 cfg={**cfg8, "DN": dn, "GU": gu, "GB": gb}).isnan().all()
+
+
+def test_v9_defaults_are_v8s_fastest_form_and_keep_an_sm_free():
+    # why: cuda_v9 is cuda_v8 with knobs as defaults; FC 1 only where the tail's combiners
+    # leave an SM free (cuda_v8 refuses FC 1 otherwise), a caller's cfg still wins; a CPU call
+    # gets the defaults untouched (it never reaches the fused kernel)
+    from workbench.kernels.int4_moe import cuda_v8, cuda_v9
+
+    x, ids = torch.zeros(1, 7168), torch.zeros(1, 8, dtype=torch.long)
+    ex = (torch.zeros(384, 2048, 1),)
+    assert cuda_v9.knobs(x, ids, ex) == cuda_v9.DEFAULTS == {
+        "DN": 8, "LY": 3, "EF": 1, "GB": 1, "FC": 1}
+    assert set(cuda_v9.DEFAULTS) <= set(cuda_v8.KNOBS)
+    # a CUDA-shaped call (the device query patched: this machine has none): 128 CTAs, 112
+    # combiners at Kimi's D
+    xc = mock.Mock(device=torch.device("cuda", 0), shape=(1, 7168), dim=lambda: 2)
+    with mock.patch.object(cuda_v9, "_sms", lambda index: 112):
+        assert cuda_v9.knobs(xc, ids, ex)["FC"] == 0  # 112 SMs: none left free
+    with mock.patch.object(cuda_v9, "_sms", lambda index: 132):
+        assert cuda_v9.knobs(xc, ids, ex) == cuda_v9.DEFAULTS
+
+
+@pytest.mark.gpu
+def test_v9_is_v8_with_its_knobs_gpu(real_experts):
+    # why: the registered version must be exactly the A/B's form, its bits at Kimi T 1
+    from workbench.kernels.int4_moe import cuda_v8, cuda_v9
+    from workbench.ops.cases import _Rand
+
+    ex, cfg = real_experts
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    r = _Rand(941, "cuda")
+    ids, w, x = r.distinct(E, K, 1), r.uniform(1, K) + 0.05, r.normal(1, cfg.hidden_size)
+    out = cuda_v9.int4_moe_cuda(x, ids, w, ex)
+    assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cuda_v9.DEFAULTS))
+    assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cuda_v9.DEFAULTS,
+                                                                      "FC": 0, "GB": 0}))
 
 
 @pytest.mark.gpu
@@ -1171,9 +1212,12 @@ def test_v8_gate_ring_knobs_refused_by_name():
     assert cuda_v8.shared_bytes(8, 4, 0) == 16 * 4 * 3072 and cuda_v8.shared_bytes(8, 3, 1) == cuda_v8.RING
     # GB 2's corrections past its ring fit the 144 KB the down ring takes anyway
     assert cuda_v8.shared_bytes(8, 3, 2) == cuda_v8.RING
+    # DN 9's shorter down ring: phase 1's bulk ring (+ GB 2's corrections) is what it asks for
+    assert cuda_v8.shared_bytes(9, 3, 1) == 16 * 3 * 2304 == cuda_v8.DOWN9
+    assert cuda_v8.shared_bytes(9, 3, 2) == cuda_v8.DOWN9 + 16 * cuda_v8.CORR_GROUPS
     x = torch.zeros(1, 8)
     for cfg in ({"DN": 8, "LY": 3, "GU": 5}, {"DN": 2, "GB": 1}, {"DN": 8, "LY": 3, "GB": 3},
-                {"DN": 8, "LY": 3, "GU": 4, "GB": 2}):
+                {"DN": 8, "LY": 3, "GU": 4, "GB": 2}, {"DN": 9, "LY": 3, "GU": 4, "GB": 1}):
         with pytest.raises(ValueError, match=r"cfg\['GU'\], cfg\['GB'\]: expected"):
             cuda_v8.int4_moe_cuda(x, None, None, None, cfg=cfg)
 

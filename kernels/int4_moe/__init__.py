@@ -144,6 +144,11 @@ Versions (README.md has the design and the version log), each with the contract 
                from the checkpoint layout (no CTA waits for another), then a combine over
                slices and slots; cuda_v5 elsewhere (H200, session 28: T 1 71.6-72.4 vs
                72.7-73.8 µs, REAL 71.4 µs, 1.27x Humming; not BEST)
+    cuda_v9    cuda_v8 with its fastest one-token form as defaults: the down experts from a
+               lane-major copy on the tensor cores (DN 8, LY 3), evict-first copies, phase 1
+               by TMA bulk copies (GB 1), the combine in the launch's tail (FC 1): one launch
+               (H200, session 32: T 1 62.2 vs cuda_v5's 73.3 µs, the kernel 59.2-59.7; a
+               second copy of the down experts; not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -193,7 +198,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in (1, 2, 3, 4, 5, 6, 7, 8)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 10)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -224,6 +229,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                               "slot) CTAs, each its slice of h and that slice's down partial "
                               "(CUDA cores, checkpoint layout), and a combine over the slices",
                               ("cuda", "cupy")),
+    ("int4_moe", "cuda_v9"): ("cuda_v8 with its fastest one-token form as defaults (DN 8 on the "
+                              "lane-major down copy, EF 1, GB 1 bulk copies, FC 1: the combine "
+                              "in the launch's tail): one launch a decode call", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

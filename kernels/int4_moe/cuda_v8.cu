@@ -366,11 +366,12 @@ __device__ __forceinline__ void down_mma(const float* hs, u64 wd, u64 sd, long l
 // quad (DN 0's math on the CUDA cores); DN 4 / 6: a 16-row tile a warp (DN 2's tensor cores).
 template <int DN>
 struct BulkRing {
-  static constexpr bool TC = DN == 4 || DN == 6 || DN == 8, LATE = DN >= 6;
+  static constexpr bool TC = DN == 4 || DN == 6 || DN >= 8, LATE = DN >= 6;
   static constexpr int ROWS = TC ? 16 * (V8_THREADS / 32) : V8_QUADS;  // 256 / 128
   static constexpr int STAGE = ROWS * (64 + 8);                         // words, then scales
   static constexpr int RING = V8_KW * V8_RW * 3 * 6 * 32 * 16;          // the gate/up ring
-  static constexpr int ST = LATE ? RING / STAGE : TC ? 3 : 7;  // what the shared memory holds
+  // what the shared memory holds; DN 9: 6 stages, phase 1's bulk ring's 108 KB (GB 1 / 2)
+  static constexpr int ST = DN == 9 ? 6 : LATE ? RING / STAGE : TC ? 3 : 7;
   static constexpr int BYTES = LATE ? 0 : ST * STAGE;  // past the gate/up ring: 54 / 63 KB
 };
 constexpr int V8_RING = BulkRing<3>::RING;  // cuda_v8.py's RING
@@ -435,7 +436,10 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // math (two register buffers); 6 / 7: DN 4's / DN 3's math with the bulk ring in the gate/up
 // ring's shared memory, asked for once phase 1 is done (session 30: none beat DN 0 by more
 // than ~1 µs; traces/gpu/session30/README.md); 8: DN 6 on the lane-major copy (LY 3,
-// tile_mma_lanes; session 31 call 1: the op 67.8 µs against cuda_v5's 73.9).
+// tile_mma_lanes; session 31 call 1: the op 67.8 µs against cuda_v5's 73.9); 9: DN 8 with a
+// 6-stage ring (108 KB), so that with phase 1's bulk ring (GB 1 / 2, 108 KB) the CTA asks for
+// 36 KB less shared memory (session 32 call 1: 528 bytes more than GB 1 + DN 8's 164992 and
+// phase 1 alone took 40 µs instead of 35: the carve-out; what less buys is the question).
 // GU / GB: phase 1's weight ring, GU stages a warp filled by cp.async (GB 0: 3 KB a stage, the
 // default GU 3 is the 144 KB the later rings reuse) or by TMA bulk copies (GB 1: 2.25 KB a
 // stage, unit_block's BK; session 31 call 2: phase 1 alone 38.9 -> 35.2 µs, issue-bound on its
@@ -458,7 +462,7 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
   // opts & 4 (DN 0): each slice's CTA sweeps the rows from its own offset, so that an expert's
   // 16 CTAs read 16 regions of it at a time instead of one
   const int ablate = opts & 3;
-  constexpr bool BULK = DN == 3 || DN == 4 || DN == 6 || DN == 7 || DN == 8;
+  constexpr bool BULK = DN == 3 || DN == 4 || DN >= 6;
   using R = BulkRing<BULK ? DN : 3>;
   BulkStream<BULK ? DN : 3> bs;
   if (BULK) {  // the slice-major copy (cuda_v8.py checks sn_w 16, sn_s 4: rows back to back)
@@ -500,14 +504,14 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
              opts & 32);
     return;
   }
-  if (DN == 4 || DN == 6 || DN == 8) {  // warp w: rows 16 w .. + 15 of each 256-row block
+  if (DN == 4 || DN == 6 || DN >= 8) {  // warp w: rows 16 w .. + 15 of each 256-row block
     DownFrags F;
     down_frags(hs, F);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     for (int b = 0; b < bs.blocks; ++b) {
       const u32 src = bs.wait(b);
       float acc0, acc8;
-      if (DN == 8)
+      if (DN >= 8)
         tile_mma_lanes(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8);
       else
         tile_mma(F, src + warp * 16 * 64, src + R::ROWS * 64 + warp * 16 * 8, acc0, acc8,

@@ -74,7 +74,8 @@ def ring_bytes(gu: int = 3, gb: int = 0) -> int:
 # partial streams its rows (cuda_v8.cu's DN: 0 registers, 1 a cp.async ring, 2 tensor cores,
 # 3 / 4 DN 0 / 2 on TMA bulk copies of the slice-major copy, LY 1, asked for before phase 1;
 # 5 DN 0 with each batch's loads issued before the previous batch's math; 6 / 7 DN 4 / 3 with
-# the bulk ring in the gate/up ring's shared memory, asked for after phase 1; 8 DN 6 on LY 3)
+# the bulk ring in the gate/up ring's shared memory, asked for after phase 1; 8 DN 6 on LY 3;
+# 9 DN 8 with a 6-stage ring: 36 KB less shared memory with GB 1 / 2)
 # CL: CTAs a cluster sharing their slices of h through DSMEM (cuda_v8.cu's int4_moe_decode_cl;
 # 1: none, DN's single-CTA form)
 # AB: an ablation for timing only (the output is garbage): 1 the gate/up phase alone, 2 the
@@ -84,26 +85,30 @@ def ring_bytes(gu: int = 3, gb: int = 0) -> int:
 # ([E, NSL, D, 16] words, [E, NSL, D, 4] scales: a CTA's down stream one contiguous block),
 # made once on first use and cached beside the checkpoint tensors (their size again); LY 2 (DN
 # 2 / 4 / 6): that copy with each row's four 16-byte groups swizzled (`by_slice`); LY 3 (DN 8
-# only): its nibbles in the lane-major order of cuda_v8.cu's tile_mma_lanes (`_lanes`)
+# / 9 only): its nibbles in the lane-major order of cuda_v8.cu's tile_mma_lanes (`_lanes`)
 # IL 1 (DN 0 / 3): a row's four words as four independent FMA chains (cuda_v8.cu's opts & 8)
-# EF 1 (DN 2, 4, 6): the down weights' copies evict-first in L2 (cuda_v8.cu's opts & 16)
-# GU / GB (DN 8 only): phase 1's weight ring, GU stages a warp (3, 4 or 5) filled by cp.async (GB
+# EF 1 (DN 2, 4, 6, 8, 9): the down weights' copies evict-first in L2 (cuda_v8.cu's opts & 16)
+# GU / GB (DN 8; DN 9: GB 1 / 2 at GU 3, RINGS_OF): phase 1's weight ring, GU stages a warp
+# (3, 4 or 5) filled by cp.async (GB
 # 0; GU 5 does not fit) or by TMA bulk copies, one lane a warp issuing a pair's words and scales
 # (GB 1, cuda_v1.cu's unit_block BK); GB 2: GB 1 with each 32-input group's correction
-# computed once a CTA instead of in every warp (unit_block's CORR; the same bits)
+# computed once a CTA instead of in every warp (unit_block's CORR; the same bits; session 32
+# call 2: slower, phase 1 alone 35.5 vs 35.0 µs: what it saves is not what binds)
 # FC 1 (CL 1): the combine in the fused launch's tail (cuda_v8.cu's combine_tail: the last CTAs
 # to finish combine, after a ticket count; one launch instead of two, the same bits)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0, "GU": 3, "GB": 0,
          "FC": 0}
 FC_COLS = 64  # columns a combine block of the tail (cuda_v8.cu's 4 V8_FC)
-DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
+DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
 GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1), (3, 2))  # the (GU, GB) past the default (3, 0)
+RINGS_OF = {8: GATE_RINGS, 9: ((3, 1), (3, 2))}  # the down forms built with them
+DOWN9 = 6 * 256 * 72  # DN 9's ring (cuda_v8.cu's BulkRing<9>: 6 stages of 256 rows)
 CORR_GROUPS = 512  # GB 2's corrections a CTA at most (cuda_v8.cu's V8_CORR: 2 C, D <= 16384)
 SYNC_WORDS = 64  # FC's [cnt, ..., gen at 32, ...] u32 (cuda_v8.cu's V8_GEN: two 128-byte lines)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
 # BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
 # ring is the gate/up ring's once phase 1 is done)
-BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72, 6: 0, 7: 0, 8: 0}
+BULK = {3: 7 * 128 * 72, 4: 3 * 256 * 72, 6: 0, 7: 0, 8: 0, 9: 0}
 CLUSTERS = (2, 4, 8)
 KMAX = 256  # slots a token (cuda_v8.cu's V8_KMAX: the combine's ids in shared memory)
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v8.cu")
@@ -116,7 +121,8 @@ def _module():
     import cupy
 
     keys = [(kpad, dn, 1, 3, 0) for kpad in (0, 1) for dn in DOWN_FORMS]
-    keys += [(kpad, 8, 1, gu, gb) for kpad in (0, 1) for gu, gb in GATE_RINGS]
+    keys += [(kpad, dn, 1, gu, gb) for kpad in (0, 1) for dn, rings in RINGS_OF.items()
+             for gu, gb in rings]
     keys += [(kpad, 0, cl, 3, 0) for kpad in (0, 1) for cl in CLUSTERS]
     names = [(f"int4_moe_decode<{kpad}, {dn}>" if (gu, gb) == (3, 0)
               else f"int4_moe_decode<{kpad}, {dn}, {gu}, {gb}>") if cl == 1
@@ -132,9 +138,10 @@ def _module():
 
 def shared_bytes(dn: int = 0, gu: int = 3, gb: int = 0) -> int:
     """The fused kernel's dynamic shared memory: phase 1's ring (GB 2: and its corrections past
-    it), at least the 144 KB the later rings reuse (DN 1 / 2 / 6 / 7 / 8), plus DN 3 / 4's ring
-    past it."""
-    return max(RING, ring_bytes(gu, gb) + 16 * CORR_GROUPS * (gb == 2)) + BULK.get(dn, 0)
+    it), at least the later rings that reuse it (144 KB: DN 1 / 2 / 6 / 7 / 8; DN 9's 108 KB),
+    plus DN 3 / 4's ring past it."""
+    later = DOWN9 if dn == 9 else RING
+    return max(later, ring_bytes(gu, gb) + 16 * CORR_GROUPS * (gb == 2)) + BULK.get(dn, 0)
 
 
 def fused_here(x: Tensor, topk_ids: Tensor, experts, expected_slots: int | None,
@@ -173,8 +180,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
              "cfg['RO']", "0 or 1, and 0 unless DN 0 and CL 1", knobs["RO"])
     _require(knobs["LY"] in (0, 1, 2, 3) and not (knobs["LY"] and knobs["CL"] > 1)
              and not (knobs["LY"] == 2 and knobs["DN"] not in (2, 4, 6))
-             and (knobs["LY"] == 3) == (knobs["DN"] == 8), "cfg['LY']",
-             "0, 1, 2 or 3, 0 with CL > 1, 2 only with DN 2, 4 or 6, 3 exactly with DN 8",
+             and (knobs["LY"] == 3) == (knobs["DN"] in (8, 9)), "cfg['LY']",
+             "0, 1, 2 or 3, 0 with CL > 1, 2 only with DN 2, 4 or 6, 3 exactly with DN 8 or 9",
              knobs["LY"])
     _require(knobs["LY"] >= 1 or knobs["DN"] not in BULK, "cfg['LY']",
              f"1 or 2 with DN {knobs['DN']} (its bulk copies read the slice-major copy)",
@@ -183,11 +190,12 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                                                              not in (0, 3, 5, 7))),
              "cfg['IL']", "0 or 1, and 0 unless DN 0, 3, 5 or 7 and CL 1", knobs["IL"])
     _require(knobs["EF"] in (0, 1) and not (knobs["EF"] and (knobs["CL"] > 1 or knobs["DN"]
-                                                             not in (2, 4, 6, 8))),
-             "cfg['EF']", "0 or 1, and 0 unless DN 2, 4, 6 or 8 and CL 1", knobs["EF"])
+                                                             not in (2, 4, 6, 8, 9))),
+             "cfg['EF']", "0 or 1, and 0 unless DN 2, 4, 6, 8 or 9 and CL 1", knobs["EF"])
     ring = (knobs["GU"], knobs["GB"])
-    _require(ring == (3, 0) or (ring in GATE_RINGS and knobs["DN"] == 8 and knobs["CL"] == 1),
-             "cfg['GU'], cfg['GB']", f"(3, 0), or one of {GATE_RINGS} with DN 8", ring)
+    _require((ring == (3, 0) or ring in RINGS_OF.get(knobs["DN"], ())) and (
+        ring == (3, 0) or knobs["CL"] == 1), "cfg['GU'], cfg['GB']",
+        f"(3, 0), or one of {GATE_RINGS} with DN 8, or of {RINGS_OF[9]} with DN 9", ring)
     _require(knobs["FC"] in (0, 1) and not (knobs["FC"] and knobs["CL"] > 1), "cfg['FC']",
              "0 or 1, and 0 with CL > 1", knobs["FC"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(

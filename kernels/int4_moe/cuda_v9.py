@@ -1,0 +1,78 @@
+"""int4_moe cuda_v9: cuda_v8's one-token call in the fastest form measured, as defaults: the
+down experts from the lane-major copy on the tensor cores (DN 8, LY 3), their copies
+evict-first in L2 (EF 1), phase 1's weights by TMA bulk copies (GB 1), and the combine in the
+fused launch's tail (FC 1): one launch a decode call.
+
+Why (H200, sessions 30-32, traces/gpu/session30-32): cuda_v8 keeps every form as a knob, off by
+default, so the harness and the registry time its first form (71-72 µs at T 1 on 384 experts).
+The knobs measured one by one, each in one process against the form before it:
+  LY 1 (a slice-major copy of the down experts)                73.7 -> 71.3 µs  (session 30)
+  DN 8 + LY 3 (two LDS.128 a 16-row tile, tensor cores) + EF 1 73.9 -> 67.8     (session 31)
+  GB 1 (phase 1's ring by TMA bulk copies: 35.2 vs 38.9 µs)    67.8 -> 64.6     (session 31)
+  FC 1 (no combine launch; its tail's loads overlap the ticket) 63.7 -> 62.2    (session 32)
+with the kernel alone 59.2-59.7 µs (session 32 call 2). GB 2 (each scale group's correction
+once a CTA) and deeper phase-1 rings (GU 4 / 5) measured slower and stay off.
+What: `cuda_v8.int4_moe_cuda` with `knobs()` as the defaults (a caller's cfg still overrides
+any of them); every other call (T > 1, a hint, a layout the fused kernel does not read) is
+cuda_v8's, so cuda_v5's.
+Where the defaults cannot hold: FC 1 needs fewer combiners than SMs (`cuda_v8.fc_combiners`),
+else FC 0 (the combine launch, the same bits).
+Numerics: cuda_v8's DN 8 arithmetic (bitwise its FC 0 / GB 0 forms, tests/test_int4_moe_cuda);
+tolerance against the reference, deterministic (no atomics in any sum).
+Memory: LY 3 is a second copy of the down experts (cuda_v8.by_slice, made on first use and
+cached beside the checkpoint tensors): a third more expert memory. cuda_v5's down GEMM for
+T > 1 reads the checkpoint layout, so both stay; the engine preset (hinted EP calls) does not
+use this version.
+Load step: cuda_v8's (gate / up repacked in place), plus the LY 3 copy on the first call.
+Dimension legend: cuda_v1.cu's and cuda_v8.cu's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from . import cuda_v8
+from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
+
+DEFAULTS = {"DN": 8, "LY": 3, "EF": 1, "GB": 1, "FC": 1}
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def knobs(x: Tensor, topk_ids: Tensor, experts) -> dict:
+    """cuda_v8's knobs for this call (shapes only: graph-safe): DEFAULTS, with FC 0 where the
+    tail's combiners would not leave an SM free (cuda_v8.py's rule)."""
+    out = dict(DEFAULTS)
+    if x.device.type == "cuda" and x.dim() == 2:
+        grid = experts[0].shape[1] // cuda_v8.SLICE * topk_ids.shape[1]
+        if cuda_v8.fc_combiners(x.shape[1], grid) >= _sms(x.device.index or 0):
+            out["FC"] = 0
+    return out
+
+
+def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                  validate: bool | None = None, cfg: dict | None = None,
+                  expected_slots: int | None = None) -> Tensor:
+    """cuda_v8's op with `knobs()` as its defaults (module docstring)."""
+    return cuda_v8.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                 cfg={**knobs(x, topk_ids, experts), **(cfg or {})},
+                                 expected_slots=expected_slots)
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v9's defaults):
+
+        python -m workbench.kernels.int4_moe.cuda_v9 [--T 1] [--cfgs "v=cuda_v5;base;GB=2"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=cuda_v5;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
