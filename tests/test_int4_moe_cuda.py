@@ -1126,6 +1126,10 @@ def test_v8_gate_rings_are_bitwise_the_cp_async_ring_gpu(D, I):
             for gu, gb in ((3, 0), *rings):
                 cfg = {"DN": dn, "LY": 3, "EF": 1, "GU": gu, "GB": gb}
                 assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg), base), cfg
+        # EA 1: the down ring's first stages asked for before phase 1, in the bytes its bulk
+        # ring leaves free (D 7104: 28 blocks, every stage reused; D 192 / 256: one block)
+        cfg = {"DN": 8, "LY": 3, "EF": 1, "GB": 1, "EA": 1}
+        assert torch.equal(cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg), base)
 
 
 @pytest.mark.gpu
@@ -1186,6 +1190,8 @@ def test_v9_is_v8_with_its_knobs_gpu(real_experts):
     assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cuda_v9.DEFAULTS))
     assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cuda_v9.DEFAULTS,
                                                                       "FC": 0, "GB": 0}))
+    assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cuda_v9.DEFAULTS,
+                                                                      "GB": 1, "EA": 1}))
 
 
 @pytest.mark.gpu
@@ -1237,7 +1243,8 @@ def test_v8_fused_combine_is_bitwise_the_combine_launch_gpu(D, I):
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1, D, generator=g).bfloat16().cuda()
     w = (torch.rand(1, K, generator=g) + 0.1).cuda()
-    for cfg in ({}, {"DN": 8, "LY": 3, "EF": 1, "GB": 1}, {"DN": 8, "LY": 3, "EF": 1, "GB": 2}):
+    for cfg in ({}, {"DN": 8, "LY": 3, "EF": 1, "GB": 1}, {"DN": 8, "LY": 3, "EF": 1, "GB": 2},
+                {"DN": 8, "LY": 3, "EF": 1, "GB": 1, "EA": 1}):
         for ids in (torch.tensor([[3, 0, 5, 1]]), torch.tensor([[2, -1, 4, -1]], dtype=torch.int32)):
             ids = ids.cuda()
             base = cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
@@ -1289,6 +1296,12 @@ def test_v8_fused_combine_at_kimi_shapes_under_graph_replay_gpu(real_experts, gb
 
 def test_v8_fused_combine_knob_refused_by_name():
     from workbench.kernels.int4_moe import cuda_v8
+
+    x = torch.zeros(1, 8)
+    for cfg in ({"EA": 1}, {"EA": 2, "DN": 8, "LY": 3, "GB": 1}, {"EA": 1, "DN": 8, "LY": 3, "GB": 2},
+                {"EA": 1, "DN": 8, "LY": 3, "GU": 4, "GB": 1}):  # EA: only GB 1's free 36 KB
+        with pytest.raises(ValueError, match=r"cfg\['EA'\]: expected"):
+            cuda_v8.int4_moe_cuda(x, None, None, None, cfg=cfg)
 
     assert cuda_v8.fc_combiners(7168, 128) == 112 and cuda_v8.fc_combiners(7104, 8) == 8
     x = torch.zeros(1, 8)

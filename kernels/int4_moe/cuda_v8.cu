@@ -389,9 +389,11 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
   const char* s;          // and its scales at s + 8 n
   int D, blocks;
   bool ef;                // EF 1: the copies evict-first in L2
+  int rot = 0;            // EA 1: stage st's bytes at physical slot (st + rot) % ST
+  __device__ __forceinline__ u32 at(int st) const { return ring + (st + rot) % R::ST * R::STAGE; }
   __device__ __forceinline__ void issue(int b) const {  // block b (rows ROWS b ..) into its stage
     const int st = b % R::ST, rows = min(R::ROWS, D - R::ROWS * b);
-    const u32 dst = ring + st * R::STAGE, bar = full + 8 * st;
+    const u32 dst = at(st), bar = full + 8 * st;
     mbar_expect_tx(bar, rows * 72);
     if (ef) {
       const u64 pol = evict_first_policy();
@@ -407,7 +409,7 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
   // block not yet asked for, so no deadlock)
   __device__ __forceinline__ u32 wait(int b) const {
     mbar_wait(full + 8 * (b % R::ST), (b / R::ST) & 1);
-    return ring + (b % R::ST) * R::STAGE;
+    return at(b % R::ST);
   }
   __device__ __forceinline__ void release(int b) const {
     __syncwarp();
@@ -465,12 +467,20 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
   constexpr bool BULK = DN == 3 || DN == 4 || DN >= 6;
   using R = BulkRing<BULK ? DN : 3>;
   BulkStream<BULK ? DN : 3> bs;
+  // EA 1 (opts & 128; DN 8 on GB 1's 3-stage ring): phase 1's bulk ring takes 108 of the 144
+  // KB the down ring reuses, so the down ring's first EARLY stages, placed in the top 36 KB
+  // (bs.rot), are asked for at the CTA's start: the down stream does not restart cold once
+  // phase 1 is done
+  constexpr int EARLY = DN == 8 && GB == 1 && GU == 3
+                            ? (V8_RING - V8_THREADS / 32 * GU * 2304) / R::STAGE : 0;
+  const int early = EARLY && (opts & 128) && ablate != 1 ? EARLY : 0;
   if (BULK) {  // the slice-major copy (cuda_v8.py checks sn_w 16, sn_s 4: rows back to back)
     bs.ring = (u32)__cvta_generic_to_shared(dsm) + (R::LATE ? 0 : V8_RING);
     bs.full = (u32)__cvta_generic_to_shared(bars), bs.empty = bs.full + 8 * V8_BARS;
     bs.w = (const char*)((const int*)wd + (size_t)e * se_w + (size_t)xs * sx_w);
     bs.s = (const char*)((const u16*)sd + (size_t)e * se_s + (size_t)xs * sx_s);
     bs.D = D, bs.blocks = (D + R::ROWS - 1) / R::ROWS, bs.ef = opts & 16;
+    bs.rot = early ? R::ST - early : 0;
     if (threadIdx.x == 0) {
       for (int st = 0; st < R::ST; ++st) {
         mbar_init(bs.full + 8 * st, 1);
@@ -479,6 +489,7 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
       // not under AB 1, which exits after phase 1: no copy may be in flight at the exit
       for (int b = 0; b < R::ST && b < bs.blocks && ablate != 1 && !R::LATE; ++b) bs.issue(b);
+      for (int b = 0; b < early && b < bs.blocks; ++b) bs.issue(b);  // EA 1: the free top
     }
     // h_slice's (or AB 2's) first __syncthreads publishes the initialised barriers
   }
@@ -496,7 +507,7 @@ __device__ __forceinline__ void decode_cta(u64 w1, u64 s1, u64 x_ptr, u64 ids_pt
     // the gate/up ring is free (h_slice's last __syncthreads: every warp's cp.async copies
     // landed and were read); its bytes were the generic proxy's, the copies are the async one's
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    for (int b = 0; b < R::ST && b < bs.blocks; ++b) bs.issue(b);
+    for (int b = early; b < R::ST && b < bs.blocks; ++b) bs.issue(b);
   }
   float* const out_part = (float*)part + ((size_t)xs * gridDim.y + k) * D;
   if (DN == 2) {

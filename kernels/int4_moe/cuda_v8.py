@@ -96,8 +96,10 @@ def ring_bytes(gu: int = 3, gb: int = 0) -> int:
 # call 2: slower, phase 1 alone 35.5 vs 35.0 µs: what it saves is not what binds)
 # FC 1 (CL 1): the combine in the fused launch's tail (cuda_v8.cu's combine_tail: the last CTAs
 # to finish combine, after a ticket count; one launch instead of two, the same bits)
+# EA 1 (DN 8 with GB 1 at GU 3): the down ring's first two stages asked for at the CTA's start,
+# in the 36 KB phase 1's bulk ring leaves free (cuda_v8.cu's opts & 128; the same bits)
 KNOBS = {"F8": 0, "DN": 0, "CL": 1, "AB": 0, "RO": 0, "LY": 0, "IL": 0, "EF": 0, "GU": 3, "GB": 0,
-         "FC": 0}
+         "FC": 0, "EA": 0}
 FC_COLS = 64  # columns a combine block of the tail (cuda_v8.cu's 4 V8_FC)
 DOWN_FORMS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
 GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1), (3, 2))  # the (GU, GB) past the default (3, 0)
@@ -198,6 +200,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
         f"(3, 0), or one of {GATE_RINGS} with DN 8, or of {RINGS_OF[9]} with DN 9", ring)
     _require(knobs["FC"] in (0, 1) and not (knobs["FC"] and knobs["CL"] > 1), "cfg['FC']",
              "0 or 1, and 0 with CL > 1", knobs["FC"])
+    _require(knobs["EA"] in (0, 1) and not (knobs["EA"] and (knobs["DN"], *ring) != (8, 3, 1)),
+             "cfg['EA']", "0 or 1, and 0 unless DN 8 with GU 3 and GB 1", knobs["EA"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
@@ -211,7 +215,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     check_inputs(x, topk_ids, topk_weights, experts, validate, expected_slots, mma_ok=GATE_UP)
     return decode(x, topk_ids, topk_weights, experts, knobs["DN"], knobs["CL"],
                   knobs["AB"] | 4 * knobs["RO"] | 8 * knobs["IL"] | 16 * knobs["EF"]
-                  | 64 * knobs["FC"], knobs["LY"], ring)
+                  | 64 * knobs["FC"] | 128 * knobs["EA"], knobs["LY"], ring)
 
 
 _SYNC: dict = {}  # (device, stream) -> FC's SYNC_WORDS int32 (cuda_v8.cu's combine_tail)
@@ -286,7 +290,7 @@ def decode(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, dn: int =
            cl: int = 1, opts: int = 0, ly: int = 0, ring: tuple[int, int] = (3, 0)) -> Tensor:
     """The two launches for x [1, D] (checked inputs, `fused_here`): out [1, D] bf16 (one
     launch under opts & 64, FC 1: its tail combines). opts: cuda_v8.cu's (the AB ablation |
-    4 RO | 8 IL | 16 EF | 64 FC); ly 1 / 2: the down experts from
+    4 RO | 8 IL | 16 EF | 64 FC | 128 EA); ly 1 / 2: the down experts from
     `by_slice` (2: swizzled, cuda_v8.cu's opts & 32); ring: phase 1's (GU, GB)."""
     import cupy
     import numpy as np
