@@ -38,9 +38,13 @@ DRAM peak, 1.1 eligible warps a scheduler). An EP8 rank's hint 1 on this path (F
 stream its 66 MB in 16.8 µs, with DN 0's math 28-30: the slice-major copy (LY 1) took 2.4 µs
 off the op (71.3 vs 73.7), the tensor-core form with it and evict-first copies (DN 2, EF 1)
 another ~0.6; the bulk-copy rings (DN 3 / 4 / 6 / 7), a register double buffer (DN 5) and four
-FMA chains (IL) did not close the gap (ncu: issue-bound math, not loads in flight). Not BEST;
-the engine preset's calls are hinted (cuda_v5 here); every knob is off by default (LY's copy
-doubles the down experts' memory for ~2 µs).
+FMA chains (IL) did not close the gap (ncu: issue-bound math, not loads in flight). Sessions
+31-32 (traces/gpu/session31-32/README.md): DN 8 on LY 3 67.8 µs, + GB 1 (phase 1 by TMA bulk
+copies: 35.2 µs alone) 64.6, + FC 1 (the combine in the tail) 62.2, one kernel 59.2-59.7 µs;
+GB 2, GU 4 / 5 and DN 9 no faster; a CTA past 164,992 bytes of shared memory loses ~5 µs in
+phase 1. Not BEST; the engine preset's calls are hinted (cuda_v5 here); every knob is off by
+default (cuda_v9 is this module with the best form as defaults; LY's copy doubles the down
+experts' memory).
 Load step: gate / up repacked in place (REPACKED, cuda_v4's), down in the checkpoint layout.
 Dimension legend: cuda_v1.cu's and cuda_v8.cu's.
 """
