@@ -1165,8 +1165,13 @@ def test_v9_defaults_are_v8s_fastest_form_and_keep_an_sm_free():
     x, ids = torch.zeros(1, 7168), torch.zeros(1, 8, dtype=torch.long)
     ex = (torch.zeros(384, 2048, 1),)
     assert cuda_v9.knobs(x, ids, ex) == cuda_v9.DEFAULTS == {
-        "DN": 8, "LY": 3, "EF": 1, "GB": 1, "FC": 1}
+        "DN": 8, "LY": 3, "EF": 1, "GB": 1, "FC": 1, "EA": 1}
     assert set(cuda_v9.DEFAULTS) <= set(cuda_v8.KNOBS)
+    # a cfg off EA's ring drops EA unless it names it (then cuda_v8 refuses it by name)
+    d = cuda_v9.DEFAULTS
+    assert cuda_v9.merged(d, {"GB": 2})["EA"] == 0 and cuda_v9.merged(d, {"DN": 9})["EA"] == 0
+    assert cuda_v9.merged(d, {"FC": 0}) == {**d, "FC": 0}
+    assert cuda_v9.merged(d, {"GB": 2, "EA": 1})["EA"] == 1
     # a CUDA-shaped call (the device query patched: this machine has none): 128 CTAs, 112
     # combiners at Kimi's D
     xc = mock.Mock(device=torch.device("cuda", 0), shape=(1, 7168), dim=lambda: 2)
@@ -1188,10 +1193,10 @@ def test_v9_is_v8_with_its_knobs_gpu(real_experts):
     ids, w, x = r.distinct(E, K, 1), r.uniform(1, K) + 0.05, r.normal(1, cfg.hidden_size)
     out = cuda_v9.int4_moe_cuda(x, ids, w, ex)
     assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg=cuda_v9.DEFAULTS))
-    assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cuda_v9.DEFAULTS,
-                                                                      "FC": 0, "GB": 0}))
-    assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex, cfg={**cuda_v9.DEFAULTS,
-                                                                      "GB": 1, "EA": 1}))
+    for off in ({"FC": 0, "GB": 0, "EA": 0}, {"EA": 0}):  # the combine launch, the cp.async ring
+        assert torch.equal(out, cuda_v8.int4_moe_cuda(x, ids, w, ex,
+                                                      cfg={**cuda_v9.DEFAULTS, **off})), off
+    assert torch.equal(out, cuda_v9.int4_moe_cuda(x, ids, w, ex, cfg={"GB": 0}))  # EA dropped
 
 
 @pytest.mark.gpu

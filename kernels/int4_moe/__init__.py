@@ -146,9 +146,9 @@ Versions (README.md has the design and the version log), each with the contract 
                72.7-73.8 µs, REAL 71.4 µs, 1.27x Humming; not BEST)
     cuda_v9    cuda_v8 with its fastest one-token form as defaults: the down experts from a
                lane-major copy on the tensor cores (DN 8, LY 3), evict-first copies, phase 1
-               by TMA bulk copies (GB 1), the combine in the launch's tail (FC 1): one launch
-               (H200, session 32: T 1 62.2 vs cuda_v5's 73.3 µs, the kernel 59.2-59.7; a
-               second copy of the down experts; not BEST)
+               by TMA bulk copies (GB 1), the down ring's first stages early (EA 1), the
+               combine in the launch's tail (FC 1): one launch (H200, session 32: T 1 61.7 vs
+               cuda_v5's 73.6 µs, the kernel 59.2; a second copy of the down experts; not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -230,7 +230,7 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                               "(CUDA cores, checkpoint layout), and a combine over the slices",
                               ("cuda", "cupy")),
     ("int4_moe", "cuda_v9"): ("cuda_v8 with its fastest one-token form as defaults (DN 8 on the "
-                              "lane-major down copy, EF 1, GB 1 bulk copies, FC 1: the combine "
+                              "lane-major down copy, EF 1, GB 1 bulk copies, EA 1, FC 1: the combine "
                               "in the launch's tail): one launch a decode call", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
