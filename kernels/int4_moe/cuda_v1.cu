@@ -180,7 +180,7 @@ struct GemmArgs {  // one GEMM's operands: weights, scales, activations (hi, lo)
   int pf0, pf;  // L2 prefetch of a warp's slice: its first pf0 chunk pairs at the start, then
                 // pair p + pf while pair p is computed (0, 0: none)
   u32 bars;     // BK > 0 (unit_block): the shared address of the warps' ring barriers, BK each
-  u32 corr;     // CORR (unit_block): the shared address of 2 C floats, each group's correction
+  u32 corr;     // CORR (unit_block): the shared address of 2 C float4s, each group's correction
 };
 
 __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
@@ -201,7 +201,8 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
 // the same row), so the CTA's warps compute each group's once, with the same two mmas, into
 // A.corr (2 C float4s, group 2 chunk + half: lane 0's four accumulators, all the same value)
 // before their first pair, and compute reads a group's there (one LDS.128, the mma's C quad as
-// it is: no moves) instead of issuing 8 of a pair's 24 mmas.
+// it is: no moves) instead of issuing 8 of a pair's 24 mmas (session 32 call 2: phase 1 alone
+// 35.5 vs 35.0 µs, slower; the tensor pipe is not what binds it).
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, int XB,
           int HOUT = 0, int BK = 0, int CORR = 0, class Ready>
 __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, int topk, int e,

@@ -177,7 +177,7 @@ __device__ __forceinline__ float dot8(u32 q, const float* h, float acc) {
 // cuda_v1's gate/up unit_block (cuda_v2's dequant, KW K parts summed in part order, HOUT 2),
 // its weight ring GU stages a warp filled by cp.async (GB 0) or by TMA bulk copies (GB 1,
 // unit_block's BK, the warps' barriers at gbars; GB 2: those, and each 32-input group's
-// correction once a CTA into the 2 C floats at corr, unit_block's CORR)
+// correction once a CTA into the 2 C float4s at corr, unit_block's CORR)
 template <int KPAD, int GU = 3, int GB = 0>
 __device__ __forceinline__ void h_slice(u64 w1, u64 s1, u64 x_ptr, int e, int NU, int C, int ld,
                                         int D, int I, int xs, float* red, float* hs, int* zero,
@@ -441,7 +441,7 @@ struct BulkStream {  // the ring's addresses and the issuing thread's copies
 // tile_mma_lanes; session 31 call 1: the op 67.8 µs against cuda_v5's 73.9); 9: DN 8 with a
 // 6-stage ring (108 KB), so that with phase 1's bulk ring (GB 1 / 2, 108 KB) the CTA asks for
 // 36 KB less shared memory (session 32 call 1: 528 bytes more than GB 1 + DN 8's 164992 and
-// phase 1 alone took 40 µs instead of 35: the carve-out; what less buys is the question).
+// phase 1 alone took 40 µs instead of 35; call 3: 36 KB less buys nothing, 62.0 vs 62.2 µs).
 // GU / GB: phase 1's weight ring, GU stages a warp filled by cp.async (GB 0: 3 KB a stage, the
 // default GU 3 is the 144 KB the later rings reuse) or by TMA bulk copies (GB 1: 2.25 KB a
 // stage, unit_block's BK; session 31 call 2: phase 1 alone 38.9 -> 35.2 µs, issue-bound on its

@@ -40,7 +40,8 @@ off the op (71.3 vs 73.7), the tensor-core form with it and evict-first copies (
 another ~0.6; the bulk-copy rings (DN 3 / 4 / 6 / 7), a register double buffer (DN 5) and four
 FMA chains (IL) did not close the gap (ncu: issue-bound math, not loads in flight). Sessions
 31-32 (traces/gpu/session31-32/README.md): DN 8 on LY 3 67.8 µs, + GB 1 (phase 1 by TMA bulk
-copies: 35.2 µs alone) 64.6, + FC 1 (the combine in the tail) 62.2, one kernel 59.2-59.7 µs;
+copies: 35.2 µs alone) 64.6, + FC 1 (the combine in the tail) 62.2, one kernel 59.2-59.7 µs,
++ EA 1 (the down ring's first stages early) 61.7 (the kernel 59.2 vs 60.6 in that call);
 GB 2, GU 4 / 5 and DN 9 no faster; a CTA past 164,992 bytes of shared memory loses ~5 µs in
 phase 1. Not BEST; the engine preset's calls are hinted (cuda_v5 here); every knob is off by
 default (cuda_v9 is this module with the best form as defaults; LY's copy doubles the down
