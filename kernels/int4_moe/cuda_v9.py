@@ -15,8 +15,8 @@ The knobs measured one by one, each in one process against the form before it:
 with the kernel alone 59.2 µs (session 32 call 4; ncu: 70 % of DRAM peak, 198 MB read, half
 the issue slots busy). REAL bench (call 5): T 1 61.5 / 62.2 µs graph-replayed, kernels 59.3 /
 59.9, uniform / skewed, 1.44x / 1.42x Humming; token-exact on `small` at C 1 (AR and DDTree
-budgets 1-128) with it in the loop. GB 2 (each scale group's correction once a CTA), deeper phase-1 rings
-(GU 4 / 5) and DN 9 (a shorter down ring) measured no faster and stay off.
+budgets 1-128) with it in the loop. GB 2 (each scale group's correction once a CTA), deeper
+phase-1 rings (GU 4 / 5) and DN 9 (a shorter down ring) measured no faster and stay off.
 What: `cuda_v8.int4_moe_cuda` with `knobs()` as the defaults (a caller's cfg still overrides
 any of them); every other call (T > 1, a hint, a layout the fused kernel does not read) is
 cuda_v8's, so cuda_v5's.
