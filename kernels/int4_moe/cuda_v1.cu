@@ -425,7 +425,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
               for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512 + lane * 16);
 #pragma unroll
             for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + 2048 + (t2 * 8 + g) * 16);
-            cpair = A.corr + 16 * (2 * c0 + 4 * p);  // CORR: groups 2 (c0 + 2 p) .. + 3
+            if (CORR) cpair = A.corr + 16 * (2 * c0 + 4 * p);  // groups 2 (c0 + 2 p) .. + 3
             __syncwarp();  // every lane has read pair p - 1's stage, the one refilled now
             if (lane == 0 && p + BK - 1 < NP) issue(p + BK - 1);
             if (XB == 2) {

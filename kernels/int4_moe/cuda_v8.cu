@@ -104,17 +104,21 @@ __device__ __forceinline__ u32 lds32(u32 a) {
 constexpr int V8_CK = 8;
 constexpr int V8_CORR = 512;  // GB 2's groups a CTA (2 C: D <= 16384; cuda_v8.py's CORR_GROUPS)
 constexpr int V8_KMAX = 256;  // slots a token the combine reads its ids of (cuda_v8.py's rule)
-__device__ __forceinline__ void combine_ids(u64 ids_ptr, int ids64, int s_ik, int K, int E,
-                                            long long* ids, int* bad) {
-  for (int i = threadIdx.x; i < K; i += blockDim.x) ids[i] = v8_id(ids_ptr, ids64, s_ik, i);
-  if (threadIdx.x == 0) *bad = 0;
-  __syncthreads();
+template <class Id>  // the rule on ids already in shared memory (*bad zeroed and published)
+__device__ __forceinline__ void flag_bad_ids(const Id* ids, int K, int E, int* bad) {
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     const long long e = ids[i];
     bool b = e < -1 || e >= E;
     for (int i2 = 0; i2 < i && e != -1; ++i2) b |= ids[i2] == e;
     if (b) *bad = 1;
   }
+}
+__device__ __forceinline__ void combine_ids(u64 ids_ptr, int ids64, int s_ik, int K, int E,
+                                            long long* ids, int* bad) {
+  for (int i = threadIdx.x; i < K; i += blockDim.x) ids[i] = v8_id(ids_ptr, ids64, s_ik, i);
+  if (threadIdx.x == 0) *bad = 0;
+  __syncthreads();
+  flag_bad_ids(ids, K, E, bad);
 }
 // Columns n0 + 4 c .. + 3 by thread (c, j) = (tid % NC, tid / NC), j < V8_CK (one 16-byte load
 // a part row; D a multiple of 4): the slots k = j, j + V8_CK, ..., each w[k] sum_s part[s, k, n],
@@ -729,13 +733,9 @@ __device__ __forceinline__ void combine_tail(u64 part, u64 ids_ptr, int ids64, i
   __syncthreads();
   const int t = sh[1];
   if (t < (int)G - NCB) return;
-  for (int i = threadIdx.x; i < K; i += blockDim.x) {  // the router's rule (cuda_v8.py)
-    const int e = ids[i];
-    bool b = e < -1;
-    for (int i2 = 0; i2 < i && e != -1; ++i2) b |= ids[i2] == e;
-    if (b) sh[0] = 1;
-  }
-  // combine_cols' first __syncthreads publishes bad
+  // the router's rule (an id outside [-1, E) is -2 here); combine_cols' first barrier
+  // publishes bad
+  flag_bad_ids(ids, K, E, sh);
   for (int b = t - ((int)G - NCB); b < NB; b += NCB)
     combine_cols<V8_FC, true>((const float*)part, NSL, ids, sh, wts, 1, K, E, D, out_ptr,
                               b * 4 * V8_FC, acc_j);

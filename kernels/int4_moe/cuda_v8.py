@@ -111,6 +111,7 @@ GATE_RINGS = ((4, 0), (3, 1), (4, 1), (5, 1), (3, 2))  # the (GU, GB) past the d
 RINGS_OF = {8: GATE_RINGS, 9: ((3, 1), (3, 2))}  # the down forms built with them
 DOWN9 = 6 * 256 * 72  # DN 9's ring (cuda_v8.cu's BulkRing<9>: 6 stages of 256 rows)
 CORR_GROUPS = 512  # GB 2's corrections a CTA at most (cuda_v8.cu's V8_CORR: 2 C, D <= 16384)
+EA_FORM = (8, 3, 1)  # EA's (DN, GU, GB): DN 8 on GB 1's 3-stage ring (its free 36 KB)
 SYNC_WORDS = 64  # FC's [cnt, ..., gen at 32, ...] u32 (cuda_v8.cu's V8_GEN: two 128-byte lines)
 # the bulk forms (LY 1) and the shared memory their ring takes past the gate/up ring (cuda_v8.cu's
 # BulkRing<DN>::BYTES: stages x rows x (64 bytes of words + 8 of scales); DN 6 / 7: none, the
@@ -205,7 +206,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
         f"(3, 0), or one of {GATE_RINGS} with DN 8, or of {RINGS_OF[9]} with DN 9", ring)
     _require(knobs["FC"] in (0, 1) and not (knobs["FC"] and knobs["CL"] > 1), "cfg['FC']",
              "0 or 1, and 0 with CL > 1", knobs["FC"])
-    _require(knobs["EA"] in (0, 1) and not (knobs["EA"] and (knobs["DN"], *ring) != (8, 3, 1)),
+    _require(knobs["EA"] in (0, 1) and not (knobs["EA"] and (knobs["DN"], *ring) != EA_FORM),
              "cfg['EA']", "0 or 1, and 0 unless DN 8 with GU 3 and GB 1", knobs["EA"])
     if x.device.type != "cuda" or x.dim() != 2 or not fused_here(
             x, topk_ids, experts, expected_slots, bool(knobs["F8"])):

@@ -75,7 +75,7 @@ def merged(defaults: dict, cfg: dict) -> dict:
     """defaults with a caller's cfg over them; EA 0 where the cfg moves the down form or
     phase 1's ring off EA's one (DN 8, GU 3, GB 1) without naming EA."""
     out = {**defaults, **cfg}
-    if "EA" not in cfg and (out.get("DN"), out.get("GU", 3), out.get("GB")) != (8, 3, 1):
+    if "EA" not in cfg and (out.get("DN"), out.get("GU", 3), out.get("GB")) != cuda_v8.EA_FORM:
         out["EA"] = 0
     return out
 
