@@ -69,3 +69,15 @@ def tiny_target():
     import workbench
 
     return workbench.build_model("tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def real_experts():
+    """One Kimi K2.6 MoE layer's routed experts on the GPU (checkpoint layout) and the config:
+    the int4_moe CUDA suites' REAL shapes (tests/test_int4_moe_cuda*.py)."""
+    from workbench.config import ModelConfig
+    from workbench.ops.cases import _experts, _Rand
+
+    cfg = ModelConfig.preset("kimi-k2.6")
+    return _experts(_Rand(0, "cuda"), cfg.n_routed_experts, cfg.hidden_size,
+                    cfg.moe_intermediate), cfg

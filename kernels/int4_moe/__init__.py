@@ -149,6 +149,11 @@ Versions (README.md has the design and the version log), each with the contract 
                by TMA bulk copies (GB 1), the down ring's first stages early (EA 1), the
                combine in the launch's tail (FC 1): one launch (H200, session 32: T 1 61.7 vs
                cuda_v5's 73.6 µs, the kernel 59.2; a second copy of the down experts; not BEST)
+    cuda_v10   cuda_v9 at one token; past it cuda_v5 with the experts holding more than WT
+               (8) slots on a second CUDA gate/up launch of wide n-tiles: a CTA of 8 row
+               units takes a pass of up to 64 of a hot expert's slots, their activations
+               staged once a CTA in shared memory beside each warp's weight ring (cuda_v5:
+               once a pass of 8 slots and a 32-row unit); cold experts on cuda_v5's launch
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -198,7 +203,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 10)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 11)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -232,6 +237,10 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v9"): ("cuda_v8 with its fastest one-token form as defaults (DN 8 on the "
                               "lane-major down copy, EF 1, GB 1 bulk copies, EA 1, FC 1: the combine "
                               "in the launch's tail): one launch a decode call", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v10"): ("cuda_v9 at one token; past it cuda_v5 with the experts holding "
+                               "more than WT (8) slots on a second gate/up launch of wide "
+                               "n-tiles (64 slots a pass, the pass's activations shared by a "
+                               "CTA's 8 units in shared memory)", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

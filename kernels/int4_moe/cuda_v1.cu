@@ -147,6 +147,44 @@ __device__ __forceinline__ uint4 lds(u32 a) {
   return r;
 }
 
+// HOUT 1's epilogue for one 8-slot n-tile of unit u (gate accumulators ga, up ua; slot columns
+// col0 .. col0 + 7 of an expert with cnt slots at sorted positions start..): h = silu(g) u in
+// fp32 as bf16 hi + lo into triton_v5's rows [S, 2, ldo]. The unit's 16 inputs land as four
+// runs of 4 columns (run j holds inputs j, j + 4, j + 8, j + 12 of the unit at 64 j + 2 w0 +
+// 0..3). Lane g < 4 takes lane g + 4's values (lane ^ 16) and stores its run as one 8-byte
+// word, hi and lo: 4 stores of 16 sectors a pair of slots instead of 8 scattered 2-byte stores
+// of 32. Rows past the matrix are the repack's padding (q = 0, scale 0): h = 0 there, stored
+// as is. Every lane of the warp calls it (shuffles).
+__device__ __forceinline__ void store_h_rows(const float* ga, const float* ua, int u, int col0,
+                                             int cnt, int start, u64 out_ptr, int ldo) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int i0 = u * 16, o_run = (i0 & ~255) + 64 * (g & 3) + 2 * ((i0 & 255) >> 3);
+#pragma unroll
+  for (int mm = 0; mm < 2; ++mm) {
+    u32 hi2 = 0, lo2 = 0;  // (row g, row g + 8) of slot column 2 t + mm
+#pragma unroll
+    for (int r8 = 0; r8 < 2; ++r8) {
+      const float gt = ga[2 * r8 + mm], up = ua[2 * r8 + mm];
+      const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
+      const u16 hi = to_bf16(hv);
+      const u16 lo = to_bf16(hv - from_bf16(hi));
+      hi2 |= (u32)hi << (16 * r8);
+      lo2 |= (u32)lo << (16 * r8);
+    }
+    const u32 ohi = __shfl_xor_sync(0xFFFFFFFFu, hi2, 16);  // lane g + 4's rows
+    const u32 olo = __shfl_xor_sync(0xFFFFFFFFu, lo2, 16);
+    const int col = col0 + 2 * t + mm;  // slot within the expert
+    if (g < 4 && col < cnt) {
+      // run j = g: inputs j (mine, row g), j + 4 (lane g + 4's row), j + 8, j + 12
+      const uint2 vh = make_uint2((hi2 & 0xFFFFu) | (ohi << 16), (hi2 >> 16) | (ohi & 0xFFFF0000u));
+      const uint2 vl = make_uint2((lo2 & 0xFFFFu) | (olo << 16), (lo2 >> 16) | (olo & 0xFFFF0000u));
+      u16* row = (u16*)out_ptr + (size_t)(start + col) * 2 * ldo + o_run;
+      *(uint2*)row = vh;
+      *(uint2*)(row + ldo) = vl;
+    }
+  }
+}
+
 // MODE 0: gate/up (act = x [T, ld], rows by token = slot / TOPK; out h hi / lo [S, ldo] bf16)
 // MODE 1: down    (act = h hi / lo [S, ld], rows by sorted position; out y [S, ldo] fp32)
 // POST 0 (cuda_v1): A = bf16((q - 8) s) dequantised, as the reference rounds it.
@@ -525,38 +563,8 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
       __syncthreads();  // red is reused by the next pass
     }
     if (kw == 0 && unit_ok && MODE == 0 && HOUT == 1) {
-      // triton_v5's rows: the unit's 16 inputs land as four runs of 4 columns (run j holds
-      // inputs j, j + 4, j + 8, j + 12 of the unit at 64 j + 2 w0 + 0..3). Lane g < 4 takes
-      // lane g + 4's values (lane ^ 16) and stores its run as one 8-byte word, hi and lo: 4
-      // stores of 16 sectors a pair of slots instead of 8 scattered 2-byte stores of 32.
-      // Rows past n_real are the repack's padding (q = 0, scale 0): h = 0 there, stored as is.
-      const int i0 = u * 16, o_run = (i0 & ~255) + 64 * (g & 3) + 2 * ((i0 & 255) >> 3);
 #pragma unroll
-      for (int q = 0; q < NN; ++q)
-#pragma unroll
-        for (int mm = 0; mm < 2; ++mm) {
-          u32 hi2 = 0, lo2 = 0;  // (row g, row g + 8) of slot column 2 t + mm
-#pragma unroll
-          for (int r8 = 0; r8 < 2; ++r8) {
-            const float gt = acc[0][q][2 * r8 + mm], up = acc[1][q][2 * r8 + mm];
-            const float hv = gt / (1.f + expf(-gt)) * up;  // fp32 silu(g) * u
-            const u16 hi = to_bf16(hv);
-            const u16 lo = to_bf16(hv - from_bf16(hi));
-            hi2 |= (u32)hi << (16 * r8);
-            lo2 |= (u32)lo << (16 * r8);
-          }
-          const u32 ohi = __shfl_xor_sync(0xFFFFFFFFu, hi2, 16);  // lane g + 4's rows
-          const u32 olo = __shfl_xor_sync(0xFFFFFFFFu, lo2, 16);
-          const int col = p0 + q * 8 + 2 * t + mm;  // slot within the expert
-          if (g < 4 && col < cnt) {
-            // run j = g: inputs j (mine, row g), j + 4 (lane g + 4's row), j + 8, j + 12
-            const uint2 vh = make_uint2((hi2 & 0xFFFFu) | (ohi << 16), (hi2 >> 16) | (ohi & 0xFFFF0000u));
-            const uint2 vl = make_uint2((lo2 & 0xFFFFu) | (olo << 16), (lo2 >> 16) | (olo & 0xFFFF0000u));
-            u16* row = (u16*)out_ptr + (size_t)(start + col) * 2 * ldo + o_run;
-            *(uint2*)row = vh;
-            *(uint2*)(row + ldo) = vl;
-          }
-        }
+      for (int q = 0; q < NN; ++q) store_h_rows(acc[0][q], acc[1][q], u, p0 + q * 8, cnt, start, out_ptr, ldo);
     } else if (kw == 0 && unit_ok) {
 #pragma unroll
       for (int q = 0; q < NN; ++q)
@@ -602,8 +610,10 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
 //   A knob (cuda_v4's IT1), off; an item list built once by the router is the untried form.
 constexpr int ITEM_SMEM = 512;
 
+// SKIP > 0 (cuda_v10, ITEMS 0 only): the experts with more than SKIP slots are left to another
+//   launch (cuda_v10.cu's wide n-tiles); this one takes the others.
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2, int HOUT = 0,
-          int ITEMS = 0>
+          int ITEMS = 0, int SKIP = 0>
 __global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB, NN>::warps / (KW * RW) > 0 ? Occupancy<MODE, U, XB, NN>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
@@ -624,10 +634,13 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
         l2_share((const char*)l2_w + e * l2_wb, l2_wb);
         l2_share((const char*)l2_s + e * l2_sb, l2_sb);
       }
-    for (int a = blockIdx.y; a < n_act; a += gridDim.y)  // CTA-uniform (barriers inside)
+    for (int a = blockIdx.y; a < n_act; a += gridDim.y) {  // CTA-uniform (barriers inside)
+      const int cnt = act_cnt[a];
+      if (SKIP > 0 && cnt > SKIP) continue;
       unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
-          A, (const int*)slots_ptr, topk, act_e[a], act_start[a], act_cnt[a], blockIdx.x, red,
-          dsm, [] {});
+          A, (const int*)slots_ptr, topk, act_e[a], act_start[a], cnt, blockIdx.x, red, dsm,
+          [] {});
+    }
     return;
   }
   for (int a = threadIdx.x; a < min(n_act, ITEM_SMEM); a += blockDim.x) s_cnt[a] = act_cnt[a];

@@ -104,17 +104,19 @@ _SMEM_SET: dict = {}  # id(compiled kernel) -> the dynamic shared memory it was 
 
 
 def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
-            hout: int = 0, items: int = 0, l2: tuple = (0, 0, 0, 0)) -> None:
+            hout: int = 0, items: int = 0, l2: tuple = (0, 0, 0, 0), skip: int = 0) -> None:
     """One GEMM launch (mode 0 gate/up, 1 down) on cfg c's knobs; hout, items: cuda_v1.cu's
     HOUT (1: h in triton_v5's rows) and ITEMS (1: (expert, pass) work items), for cuda_v4;
     l2: (words, scales, bytes an expert of each) of another GEMM's experts whose active
-    blocks the CTAs ask L2 for before their own stream (cuda_v6; zeros: none)."""
+    blocks the CTAs ask L2 for before their own stream (cuda_v6; zeros: none); skip:
+    cuda_v1.cu's SKIP (> 0: experts with more slots left to cuda_v10's hot launch)."""
     import cupy
     import numpy as np
 
     n = mode + 1
     kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
-    extra = (hout, items) if items else (hout,) if hout else ()  # cuda_v1 / v2: 8 arguments
+    # cuda_v1 / v2: 8 template arguments; the defaults' instances keep their names
+    extra = (hout, items, skip) if skip else (hout, items) if items else (hout,) if hout else ()
     fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"], *extra)
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)

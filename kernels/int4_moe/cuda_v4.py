@@ -95,13 +95,14 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None, tiles_for=None) -> Tensor:
+                  expected_slots: int | None = None, tiles_for=None, hot=None) -> Tensor:
     """x [T, D] bf16 (CUDA), topk_ids [T, K] int32/int64 (-1: not routed here), topk_weights
     [T, K] float, experts (Int4Experts: gate / up in the checkpoint layout or repacked in
     place, down in the checkpoint layout) -> [T, D] bf16: the contract of
     `workbench.reference.int4_moe.int4_moe`; `validate` see `_common.check_inputs`. cfg:
     overrides of `tiles`' keys, for sweeps; tiles_for: a later version's tile rule (cuda_v5 / v6),
-    with `tiles`' signature."""
+    with `tiles`' signature; hot: cuda_v10's second gate/up launch, hot(c, p, xq, w1, s1, NU1,
+    C1, h) -> the SKIP threshold of this launch (0: none), called before it."""
     _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v4 launches CUDA C++ through cupy)",
              f"a tensor on {x.device}")
     p = prepare(x, topk_ids, topk_weights, experts, validate, cfg,
@@ -119,9 +120,11 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     # [S, 2, Ip] hi | lo in v34's permuted rows; padding inputs past I must read as zeros
     alloc = torch.empty if p.Ip == I else torch.zeros
     h = alloc(p.S, 2, p.Ip, dtype=torch.bfloat16, device=x.device)
+    skip = hot(c, p, xq, w1, s1, NU1, C1, h) if hot else 0
     cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
                     (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
-                    hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0))
+                    hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0),
+                    skip=skip)
     return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
                         down_select=True, dep={})
 

@@ -1,0 +1,166 @@
+"""int4_moe cuda_v10: cuda_v9 (one-token calls: cuda_v8's one launch) and, past one token,
+cuda_v5 with the gate/up GEMM of the hot experts -- more than WT slots -- on a second CUDA
+launch of wide n-tiles (cuda_v10.cu's `int4_moe_hot`), the CUDA launch (cuda_v1.cu's SKIP)
+taking the others.
+
+Why (H200, session 33 call 1, traces/gpu/session33, `python -m
+workbench.kernels.int4_moe.cuda_v5 --T 17,65,128,512 --skew 1.2 --cfgs "v=triton_v34;base"
+--rounds 3 --by-kernel`): cuda_v5's CUDA gate/up took 292-304 / 790-862 / 1300-1327 /
+3257-3760 µs at skewed T 17 / 65 / 128 / 512 against triton_v34's 279-299 / 721-743 /
+1026-1047 (+48) / 1551-1637 (+465-503), and 2644-2793 against 1779-1823 at uniform T 512: a
+cuda_v5 warp streams its expert's weights once a pass of 8 slots (16 at NN1 2) and every
+32-row unit reads its slots' activations itself.
+
+What: a hot CTA takes WU (WU) row units of one pass of up to 8 NT (WNT) slots of a hot
+expert; the pass's activations are staged once a CTA in shared memory beside each warp's
+weight ring, so an expert's weights stream once a pass of 64 slots (NT 8) and an activation
+row is read once a CTA. Cold experts keep cuda_v5's launch at one 8-slot n-tile (NN1 1: with
+the hot launch no cold expert holds more than WT <= 8 slots by default).
+Knobs (cfg): WIDE (1; 0: cuda_v5's launches and bits exactly), WT (8), WU (8), WNT (8), WST
+(stages, 4), WY (CTA columns; default: one wave of 1-CTA SMs, at most the items possible).
+Numerics: cold experts cuda_v5's (POST 1: the scales on the groups' fp32 partials); hot ones
+cuda_v1's dequant (POST 0: W = bf16((q - 8) s), the reference's rounding) with K summed in
+input order in one warp; h hi + lo, the down GEMM and the combine triton_v34's. A token's
+bits depend on how many slots its experts got in the call (hot or cold): tolerance against
+the reference, as triton_v16's hot split (not batch invariant).
+Graph-safe: grids and shared memory from shapes only (the hot list bound below), no sync.
+Load step: cuda_v5's (gate / up repacked in place). GPU only (cupy).
+Dimension legend: cuda_v1.cu's and cuda_v10.cu's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+from . import cuda_v1, cuda_v4, cuda_v5, cuda_v8, cuda_v9, mma_layout
+from ._common import _require
+from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
+
+WIDE_DEFAULTS = {"WIDE": 1, "WT": 8, "WU": 8, "WNT": 8, "WST": 4}
+WIDE_KEYS = (*WIDE_DEFAULTS, "WY")
+_SRC = os.path.join(os.path.dirname(__file__), "cuda_v10.cu")
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
+    """Shapes only (graph-safe): cuda_v5's tiles and WIDE_DEFAULTS; where cuda_v4's rule gives
+    two n-tiles a pass (NN1 2: more than 8 slots expected an expert), cuda_v1's one-n-tile
+    knobs instead, the hot launch taking every expert past WT."""
+    c = cuda_v5.tiles(T, K, E, D, I, slots) | WIDE_DEFAULTS
+    if c["NN1"] == 2:
+        cu = cuda_v1.tiles(T, K, E, D, I, slots)
+        c |= {"NN1": 1, "KW1": cu["KW1"], "RW1": cu["RW1"]}
+    return c
+
+
+def max_items(S: int, E: int, ht: int, P: int) -> int:
+    """An upper bound of the hot work items of any routing of S slots over E experts: each
+    hot expert (> ht slots: at most min(E, S // (ht + 1)) of them) takes ceil(cnt / P) <
+    cnt / P + 1 passes."""
+    return S // P + min(E, S // (ht + 1)) + 1
+
+
+def smem_bytes(WU: int, NT: int, ST: int, items: int) -> int:
+    """cuda_v10.cu's dynamic shared memory: WU weight rings, the activation ring, the list."""
+    return ST * (WU * 6 * 32 * 16 + 8 * NT * 256) + -(-4 * items // 16) * 16
+
+
+def check_hot(c: dict, S: int, E: int) -> None:
+    """The hot knobs in ranges the kernel compiles and fits (names the cfg key)."""
+    _require(c["WIDE"] in (0, 1), "cfg['WIDE']", "0 or 1", c["WIDE"])
+    _require(isinstance(c["WT"], int) and 0 <= c["WT"] < 2**15, "cfg['WT']",
+             "an int in [0, 32768)", c["WT"])
+    _require(c["WU"] in (4, 8), "cfg['WU']", "4 or 8", c["WU"])
+    _require(c["WNT"] in (2, 4, 8) and 8 * c["WNT"] * 16 % (32 * c["WU"]) == 0, "cfg['WNT']",
+             "2, 4 or 8 with 128 WNT a multiple of 32 WU (the pass's activation words "
+             "split over the threads)", {"WNT": c["WNT"], "WU": c["WU"]})
+    _require(c["WST"] in (2, 3, 4, 5), "cfg['WST']", "2, 3, 4 or 5", c["WST"])
+    items = max_items(S, E, c["WT"], 8 * c["WNT"])
+    _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) <= 227 * 1024, "cfg",
+             "WU x WST weight rings, the activation ring and the item list within 227 KB",
+             {k: c[k] for k in ("WU", "WNT", "WST")})
+    _require(S // (8 * c["WNT"]) < 2**16, "x", f"T K < {2**16 * 8 * c['WNT']} slots (16-bit "
+             "passes in the item list)", S)
+
+
+@functools.cache
+def _kernel(*targs: int):
+    """int4_moe_hot<KPAD, WU, NT, ST> (cuda_v1.cu + cuda_v10.cu through NVRTC, cached)."""
+    import cupy
+
+    name = f"int4_moe_hot<{', '.join(map(str, targs))}>"
+    code = "".join(open(p).read() + "\n" for p in (cuda_v1._SRC, _SRC))
+    mod = cupy.RawModule(code=code, options=("-std=c++17",), name_expressions=[name])
+    return mod.get_function(name)
+
+
+def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
+               h: Tensor) -> int:
+    """cuda_v4's `hot` hook: the hot launch (CUDA, on the current stream) writing the hot
+    experts' rows of h; returns the cold launch's SKIP (WT), 0 where WIDE is 0 or no expert
+    can be hot (S <= WT)."""
+    import cupy
+    import numpy as np
+
+    check_hot(c, p.S, p.E)
+    if not c["WIDE"] or p.S <= c["WT"]:
+        return 0
+    wu, nt, st, ht = c["WU"], c["WNT"], c["WST"], c["WT"]
+    items = max_items(p.S, p.E, ht, 8 * nt)
+    gx = -(-NU1 // wu)
+    gy = c.get("WY") or max(1, min(cuda_v1.SMS // gx, items))
+    _require(isinstance(gy, int) and gy >= 1, "cfg['WY']", "an int >= 1", gy)
+    fn = _kernel(int(p.D % mma_layout.KALIGN != 0), wu, nt, st)
+    smem = smem_bytes(wu, nt, st, items)
+    if smem > cuda_v1._SMEM_SET.get(id(fn), 0):
+        fn.max_dynamic_shared_size_bytes = smem
+        cuda_v1._SMEM_SET[id(fn)] = smem
+    args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, items)
+    conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        fn((gx, gy), (32 * wu,), conv, shared_mem=smem)
+    return ht
+
+
+def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                  validate: bool | None = None, cfg: dict | None = None,
+                  expected_slots: int | None = None) -> Tensor:
+    """The contract of `workbench.reference.int4_moe.int4_moe` (cuda_v5's checks): a call
+    cuda_v8 fuses is cuda_v9's, every other one cuda_v4's launches on this file's tiles with
+    the hot launch (module docstring)."""
+    cfg = dict(cfg or {})
+    f8 = bool(cfg.get("F8", cuda_v8.KNOBS["F8"]))
+    if x.device.type == "cuda" and x.dim() == 2 and cuda_v8.fused_here(
+            x, topk_ids, experts, expected_slots, f8):
+        for k in WIDE_KEYS:
+            cfg.pop(k, None)
+        return cuda_v9.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                     cfg=cfg, expected_slots=expected_slots)
+    for k in cuda_v8.KNOBS:
+        cfg.pop(k, None)
+    if cfg.get("WIDE", 1) == 0:  # cuda_v5 exactly
+        cfg.pop("WIDE")
+        for k in WIDE_KEYS:
+            cfg.pop(k, None)
+        return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                     cfg=cfg or None, expected_slots=expected_slots)
+    return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                 cfg=cfg or None, expected_slots=expected_slots,
+                                 tiles_for=tiles, hot=launch_hot)
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v10's op):
+
+        python -m workbench.kernels.int4_moe.cuda_v10 [--T 17,128] [--skew 1.2]
+            [--cfgs "v=cuda_v5;v=triton_v34;base;WT=16"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=cuda_v5;v=triton_v34;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
