@@ -43,6 +43,7 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 WIDE_DEFAULTS = {"WIDE": 1, "WT": 8, "WU": 8, "WNT": 8, "WST": 4}
 WIDE_KEYS = (*WIDE_DEFAULTS, "WY")
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v10.cu")
+SMEM_MAX = 227 * 1024 - 1024  # a CTA's opt-in dynamic shared memory, the kernel's 128 static B kept
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
@@ -79,7 +80,7 @@ def check_hot(c: dict, S: int, E: int) -> None:
              "split over the threads)", {"WNT": c["WNT"], "WU": c["WU"]})
     _require(c["WST"] in (2, 3, 4, 5), "cfg['WST']", "2, 3, 4 or 5", c["WST"])
     items = max_items(S, E, c["WT"], 8 * c["WNT"])
-    _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) <= 227 * 1024, "cfg",
+    _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) <= SMEM_MAX, "cfg",
              "WU x WST weight rings, the activation ring and the item list within 227 KB",
              {k: c[k] for k in ("WU", "WNT", "WST")})
     _require(S // (8 * c["WNT"]) < 2**16, "x", f"T K < {2**16 * 8 * c['WNT']} slots (16-bit "
