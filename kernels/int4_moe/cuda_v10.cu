@@ -17,8 +17,8 @@
 // is read from L2 once a CTA, not once a unit. ST - 1 stages in flight, one CTA barrier a pair.
 // A lane's B operand of a scale group for n-tile n is one 16-byte LDS (its 8 inputs of slot
 // 8 n + g, the layout's order), the row's 16-byte words XOR-swizzled by (slot & 1) << 2 so
-// that a quarter warp's 8 reads (slots 2k, 2k + 1, words 4 G + t) hit 8 bank groups. Only the
-// n-tiles the pass fills are computed (nt = ceil(n / 8), a warp-uniform bound).
+// that a quarter warp's 8 reads (slots 2k, 2k + 1, words 4 G + t) hit 8 bank groups. A pass of
+// n slots runs on the fewest compiled n-tile counts (2, 4 or NT) that hold it.
 // Dequant: cuda_v1's POST 0 (W = bf16((q - 8) s), the reference's rounding, in the mma), fp32
 // sums in the mma, K in input order in one warp. Epilogue: HOUT 1's (`store_h_rows`:
 // triton_v5's rows, which triton_v34's down GEMM reads).
@@ -75,129 +75,152 @@ __device__ __forceinline__ int hot_items(const int* act_cnt, int n_act, int ht, 
   return min(carry, max_items);
 }
 
+// One work item: pass p0.. (n = min(P, cnt - p0) slots) of expert e (its cnt slots at sorted
+// positions start..) for this CTA's WU row units, on NTC n-tiles (8 NTC >= n, a compile-time
+// count: the K loop has no branch on it, so the scheduler interleaves the four groups' dequant,
+// LDS and mma freely; at a runtime bound each n-tile was its own basic block and the 8 warps an
+// SM ran latency-bound, session 33 call 2). Every thread of the CTA calls it.
+template <int KPAD, int WU, int NT, int ST, int NTC>
+__device__ __forceinline__ void hot_pass(u64 w_ptr, u64 s_ptr, u64 x_ptr, const int* slots,
+                                         u64 h_ptr, int topk, int NU, int C, int ldx,
+                                         int k_real, int ldo, int e, int start, int cnt, int p0,
+                                         u32 wring, u32 xring) {
+  constexpr int P = 8 * NT;          // slots a pass (the activation ring's rows)
+  constexpr int WST = 6 * 32 * 16;   // a warp's stage: 4 weight blocks + 2 scale words, a lane each
+  constexpr int XST = P * 256;       // a stage's activations: P slots x 128 inputs, bf16
+  constexpr int XCP = P * 16 / (32 * WU);  // 16-byte activation copies a thread a stage
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int NP = C / 2;  // chunk pairs of the whole K
+  const int u = blockIdx.x * WU + warp;  // this warp's row unit
+  const bool unit_ok = u < NU;
+  const int n = min(P, cnt - p0);
+  const size_t unit = (size_t)e * NU + (unit_ok ? u : 0);
+  const uint4* wq = (const uint4*)w_ptr + unit * C * 64 + lane;
+  const uint4* sq = (const uint4*)s_ptr + unit * (C / 2) * 16 + g;
+  // this thread's activation words: slot sl = idx / 16, word ck = idx % 16 of the pair's row
+  const uint4* xsrc[XCP];
+  u32 xdst[XCP], xok[XCP];
+#pragma unroll
+  for (int k = 0; k < XCP; ++k) {
+    const int idx = threadIdx.x + k * 32 * WU, sl = idx >> 4, ck = idx & 15;
+    const int row = sl < n ? slots[start + p0 + sl] / topk : 0;
+    xsrc[k] = (const uint4*)x_ptr + (size_t)row * (ldx / 8) + ck;
+    xdst[k] = xring + sl * 256 + ((ck ^ ((sl & 1) << 2)) << 4);
+    xok[k] = sl < 8 * NTC ? (sl < n ? 1u : 2u) : 0u;  // 0: not read this pass, 2: zeros
+  }
+  auto issue = [&](int p) {
+    const int st = p % ST;
+    if (unit_ok) {
+      const u32 dst = wring + st * WST;
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) cp_async16(dst + (ch * 2 + i) * 512, wq + p * 128 + ch * 64 + i * 32);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) cp_async16(dst + (4 + i) * 512, sq + p * 16 + i * 8);
+    }
+#pragma unroll
+    for (int k = 0; k < XCP; ++k) {
+      if (!xok[k]) continue;
+      const int kin = 128 * p + 8 * ((threadIdx.x + k * 32 * WU) & 15);
+      const bool ok = xok[k] == 1u && (!KPAD || kin < k_real);
+      cp_async16_z(xdst[k] + st * XST, xsrc[k] + p * 16, ok ? 16u : 0u);
+    }
+  };
+  float acc[2][NTC][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int q = 0; q < NTC; ++q)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
+#pragma unroll
+  for (int s2 = 0; s2 < ST - 1; ++s2) {
+    if (s2 < NP) issue(s2);
+    cp_commit();  // empty groups past the end keep the count uniform
+  }
+  for (int p = 0; p < NP; ++p) {
+    cp_wait<ST - 2>();  // this thread's copies of pair p have landed
+    __syncthreads();    // everyone's have; every warp is done with stage (p - 1) % ST
+    if (p + ST - 1 < NP) issue(p + ST - 1);
+    cp_commit();
+    if (!unit_ok) continue;
+    const int st = p % ST;
+    const u32 src = wring + st * WST, xs = xring + st * XST;
+    WS cur;
+#pragma unroll
+    for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+      for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
+#pragma unroll
+    for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
+#pragma unroll
+    for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {  // scale group G = 2 ch + hf of the pair
+        u32 af[2][2][4];  // [tile][mma step of the group][A register]
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const u32 sw = word(cur.s[i], 2 * ch + hf);  // (row g, row g + 8) of the group
+          const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const u32 q = word(cur.w[ch][i], 2 * hf + jj);
+            af[i][jj][0] = dq(q, sg), af[i][jj][1] = dq(q >> 4, sg8);
+            af[i][jj][2] = dq(q >> 8, sg), af[i][jj][3] = dq(q >> 12, sg8);
+          }
+        }
+        const int ck = 4 * (2 * ch + hf) + t;  // this lane's 16-byte word of the group
+#pragma unroll
+        for (int q = 0; q < NTC; ++q) {
+          const int sl = 8 * q + g;
+          const uint4 b = lds(xs + sl * 256 + ((ck ^ ((sl & 1) << 2)) << 4));
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            mma(acc[i][q], af[i][0][0], af[i][0][1], af[i][0][2], af[i][0][3], b.x, b.y);
+            mma(acc[i][q], af[i][1][0], af[i][1][1], af[i][1][2], af[i][1][3], b.z, b.w);
+          }
+        }
+      }
+  }
+  if (unit_ok) {
+#pragma unroll
+    for (int q = 0; q < NTC; ++q)
+      if (8 * q < n) store_h_rows(acc[0][q], acc[1][q], u, p0 + 8 * q, cnt, start, h_ptr, ldo);
+  }
+  __syncthreads();  // every warp is done with the rings before the next item refills them
+}
+
+// NT 2: two CTAs an SM (its <= 128 registers a thread; WU x ST rings small enough at ST <= 3),
+// 16 warps where NT 8's one CTA has 8 (its 64 accumulators a thread take ~180 registers).
 template <int KPAD, int WU, int NT, int ST>
-__global__ void __launch_bounds__(32 * WU, 1)
+__global__ void __launch_bounds__(32 * WU, NT <= 2 ? 2 : 1)
 int4_moe_hot(u64 w_ptr, u64 s_ptr, u64 x_ptr, u64 slots_ptr, u64 act_e_ptr, u64 act_start_ptr,
              u64 act_cnt_ptr, u64 n_act_ptr, u64 h_ptr, int topk, int NU, int C, int ldx,
              int k_real, int ldo, int ht, int max_items) {
   constexpr int P = 8 * NT;          // slots a pass
-  constexpr int WST = 6 * 32 * 16;   // a warp's stage: 4 weight blocks + 2 scale words, a lane each
-  constexpr int XST = P * 256;       // a stage's activations: P slots x 128 inputs, bf16
-  constexpr int XCP = P * 16 / (32 * WU);  // 16-byte activation copies a thread a stage
-  static_assert(XCP >= 1 && XCP * 32 * WU == P * 16, "the pass's activation words split evenly");
+  constexpr int WST = 6 * 32 * 16;
+  constexpr int XST = P * 256;
+  static_assert(P * 16 % (32 * WU) == 0 && P * 16 >= 32 * WU,
+                "the pass's activation words split evenly over the threads");
   extern __shared__ uint4 dsm[];  // [WU][ST][6][32] weights, [ST][P][16] activations, the list
   __shared__ int s_tot[32];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const u32 base = (u32)__cvta_generic_to_shared(dsm);
   const u32 wring = base + warp * ST * WST + lane * 16;  // this lane's words, stage 0
   const u32 xring = base + WU * ST * WST;
   int* list = (int*)((char*)dsm + WU * ST * WST + ST * XST);
-  const int NP = C / 2;  // chunk pairs of the whole K
-  const int* slots = (const int*)slots_ptr;
   const int* act_cnt = (const int*)act_cnt_ptr;
   const int n_items = hot_items<P>(act_cnt, *(const int*)n_act_ptr, ht, list, max_items, s_tot);
-  const int u = blockIdx.x * WU + warp;  // this warp's row unit
-  const bool unit_ok = u < NU;
-
   for (int it = blockIdx.y; it < n_items; it += gridDim.y) {  // CTA-uniform
     const int a = list[it] >> 16, p0 = (list[it] & 0xFFFF) * P;
     const int e = ((const int*)act_e_ptr)[a], start = ((const int*)act_start_ptr)[a];
-    const int cnt = act_cnt[a], n = min(P, cnt - p0), nt = (n + 7) >> 3;
-    const size_t unit = (size_t)e * NU + (unit_ok ? u : 0);
-    const uint4* wq = (const uint4*)w_ptr + unit * C * 64 + lane;
-    const uint4* sq = (const uint4*)s_ptr + unit * (C / 2) * 16 + g;
-    // this thread's activation words: slot sl = idx / 16, word ck = idx % 16 of the pair's row
-    const uint4* xsrc[XCP];
-    u32 xdst[XCP], xok[XCP];
-#pragma unroll
-    for (int k = 0; k < XCP; ++k) {
-      const int idx = threadIdx.x + k * 32 * WU, sl = idx >> 4, ck = idx & 15;
-      const int row = sl < n ? slots[start + p0 + sl] / topk : 0;
-      xsrc[k] = (const uint4*)x_ptr + (size_t)row * (ldx / 8) + ck;
-      xdst[k] = xring + sl * 256 + ((ck ^ ((sl & 1) << 2)) << 4);
-      xok[k] = sl < 8 * nt ? (sl < n ? 1u : 2u) : 0u;  // 0: not read this pass, 2: zeros
-    }
-    auto issue = [&](int p) {
-      const int st = p % ST;
-      if (unit_ok) {
-        const u32 dst = wring + st * WST;
-#pragma unroll
-        for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-          for (int i = 0; i < 2; ++i) cp_async16(dst + (ch * 2 + i) * 512, wq + p * 128 + ch * 64 + i * 32);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) cp_async16(dst + (4 + i) * 512, sq + p * 16 + i * 8);
-      }
-#pragma unroll
-      for (int k = 0; k < XCP; ++k) {
-        if (!xok[k]) continue;
-        const int kin = 128 * p + 8 * ((threadIdx.x + k * 32 * WU) & 15);
-        const bool ok = xok[k] == 1u && (!KPAD || kin < k_real);
-        cp_async16_z(xdst[k] + st * XST, xsrc[k] + p * 16, ok ? 16u : 0u);
-      }
-    };
-    float acc[2][NT][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int q = 0; q < NT; ++q)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
-#pragma unroll
-    for (int s2 = 0; s2 < ST - 1; ++s2) {
-      if (s2 < NP) issue(s2);
-      cp_commit();  // empty groups past the end keep the count uniform
-    }
-    for (int p = 0; p < NP; ++p) {
-      cp_wait<ST - 2>();  // this thread's copies of pair p have landed
-      __syncthreads();    // everyone's have; every warp is done with stage (p - 1) % ST
-      if (p + ST - 1 < NP) issue(p + ST - 1);
-      cp_commit();
-      if (!unit_ok) continue;
-      const int st = p % ST;
-      const u32 src = wring + st * WST, xs = xring + st * XST;
-      WS cur;
-#pragma unroll
-      for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-        for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
-#pragma unroll
-      for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
-#pragma unroll
-      for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {  // scale group G = 2 ch + hf of the pair
-          u32 af[2][2][4];  // [tile][mma step of the group][A register]
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const u32 sw = word(cur.s[i], 2 * ch + hf);  // (row g, row g + 8) of the group
-            const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              const u32 q = word(cur.w[ch][i], 2 * hf + jj);
-              af[i][jj][0] = dq(q, sg), af[i][jj][1] = dq(q >> 4, sg8);
-              af[i][jj][2] = dq(q >> 8, sg), af[i][jj][3] = dq(q >> 12, sg8);
-            }
-          }
-          const int ck = 4 * (2 * ch + hf) + t;  // this lane's 16-byte word of the group
-#pragma unroll
-          for (int q = 0; q < NT; ++q) {
-            if (q >= nt) break;  // warp-uniform
-            const int sl = 8 * q + g;
-            const uint4 b = lds(xs + sl * 256 + ((ck ^ ((sl & 1) << 2)) << 4));
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              mma(acc[i][q], af[i][0][0], af[i][0][1], af[i][0][2], af[i][0][3], b.x, b.y);
-              mma(acc[i][q], af[i][1][0], af[i][1][1], af[i][1][2], af[i][1][3], b.z, b.w);
-            }
-          }
-        }
-    }
-    if (unit_ok) {
-#pragma unroll
-      for (int q = 0; q < NT; ++q)
-        if (q < nt) store_h_rows(acc[0][q], acc[1][q], u, p0 + 8 * q, cnt, start, h_ptr, ldo);
-    }
-    __syncthreads();  // every warp is done with the rings before the next item refills them
+    const int cnt = act_cnt[a], nt = (min(P, cnt - p0) + 7) >> 3;
+#define HOT_PASS(NTC) hot_pass<KPAD, WU, NT, ST, NTC>(w_ptr, s_ptr, x_ptr, (const int*)slots_ptr, \
+    h_ptr, topk, NU, C, ldx, k_real, ldo, e, start, cnt, p0, wring, xring)
+    if (nt <= 2) HOT_PASS(2);  // the n-tiles compiled: 2, 4, NT (CTA-uniform choice)
+    else if (NT > 2 && nt <= 4) HOT_PASS((NT > 2 ? 4 : 2));
+    else HOT_PASS(NT);
+#undef HOT_PASS
   }
 }

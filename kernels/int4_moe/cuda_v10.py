@@ -16,8 +16,9 @@ expert; the pass's activations are staged once a CTA in shared memory beside eac
 weight ring, so an expert's weights stream once a pass of 64 slots (NT 8) and an activation
 row is read once a CTA. Cold experts keep cuda_v5's launch at one 8-slot n-tile (NN1 1: with
 the hot launch no cold expert holds more than WT <= 8 slots by default).
-Knobs (cfg): WIDE (1; 0: cuda_v5's launches and bits exactly), WT (8), WU (8), WNT (8), WST
-(stages, 4), WY (CTA columns; default: one wave of 1-CTA SMs, at most the items possible).
+Knobs (cfg): WIDE (1; 0: cuda_v5's launches and bits exactly), WT (8), WU (8), WNT (8: n-tiles
+a pass; 2 runs two CTAs an SM), WST (stages, 4), WY (CTA columns; default: one wave of the
+resident CTAs, at most the items possible).
 Numerics: cold experts cuda_v5's (POST 1: the scales on the groups' fp32 partials); hot ones
 cuda_v1's dequant (POST 0: W = bf16((q - 8) s), the reference's rounding) with K summed in
 input order in one warp; h hi + lo, the down GEMM and the combine triton_v34's. A token's
@@ -69,6 +70,12 @@ def smem_bytes(WU: int, NT: int, ST: int, items: int) -> int:
     return ST * (WU * 6 * 32 * 16 + 8 * NT * 256) + -(-4 * items // 16) * 16
 
 
+def ctas_an_sm(nt: int, smem: int) -> int:
+    """Hot CTAs resident an SM: cuda_v10.cu's launch bounds ask for two at NT 2 (<= 128
+    registers), where two CTAs' shared memory fits the SM's 228 KB."""
+    return 2 if nt <= 2 and 2 * (smem + 1024) <= 228 * 1024 else 1
+
+
 def check_hot(c: dict, S: int, E: int) -> None:
     """The hot knobs in ranges the kernel compiles and fits (names the cfg key)."""
     _require(c["WIDE"] in (0, 1), "cfg['WIDE']", "0 or 1", c["WIDE"])
@@ -112,10 +119,10 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     wu, nt, st, ht = c["WU"], c["WNT"], c["WST"], c["WT"]
     items = max_items(p.S, p.E, ht, 8 * nt)
     gx = -(-NU1 // wu)
-    gy = c.get("WY") or max(1, min(cuda_v1.SMS // gx, items))
+    smem = smem_bytes(wu, nt, st, items)
+    gy = c.get("WY") or max(1, min(ctas_an_sm(nt, smem) * cuda_v1.SMS // gx, items))
     _require(isinstance(gy, int) and gy >= 1, "cfg['WY']", "an int >= 1", gy)
     fn = _kernel(int(p.D % mma_layout.KALIGN != 0), wu, nt, st)
-    smem = smem_bytes(wu, nt, st, items)
     if smem > cuda_v1._SMEM_SET.get(id(fn), 0):
         fn.max_dynamic_shared_size_bytes = smem
         cuda_v1._SMEM_SET[id(fn)] = smem
