@@ -72,7 +72,8 @@ def test_v10_knobs_refused_by_name():
     bad = [({"WIDE": 2}, "cfg['WIDE']"), ({"WT": -1}, "cfg['WT']"), ({"WT": 2.5}, "cfg['WT']"),
            ({"WU": 6}, "cfg['WU']"), ({"WNT": 3}, "cfg['WNT']"),
            ({"WU": 8, "WNT": 1}, "cfg['WNT']"), ({"WST": 9}, "cfg['WST']"), ({"WST": 1}, "cfg['WST']"),
-           ({"WST": 5, "WT": 0}, "cfg"), ({"WNT": 8, "WST": 6}, "cfg")]  # past 227 KB
+           ({"WST": 5, "WT": 0}, "cfg"), ({"WNT": 8, "WST": 6}, "cfg"),  # past 227 KB
+           ({"IT1": 1}, "cfg['IT1']")]
     for over, name in bad:
         with pytest.raises(ValueError, match=re.escape(name)):
             cuda_v10.check_hot(base | over, 10**6, 384)

@@ -82,6 +82,8 @@ def ctas_an_sm(nt: int, smem: int) -> int:
 def check_hot(c: dict, S: int, E: int) -> None:
     """The hot knobs in ranges the kernel compiles and fits (names the cfg key)."""
     _require(c["WIDE"] in (0, 1), "cfg['WIDE']", "0 or 1", c["WIDE"])
+    _require(not (c["WIDE"] and c.get("IT1")), "cfg['IT1']", "0 with WIDE 1 (the cold "
+             "launch leaves the hot experts to the wide one only by expert, ITEMS 0)", c.get("IT1"))
     _require(isinstance(c["WT"], int) and 0 <= c["WT"] < 2**15, "cfg['WT']",
              "an int in [0, 32768)", c["WT"])
     _require(c["WU"] in (4, 8), "cfg['WU']", "4 or 8", c["WU"])
