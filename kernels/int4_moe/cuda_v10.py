@@ -43,7 +43,8 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 # WNT 4 / WST 6: five stages in flight (92 KB a CTA); session 33 call 3 measured the hot launch
 # bound by the bytes in flight an SM (~2.5 µs under load: 55 KB at WST 4 streamed ~22 GB/s an SM,
-# the cold launch's 74 KB ~30) and WNT 4 the fastest of 2 / 4 / 8 at skewed T 128
+# the cold launch's 74 KB ~30) and WNT 4 the fastest of 2 / 4 / 8 at skewed T 128; `tiles`
+# changes WT, WNT and WST where call 4 measured another form faster
 WIDE_DEFAULTS = {"WIDE": 1, "WT": 8, "WU": 8, "WNT": 4, "WST": 6}
 WIDE_KEYS = (*WIDE_DEFAULTS, "WY")
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v10.cu")
@@ -53,11 +54,19 @@ SMEM_MAX = 227 * 1024 - 1024  # a CTA's opt-in dynamic shared memory, the kernel
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only (graph-safe): cuda_v5's tiles and WIDE_DEFAULTS; where cuda_v4's rule gives
     two n-tiles a pass (NN1 2: more than 8 slots expected an expert), cuda_v1's one-n-tile
-    knobs instead, the hot launch taking every expert past WT."""
+    knobs instead, the hot launch taking every expert past WT. Session 33 call 4 (by kernel,
+    skewed routing, medians of 3): up to 32 tokens WT 16 (T 17: 459.3 vs 477.2 µs: a few
+    experts of 9-16 slots do not pay for the hot launch's ramp); where T K >= 8 E (8 slots
+    expected an expert: T 512 on 384 experts) WNT 8 / WST 5 (3770 vs 3929 µs skewed, 3952 vs
+    3960 uniform)."""
     c = cuda_v5.tiles(T, K, E, D, I, slots) | WIDE_DEFAULTS
     if c["NN1"] == 2:
         cu = cuda_v1.tiles(T, K, E, D, I, slots)
         c |= {"NN1": 1, "KW1": cu["KW1"], "RW1": cu["RW1"]}
+    if T <= 32:
+        c["WT"] = 16
+    if T * K >= 8 * E:
+        c |= {"WNT": 8, "WST": 5}
     return c
 
 
