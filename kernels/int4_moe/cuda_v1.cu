@@ -88,6 +88,16 @@ struct XS {  // its activations [n-tile][chunk][half][group half]
   uint4 x[NN][2][NH][2];
 };
 
+template <int N>
+__device__ __forceinline__ void zero_acc(float (&acc)[2][N][4]) {  // [tile][n-tile][mma quad]
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int q = 0; q < N; ++q)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
+}
+
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
 }
@@ -145,6 +155,19 @@ __device__ __forceinline__ uint4 lds(u32 a) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
   return r;
+}
+
+// A lane's chunk pair from its cp.async ring stage at src (the lane's own words: 4 weight
+// blocks 512 bytes apart, then 2 scale words), as cuda_v1's ring and cuda_v10's stages lay it out
+__device__ __forceinline__ WS lds_pair(u32 src) {
+  WS b;
+#pragma unroll
+  for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+    for (int t2 = 0; t2 < 2; ++t2) b.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
+#pragma unroll
+  for (int t2 = 0; t2 < 2; ++t2) b.s[t2] = lds(src + (4 + t2) * 512);
+  return b;
 }
 
 // HOUT 1's epilogue for one 8-slot n-tile of unit u (gate accumulators ga, up ua; slot columns
@@ -274,12 +297,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
     const uint4* wq = (const uint4*)w_ptr + (unit * C + c0) * 64 + lane;
     const uint4* sq = (const uint4*)s_ptr + (unit * (C / 2) + c0 / 2) * 16 + g;
     float acc[2][NN][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int q = 0; q < NN; ++q)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
+    zero_acc(acc);
 
     int kin = 64 * c0 + 8 * t;  // KPAD: this lane's first input of the next pair to load
     auto loadw = [&](WS& b) {
@@ -515,13 +533,7 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
           if (p < NP) {
             cp_wait<NS - 2>();  // pair p has landed
             const u32 src = ring + (p % NS) * (6 * 32 * 16);
-            WS cur;
-#pragma unroll
-            for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-              for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
-#pragma unroll
-            for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
+            const WS cur = lds_pair(src);
             if (A.pf > 0 && p + A.pf >= max(A.pf0, NS - 1)) prefetch(p + A.pf, 1);
             if (p + NS - 1 < NP) issue((p + NS - 1) % NS);  // the stage read one pair ago
             cp_commit();

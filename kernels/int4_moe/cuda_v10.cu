@@ -128,12 +128,7 @@ __device__ __forceinline__ void hot_pass(u64 w_ptr, u64 s_ptr, u64 x_ptr, const 
     }
   };
   float acc[2][NTC][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int q = 0; q < NTC; ++q)
-#pragma unroll
-      for (int m = 0; m < 4; ++m) acc[i][q][m] = 0.f;
+  zero_acc(acc);
 #pragma unroll
   for (int s2 = 0; s2 < ST - 1; ++s2) {
     if (s2 < NP) issue(s2);
@@ -147,13 +142,7 @@ __device__ __forceinline__ void hot_pass(u64 w_ptr, u64 s_ptr, u64 x_ptr, const 
     if (!unit_ok) continue;
     const int st = p % ST;
     const u32 src = wring + st * WST, xs = xring + st * XST;
-    WS cur;
-#pragma unroll
-    for (int ch = 0; ch < 2; ++ch)
-#pragma unroll
-      for (int t2 = 0; t2 < 2; ++t2) cur.w[ch][t2] = lds(src + (ch * 2 + t2) * 512);
-#pragma unroll
-    for (int t2 = 0; t2 < 2; ++t2) cur.s[t2] = lds(src + (4 + t2) * 512);
+    const WS cur = lds_pair(src);
 #pragma unroll
     for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
