@@ -154,6 +154,8 @@ Versions (README.md has the design and the version log), each with the contract 
                units takes a pass of up to 64 of a hot expert's slots, their activations
                staged once a CTA in shared memory beside each warp's weight ring (cuda_v5:
                once a pass of 8 slots and a 32-row unit); cold experts on cuda_v5's launch
+               (H200, session 33: REAL skewed T 128 1.03x Humming, cuda_v5 0.86x; skewed
+               T 65 / 512 0.98x / 0.95x, uniform T 512 0.82x; not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
