@@ -75,7 +75,8 @@ def test_v10_knobs_refused_by_name():
            ({"WU": 6}, "cfg['WU']"), ({"WNT": 3}, "cfg['WNT']"),
            ({"WU": 8, "WNT": 1}, "cfg['WNT']"), ({"WST": 9}, "cfg['WST']"), ({"WST": 1}, "cfg['WST']"),
            ({"WST": 5, "WT": 0}, "cfg"), ({"WNT": 8, "WST": 6}, "cfg"),  # past 227 KB
-           ({"IT1": 1}, "cfg['IT1']")]
+           ({"IT1": 1}, "cfg['IT1']"), ({"WMB": 3}, "cfg['WMB']"),
+           ({"WMB": 2, "WNT": 8, "WST": 4}, "cfg['WMB']")]
     for over, name in bad:
         with pytest.raises(ValueError, match=re.escape(name)):
             cuda_v10.check_hot(base | over, 10**6, 384)
@@ -97,8 +98,8 @@ def test_v10_hot_kernel_builds_for_sm90_without_local_memory(tmp_path):
     # why: the hot CTA holds 2 x NT x 4 fp32 accumulators a thread at one CTA an SM; at every
     # (KPAD, WU, NT, ST) the knobs allow it compiles with mma.sync bf16 and no local memory at
     # all, and the cold launch's SKIP instance keeps its K loop off local memory too
-    picks = [(kp, wu, nt, st) for kp, (wu, nt), st in itertools.product(
-        (0, 1), ((8, 8), (8, 2), (8, 4), (4, 4)), (2, 5, 6))]
+    picks = [(kp, wu, nt, st, 2 if nt <= 2 else 1) for kp, (wu, nt), st in itertools.product(
+        (0, 1), ((8, 8), (8, 2), (8, 4), (4, 4)), (2, 5, 6))] + [(0, 8, 4, 3, 2)]  # WMB 2
     src = tmp_path / "hot.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v10._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_hot<{', '.join(map(str, p))}>({_hot_sig()});\n"
@@ -141,7 +142,8 @@ def _close(out, x, ids, w, ex):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{}, {"WT": 0}, {"WT": 0, "WNT": 2}, {"WT": 0, "WNT": 4, "WU": 4},
                                  {"WT": 3, "WST": 2}, {"WT": 16, "WST": 5}, {"WY": 1},
-                                 {"WNT": 8, "WST": 4}, {"WNT": 2, "WST": 3}, {"WNT": 2, "WST": 7}],
+                                 {"WNT": 8, "WST": 4}, {"WNT": 2, "WST": 3}, {"WNT": 2, "WST": 7},
+                                 {"WNT": 4, "WST": 3, "WMB": 2}],
                          ids=lambda c: ",".join(f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("T, skew", [(17, 1.2), (65, 1.2), (128, 0.0), (512, 1.2)])
 def test_v10_hot_forms_match_reference_gpu(real_experts, T, skew, cfg):

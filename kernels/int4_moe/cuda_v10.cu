@@ -180,10 +180,12 @@ __device__ __forceinline__ void hot_pass(u64 w_ptr, u64 s_ptr, u64 x_ptr, const 
   __syncthreads();  // every warp is done with the rings before the next item refills them
 }
 
-// NT 2: two CTAs an SM (its <= 128 registers a thread; WU x ST rings small enough at ST <= 3),
-// 16 warps where NT 8's one CTA has 8 (its 64 accumulators a thread take ~180 registers).
-template <int KPAD, int WU, int NT, int ST>
-__global__ void __launch_bounds__(32 * WU, NT <= 2 ? 2 : 1)
+// MB: the CTAs an SM the launch bounds ask registers for. cuda_v10.py's default: 2 at NT 2 (its
+// <= 128 registers a thread; WU x ST rings small enough at ST <= 3: 16 warps an SM, session 33
+// call 3's fastest hot launch at uniform T 512), 1 above (NT 8's 64 accumulators a thread take
+// ~180 registers); NT 4 builds at 2 in 116 registers without spills (not yet measured).
+template <int KPAD, int WU, int NT, int ST, int MB = (NT <= 2 ? 2 : 1)>
+__global__ void __launch_bounds__(32 * WU, MB)
 int4_moe_hot(u64 w_ptr, u64 s_ptr, u64 x_ptr, u64 slots_ptr, u64 act_e_ptr, u64 act_start_ptr,
              u64 act_cnt_ptr, u64 n_act_ptr, u64 h_ptr, int topk, int NU, int C, int ldx,
              int k_real, int ldo, int ht, int max_items) {

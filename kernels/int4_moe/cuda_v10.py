@@ -17,7 +17,8 @@ weight ring, so an expert's weights stream once a pass of 32 slots (NT 4) and an
 row is read once a CTA. Cold experts keep cuda_v5's launch at one 8-slot n-tile (NN1 1: with
 the hot launch no cold expert holds more than WT <= 8 slots by default).
 Knobs (cfg): WIDE (1; 0: cuda_v5's launches and bits exactly), WT (8), WU (8), WNT (4: n-tiles
-a pass; 2 runs two CTAs an SM where they fit), WST (stages, 6), WY (CTA columns; default: one wave of the
+a pass), WST (stages, 6), WMB (CTAs an SM the kernel's registers allow: 2 at WNT 2, else 1;
+2 at WNT 4 fits 116 registers, not yet measured), WY (CTA columns; default: one wave of the
 resident CTAs, at most the items possible).
 Numerics: cold experts cuda_v5's (POST 1: the scales on the groups' fp32 partials); hot ones
 cuda_v1's dequant (POST 0: W = bf16((q - 8) s), the reference's rounding) with K summed in
@@ -41,12 +42,11 @@ from . import cuda_v1, cuda_v4, cuda_v5, cuda_v8, cuda_v9, mma_layout
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
-# WNT 4 / WST 6: five stages in flight (92 KB a CTA); session 33 call 3 measured the hot launch
-# bound by the bytes in flight an SM (~2.5 µs under load: 55 KB at WST 4 streamed ~22 GB/s an SM,
-# the cold launch's 74 KB ~30) and WNT 4 the fastest of 2 / 4 / 8 at skewed T 128; `tiles`
-# changes WT, WNT and WST where call 4 measured another form faster
+# WNT 4 / WST 6: five stages in flight (92 KB a CTA; session 33 call 3's WST 4 kept 55 KB, ~22 GB/s
+# an SM) and WNT 4 the fastest of 2 / 4 / 8 at skewed T 128 (call 4: 1688 vs triton_v34's 1700 µs);
+# `tiles` changes WT, WNT and WST where call 4 measured another form faster
 WIDE_DEFAULTS = {"WIDE": 1, "WT": 8, "WU": 8, "WNT": 4, "WST": 6}
-WIDE_KEYS = (*WIDE_DEFAULTS, "WY")
+WIDE_KEYS = (*WIDE_DEFAULTS, "WY", "WMB")
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v10.cu")
 SMEM_MAX = 227 * 1024 - 1024  # a CTA's opt-in dynamic shared memory, the kernel's 128 static B kept
 
@@ -82,10 +82,15 @@ def smem_bytes(WU: int, NT: int, ST: int, items: int) -> int:
     return ST * (WU * 6 * 32 * 16 + 8 * NT * 256) + -(-4 * items // 16) * 16
 
 
-def ctas_an_sm(nt: int, smem: int) -> int:
-    """Hot CTAs resident an SM: cuda_v10.cu's launch bounds ask for two at NT 2 (<= 128
-    registers), where two CTAs' shared memory fits the SM's 228 KB."""
-    return 2 if nt <= 2 and 2 * (smem + 1024) <= 228 * 1024 else 1
+def min_blocks(c: dict) -> int:
+    """cuda_v10.cu's MB (CTAs an SM its launch bounds ask registers for): cfg WMB, else 2 at
+    WNT 2 and 1 above (the kernel's default)."""
+    return c.get("WMB") or (2 if c["WNT"] <= 2 else 1)
+
+
+def ctas_an_sm(mb: int, smem: int) -> int:
+    """Hot CTAs resident an SM: MB where MB CTAs' shared memory fits the SM's 228 KB, else 1."""
+    return mb if mb * (smem + 1024) <= 228 * 1024 else 1
 
 
 def check_hot(c: dict, S: int, E: int) -> None:
@@ -100,6 +105,9 @@ def check_hot(c: dict, S: int, E: int) -> None:
              "2, 4 or 8 with 128 WNT a multiple of 32 WU (the pass's activation words "
              "split over the threads)", {"WNT": c["WNT"], "WU": c["WU"]})
     _require(c["WST"] in range(2, 9), "cfg['WST']", "2 .. 8", c["WST"])
+    _require(c.get("WMB", 1) in (1, 2) and not (c.get("WMB") == 2 and c["WNT"] == 8),
+             "cfg['WMB']", "1 or 2, 1 at WNT 8 (its accumulators need more than 128 registers)",
+             c.get("WMB"))
     items = max_items(S, E, c["WT"], 8 * c["WNT"])
     _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) <= SMEM_MAX, "cfg",
              "WU x WST weight rings, the activation ring and the item list within 227 KB",
@@ -110,7 +118,7 @@ def check_hot(c: dict, S: int, E: int) -> None:
 
 @functools.cache
 def _kernel(*targs: int):
-    """int4_moe_hot<KPAD, WU, NT, ST> (cuda_v1.cu + cuda_v10.cu through NVRTC, cached)."""
+    """int4_moe_hot<KPAD, WU, NT, ST, MB> (cuda_v1.cu + cuda_v10.cu through NVRTC, cached)."""
     import cupy
 
     name = f"int4_moe_hot<{', '.join(map(str, targs))}>"
@@ -134,9 +142,10 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     items = max_items(p.S, p.E, ht, 8 * nt)
     gx = -(-NU1 // wu)
     smem = smem_bytes(wu, nt, st, items)
-    gy = c.get("WY") or max(1, min(ctas_an_sm(nt, smem) * cuda_v1.SMS // gx, items))
+    mb = min_blocks(c)
+    gy = c.get("WY") or max(1, min(ctas_an_sm(mb, smem) * cuda_v1.SMS // gx, items))
     _require(isinstance(gy, int) and gy >= 1, "cfg['WY']", "an int >= 1", gy)
-    fn = _kernel(int(p.D % mma_layout.KALIGN != 0), wu, nt, st)
+    fn = _kernel(int(p.D % mma_layout.KALIGN != 0), wu, nt, st, mb)
     if smem > cuda_v1._SMEM_SET.get(id(fn), 0):
         fn.max_dynamic_shared_size_bytes = smem
         cuda_v1._SMEM_SET[id(fn)] = smem
