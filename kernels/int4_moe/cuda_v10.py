@@ -11,13 +11,14 @@ workbench.kernels.int4_moe.cuda_v5 --T 17,65,128,512 --skew 1.2 --cfgs "v=triton
 cuda_v5 warp streams its expert's weights once a pass of 8 slots (16 at NN1 2) and every
 32-row unit reads its slots' activations itself.
 
-What: a hot CTA takes WU (WU) row units of one pass of up to 8 NT (WNT) slots of a hot
-expert; the pass's activations are staged once a CTA in shared memory beside each warp's
-weight ring, so an expert's weights stream once a pass of 32 slots (NT 4) and an activation
-row is read once a CTA. Cold experts keep cuda_v5's launch at one 8-slot n-tile (NN1 1: with
+What: a hot CTA takes WU row units of one pass of up to 8 WNT slots of a hot expert; the
+pass's activations are staged once a CTA in shared memory beside each warp's weight ring, so
+an expert's weights stream once a pass of 32 (64) slots and an activation row is read once a
+CTA. Cold experts keep cuda_v5's launch at one 8-slot n-tile (NN1 1: with
 the hot launch no cold expert holds more than WT <= 8 slots by default).
-Knobs (cfg): WIDE (1; 0: cuda_v5's launches and bits exactly), WT (8), WU (8), WNT (4: n-tiles
-a pass), WST (stages, 6), WMB (CTAs an SM the kernel's registers allow: 2 at WNT 2, else 1;
+Knobs (cfg; `tiles` sets them by shape): WIDE (1; 0: cuda_v5's launches and bits exactly), WT
+(8; 16 up to 32 tokens), WU (8), WNT (n-tiles a pass: 4; 8 from 8 slots expected an expert),
+WST (stages: 6; 5 at WNT 8), WMB (CTAs an SM the kernel's registers allow: 2 at WNT 2, else 1;
 2 at WNT 4 fits 116 registers, not yet measured), WY (CTA columns; default: one wave of the
 resident CTAs, at most the items possible).
 Numerics: cold experts cuda_v5's (POST 1: the scales on the groups' fp32 partials); hot ones
