@@ -81,6 +81,8 @@ def test_v10_knobs_refused_by_name():
         with pytest.raises(ValueError, match=re.escape(name)):
             cuda_v10.check_hot(base | over, 10**6, 384)
     cuda_v10.check_hot(base, 136, 384)  # the defaults pass
+    with pytest.raises(ValueError, match="experts: expected fewer than 32768"):
+        cuda_v10.check_hot(base, 136, 2**15)
 
 
 def test_v10_defaults_fit_shared_memory_up_to_the_large_verify():

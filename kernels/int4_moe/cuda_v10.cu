@@ -7,7 +7,7 @@
 //
 // Why (H200, session 33 call 1, traces/gpu/session33): cuda_v5's gate/up warp streams its
 // expert's weights once a pass of 8 slots (NN1 1) and reads its slots' activations once a
-// 32-row unit; under skewed routing (T 17-512) and at T 512 it took 1.05-2.1x the time of
+// 32-row unit; under skewed routing (T 17-512) and at T 512 it took 1.0-1.8x the time of
 // triton_v34's gate/up, whose hot launch runs an expert past 64 slots on 128-slot tiles.
 //
 // Here a CTA of WU warps takes a work item (hot expert, pass) for WU row units. A stage holds,

@@ -115,6 +115,8 @@ def check_hot(c: dict, S: int, E: int) -> None:
              {k: c[k] for k in ("WU", "WNT", "WST")})
     _require(S // (8 * c["WNT"]) < 2**16, "x", f"T K < {2**16 * 8 * c['WNT']} slots (16-bit "
              "passes in the item list)", S)
+    _require(E < 2**15, "experts", "fewer than 32768 experts (15-bit indices in the item list)",
+             E)
 
 
 @functools.cache
