@@ -91,8 +91,7 @@ def test_v10_defaults_fit_shared_memory_up_to_the_large_verify():
         cuda_v10.check_hot(cuda_v10.tiles(T, **KIMI), T * 8, 384)
 
 
-def _hot_sig() -> str:
-    return "u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int"
+HOT_SIG = "u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int"  # int4_moe_hot
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
@@ -104,7 +103,7 @@ def test_v10_hot_kernel_builds_for_sm90_without_local_memory(tmp_path):
         (0, 1), ((8, 8), (8, 2), (8, 4), (4, 4)), (2, 5, 6))] + [(0, 8, 4, 3, 2)]  # WMB 2
     src = tmp_path / "hot.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v10._SRC}"\n' + "".join(
-        f"template __global__ void int4_moe_hot<{', '.join(map(str, p))}>({_hot_sig()});\n"
+        f"template __global__ void int4_moe_hot<{', '.join(map(str, p))}>({HOT_SIG});\n"
         for p in picks) + "template __global__ void int4_moe_mma<0, 1, 0, 1, 4, 1, 3, 2, 1, 0, 8>"
         "(u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int,"
         "u64,u64,u64,u64);\n")

@@ -166,23 +166,19 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     cuda_v8 fuses is cuda_v9's, every other one cuda_v4's launches on this file's tiles with
     the hot launch (module docstring)."""
     cfg = dict(cfg or {})
+    wide = {k: cfg.pop(k) for k in WIDE_KEYS if k in cfg}  # this file's knobs, the rest passed on
     f8 = bool(cfg.get("F8", cuda_v8.KNOBS["F8"]))
     if x.device.type == "cuda" and x.dim() == 2 and cuda_v8.fused_here(
             x, topk_ids, experts, expected_slots, f8):
-        for k in WIDE_KEYS:
-            cfg.pop(k, None)
         return cuda_v9.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg, expected_slots=expected_slots)
     for k in cuda_v8.KNOBS:
         cfg.pop(k, None)
-    if cfg.get("WIDE", 1) == 0:  # cuda_v5 exactly
-        cfg.pop("WIDE")
-        for k in WIDE_KEYS:
-            cfg.pop(k, None)
+    if wide.get("WIDE", 1) == 0:  # cuda_v5 exactly
         return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                      cfg=cfg or None, expected_slots=expected_slots)
     return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
-                                 cfg=cfg or None, expected_slots=expected_slots,
+                                 cfg=(cfg | wide) or None, expected_slots=expected_slots,
                                  tiles_for=tiles, hot=launch_hot)
 
 
