@@ -76,7 +76,7 @@ def test_v10_knobs_refused_by_name():
            ({"WU": 8, "WNT": 1}, "cfg['WNT']"), ({"WST": 9}, "cfg['WST']"), ({"WST": 1}, "cfg['WST']"),
            ({"WST": 5, "WT": 0}, "cfg"), ({"WNT": 8, "WST": 6}, "cfg"),  # past 227 KB
            ({"IT1": 1}, "cfg['IT1']"), ({"WMB": 3}, "cfg['WMB']"),
-           ({"WMB": 2, "WNT": 8, "WST": 4}, "cfg['WMB']")]
+           ({"WMB": 2, "WNT": 8, "WST": 4}, "cfg['WMB']"), ({"WS": 2}, "cfg['WS']")]
     for over, name in bad:
         with pytest.raises(ValueError, match=re.escape(name)):
             cuda_v10.check_hot(base | over, 10**6, 384)
@@ -144,7 +144,7 @@ def _close(out, x, ids, w, ex):
 @pytest.mark.parametrize("cfg", [{}, {"WT": 0}, {"WT": 0, "WNT": 2}, {"WT": 0, "WNT": 4, "WU": 4},
                                  {"WT": 3, "WST": 2}, {"WT": 16, "WST": 5}, {"WY": 1},
                                  {"WNT": 8, "WST": 4}, {"WNT": 2, "WST": 3}, {"WNT": 2, "WST": 7},
-                                 {"WNT": 4, "WST": 3, "WMB": 2}],
+                                 {"WNT": 4, "WST": 3, "WMB": 2}, {"WS": 1, "WT": 8}],
                          ids=lambda c: ",".join(f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("T, skew", [(17, 1.2), (65, 1.2), (128, 0.0), (512, 1.2)])
 def test_v10_hot_forms_match_reference_gpu(real_experts, T, skew, cfg):
@@ -208,3 +208,31 @@ def test_v10_cta_columns_change_no_bit_gpu(real_experts, T):
     x1, ids1, w1, _ = _routing(real_experts, 1, 0.0, 1500)
     assert torch.equal(cuda_v10.int4_moe_cuda(x1, ids1, w1, ex),
                        cuda_v9.int4_moe_cuda(x1, ids1, w1, ex))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, skew", [(17, 1.2), (65, 1.2), (512, 0.0), (512, 1.2)])
+def test_v10_side_stream_is_one_stream_bitwise_gpu(real_experts, T, skew):
+    # why: WS 1 only moves the hot launch to a side stream running beside the cold one; the
+    # hot and cold rows of h are disjoint, so every bit is WS 0's, eager and graph-replayed
+    # (the fork and join captured as parallel branches), and the launch path does not sync
+    x, ids, w, ex = _routing(real_experts, T, skew, 1600 + T)
+    for wt in ({}, {"WT": 8}):
+        a = cuda_v10.int4_moe_cuda(x, ids, w, ex, cfg=wt)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            b = cuda_v10.int4_moe_cuda(x, ids, w, ex, cfg={"WS": 1} | wt)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(a, b)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuda_v10.int4_moe_cuda(x, ids, w, ex, cfg={"WS": 1})
+    x2, ids2, w2, _ = _routing(real_experts, T, skew, 1700 + T)
+    x.copy_(x2)
+    ids.copy_(ids2)
+    w.copy_(w2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, cuda_v10.int4_moe_cuda(x, ids, w, ex))

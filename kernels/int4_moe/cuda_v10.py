@@ -20,7 +20,9 @@ Knobs (cfg; `tiles` sets them by shape): WIDE (1; 0: cuda_v5's launches and bits
 (8; 16 up to 32 tokens), WU (8), WNT (n-tiles a pass: 4; 8 from 8 slots expected an expert),
 WST (stages: 6; 5 at WNT 8), WMB (CTAs an SM the kernel's registers allow: 2 at WNT 2, else 1;
 2 at WNT 4 fits 116 registers, not yet measured), WY (CTA columns; default: one wave of the
-resident CTAs, at most the items possible).
+resident CTAs, at most the items possible), WS (0; 1: the hot launch on a high-priority side
+stream, concurrent with the cold launch and joined before the down GEMM: the same kernels and
+bits; hot CTAs that find no item leave their SM to cold CTAs at once).
 Numerics: cold experts cuda_v5's (POST 1: the scales on the groups' fp32 partials); hot ones
 cuda_v1's dequant (POST 0: W = bf16((q - 8) s), the reference's rounding) with K summed in
 input order in one warp; h hi + lo, the down GEMM and the combine triton_v34's. A token's
@@ -47,7 +49,7 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 # an SM) and WNT 4 the fastest of 2 / 4 / 8 at skewed T 128 (call 4: 1688 vs triton_v34's 1700 µs);
 # `tiles` changes WT, WNT and WST where call 4 measured another form faster
 WIDE_DEFAULTS = {"WIDE": 1, "WT": 8, "WU": 8, "WNT": 4, "WST": 6}
-WIDE_KEYS = (*WIDE_DEFAULTS, "WY", "WMB")
+WIDE_KEYS = (*WIDE_DEFAULTS, "WY", "WMB", "WS")
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v10.cu")
 SMEM_MAX = 227 * 1024 - 1024  # a CTA's opt-in dynamic shared memory, the kernel's 128 static B kept
 
@@ -106,6 +108,7 @@ def check_hot(c: dict, S: int, E: int) -> None:
              "2, 4 or 8 with 128 WNT a multiple of 32 WU (the pass's activation words "
              "split over the threads)", {"WNT": c["WNT"], "WU": c["WU"]})
     _require(c["WST"] in range(2, 9), "cfg['WST']", "2 .. 8", c["WST"])
+    _require(c.get("WS", 0) in (0, 1), "cfg['WS']", "0 or 1", c.get("WS"))
     _require(c.get("WMB", 1) in (1, 2) and not (c.get("WMB") == 2 and c["WNT"] == 8),
              "cfg['WMB']", "1 or 2, 1 at WNT 8 (its accumulators need more than 128 registers)",
              c.get("WMB"))
@@ -130,17 +133,26 @@ def _kernel(*targs: int):
     return mod.get_function(name)
 
 
+@functools.cache
+def _side_stream(device: int) -> torch.cuda.Stream:
+    """WS 1's stream on a device: the highest priority, so the block scheduler takes the hot
+    CTAs (whole K a warp: the long ones) before the cold launch's when both wait."""
+    return torch.cuda.Stream(device=device, priority=-100)  # clamped to the highest
+
+
 def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-               h: Tensor) -> int:
-    """cuda_v4's `hot` hook: the hot launch (CUDA, on the current stream) writing the hot
-    experts' rows of h; returns the cold launch's SKIP (WT), 0 where WIDE is 0 or no expert
-    can be hot (S <= WT)."""
+               h: Tensor) -> tuple:
+    """cuda_v4's `hot` hook: the hot launch (CUDA) writing the hot experts' rows of h, on the
+    current stream, or at WS 1 on `_side_stream` forked from it; returns (the cold launch's SKIP
+    (WT), 0 where WIDE is 0 or no expert can be hot (S <= WT); the join cuda_v4 calls after the
+    cold launch, None on one stream). Graph-safe: the fork and join are events on the
+    capturing stream, so a capture records both launches as parallel branches."""
     import cupy
     import numpy as np
 
     check_hot(c, p.S, p.E)
     if not c["WIDE"] or p.S <= c["WT"]:
-        return 0
+        return 0, None
     wu, nt, st, ht = c["WU"], c["WNT"], c["WST"], c["WT"]
     items = max_items(p.S, p.E, ht, 8 * nt)
     gx = -(-NU1 // wu)
@@ -154,9 +166,20 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
         cuda_v1._SMEM_SET[id(fn)] = smem
     args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, items)
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+    main = torch.cuda.current_stream()
+    if not c.get("WS", 0):
+        with cupy.cuda.ExternalStream(main.cuda_stream):
+            fn((gx, gy), (32 * wu,), conv, shared_mem=smem)
+        return ht, None
+    side = _side_stream(h.device.index)
+    side.wait_stream(main)  # fork: h allocated (zeroed), routing and xq written
+    with cupy.cuda.ExternalStream(side.cuda_stream):
         fn((gx, gy), (32 * wu,), conv, shared_mem=smem)
-    return ht
+    done = torch.cuda.Event()
+    done.record(side)
+    # the tensors the side stream reads or writes are freed only after the join: the current
+    # stream waits for it before the down GEMM, so no later allocation can reuse them early
+    return ht, lambda: main.wait_event(done)
 
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,

@@ -102,7 +102,9 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     `workbench.reference.int4_moe.int4_moe`; `validate` see `_common.check_inputs`. cfg:
     overrides of `tiles`' keys, for sweeps; tiles_for: a later version's tile rule (cuda_v5 / v6),
     with `tiles`' signature; hot: cuda_v10's second gate/up launch, hot(c, p, xq, w1, s1, NU1,
-    C1, h) -> the SKIP threshold of this launch (0: none), called before it."""
+    C1, h) -> (the SKIP threshold of this launch (0: none), join), called before it; join
+    (None, or a callable taking no argument) runs after it, before the down GEMM (a hot launch
+    on a side stream joins the current one there)."""
     _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v4 launches CUDA C++ through cupy)",
              f"a tensor on {x.device}")
     p = prepare(x, topk_ids, topk_weights, experts, validate, cfg,
@@ -120,11 +122,13 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     # [S, 2, Ip] hi | lo in v34's permuted rows; padding inputs past I must read as zeros
     alloc = torch.empty if p.Ip == I else torch.zeros
     h = alloc(p.S, 2, p.Ip, dtype=torch.bfloat16, device=x.device)
-    skip = hot(c, p, xq, w1, s1, NU1, C1, h) if hot else 0
+    skip, join = hot(c, p, xq, w1, s1, NU1, C1, h) if hot else (0, None)
     cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
                     (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
                     hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0),
                     skip=skip)
+    if join is not None:
+        join()
     return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
                         down_select=True, dep={})
 
