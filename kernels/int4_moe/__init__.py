@@ -156,6 +156,11 @@ Versions (README.md has the design and the version log), each with the contract 
                once a pass of 8 slots and a 32-row unit); cold experts on cuda_v5's launch
                (H200, session 33: REAL skewed T 128 1.03x Humming, cuda_v5 0.86x; skewed
                T 65 / 512 0.98x / 0.95x, uniform T 512 0.82x; not BEST)
+    cuda_v11   cuda_v10 with the hot launch on a high-priority side stream beside the cold
+               launch (WS 1: the same kernels and bits), every expert past 8 slots hot at
+               every T, two hot CTAs an SM on 32-slot passes from T K >= 8 E (H200, session
+               34: skewed T 17 440.5 vs 471.0 µs, uniform T 512 3802.7 vs 4137.3 against
+               cuda_v10 in process; not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -205,7 +210,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 11)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 12)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -243,6 +248,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                                "more than WT (8) slots on a second gate/up launch of wide "
                                "n-tiles (64 slots a pass, the pass's activations shared by a "
                                "CTA's 8 units in shared memory)", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v11"): ("cuda_v10 with the hot launch on a high-priority side stream "
+                               "beside the cold launch, every expert past 8 slots hot, two hot "
+                               "CTAs an SM on 32-slot passes from T K >= 8 E", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "
