@@ -19,7 +19,8 @@ the hot launch no cold expert holds more than WT <= 8 slots by default).
 Knobs (cfg; `tiles` sets them by shape): WIDE (1; 0: cuda_v5's launches and bits exactly), WT
 (8; 16 up to 32 tokens), WU (8), WNT (n-tiles a pass: 4; 8 from 8 slots expected an expert),
 WST (stages: 6; 5 at WNT 8), WMB (CTAs an SM the kernel's registers allow: 2 at WNT 2, else 1;
-2 at WNT 4 fits 116 registers, not yet measured), WY (CTA columns; default: one wave of the
+2 at WNT 4 fits 116 registers: session 34 found it faster at uniform T 512, slower at
+skewed T 512; cuda_v11 takes it there), WY (CTA columns; default: one wave of the
 resident CTAs, at most the items possible), WS (0; 1: the hot launch on a high-priority side
 stream, concurrent with the cold launch and joined before the down GEMM: the same kernels and
 bits; hot CTAs that find no item leave their SM to cold CTAs at once).
