@@ -16,16 +16,17 @@ class Side:
     shared by every fork under that key: forks under one key must not overlap), or, when `on`
     is false or the device is not CUDA, nothing: `run` then calls on the current stream and
     `fork` / `join` do nothing. Fork / join are stream waits (events), which torch.cuda.graph
-    captures."""
+    captures. priority: the stream's, when this key's stream is first made (lower is higher;
+    torch clamps it to the device's range)."""
 
-    def __init__(self, device, on: bool, key: str = "model"):
+    def __init__(self, device, on: bool, key: str = "model", priority: int = 0):
         device = torch.device(device)
         self.stream = None
         if on and device.type == "cuda":
             self.main = torch.cuda.current_stream(device)
             self.stream = _STREAMS.get((device, key))
             if self.stream is None:
-                self.stream = _STREAMS[(device, key)] = torch.cuda.Stream(device)
+                self.stream = _STREAMS[(device, key)] = torch.cuda.Stream(device, priority=priority)
 
     def fork(self, *inputs: torch.Tensor) -> None:
         """The side stream waits for what the current stream queued so far; `inputs` (made

@@ -42,6 +42,8 @@ import os
 import torch
 from torch import Tensor
 
+from workbench.streams import Side
+
 from . import cuda_v1, cuda_v4, cuda_v5, cuda_v8, cuda_v9, mma_layout
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
@@ -52,6 +54,7 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 WIDE_DEFAULTS = {"WIDE": 1, "WT": 8, "WU": 8, "WNT": 4, "WST": 6}
 WIDE_KEYS = (*WIDE_DEFAULTS, "WY", "WMB", "WS")
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v10.cu")
+SIDE_KEY = "int4_moe_hot"  # WS 1's side stream (workbench.streams.Side)
 SMEM_MAX = 227 * 1024 - 1024  # a CTA's opt-in dynamic shared memory, the kernel's 128 static B kept
 
 
@@ -134,19 +137,14 @@ def _kernel(*targs: int):
     return mod.get_function(name)
 
 
-@functools.cache
-def _side_stream(device: int) -> torch.cuda.Stream:
-    """WS 1's stream on a device: the highest priority, so the block scheduler takes the hot
-    CTAs (whole K a warp: the long ones) before the cold launch's when both wait."""
-    return torch.cuda.Stream(device=device, priority=-100)  # clamped to the highest
-
-
 def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
                h: Tensor) -> tuple:
     """cuda_v4's `hot` hook: the hot launch (CUDA) writing the hot experts' rows of h, on the
-    current stream, or at WS 1 on `_side_stream` forked from it; returns (the cold launch's SKIP
+    current stream, or at WS 1 on a side stream forked from it (`workbench.streams.Side` under
+    SIDE_KEY at the highest priority, so the block scheduler takes the hot CTAs, whole K a warp:
+    the long ones, before the cold launch's when both wait); returns (the cold launch's SKIP
     (WT), 0 where WIDE is 0 or no expert can be hot (S <= WT); the join cuda_v4 calls after the
-    cold launch, None on one stream). Graph-safe: the fork and join are events on the
+    cold launch, None where no hot launch is made, a no-op on one stream). Graph-safe: the fork and join are events on the
     capturing stream, so a capture records both launches as parallel branches."""
     import cupy
     import numpy as np
@@ -167,20 +165,15 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
         cuda_v1._SMEM_SET[id(fn)] = smem
     args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, items)
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
-    main = torch.cuda.current_stream()
-    if not c.get("WS", 0):
-        with cupy.cuda.ExternalStream(main.cuda_stream):
+    side = Side(h.device, bool(c.get("WS", 0)), key=SIDE_KEY, priority=-100)
+    side.fork()  # h allocated (zeroed), routing and xq written; all freed after the join
+
+    def launch():
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             fn((gx, gy), (32 * wu,), conv, shared_mem=smem)
-        return ht, None
-    side = _side_stream(h.device.index)
-    side.wait_stream(main)  # fork: h allocated (zeroed), routing and xq written
-    with cupy.cuda.ExternalStream(side.cuda_stream):
-        fn((gx, gy), (32 * wu,), conv, shared_mem=smem)
-    done = torch.cuda.Event()
-    done.record(side)
-    # the tensors the side stream reads or writes are freed only after the join: the current
-    # stream waits for it before the down GEMM, so no later allocation can reuse them early
-    return ht, lambda: main.wait_event(done)
+
+    side.run(launch)
+    return ht, side.join
 
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
