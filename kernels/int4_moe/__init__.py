@@ -160,7 +160,8 @@ Versions (README.md has the design and the version log), each with the contract 
                launch (WS 1: the same kernels and bits), every expert past 8 slots hot at
                every T, two hot CTAs an SM on 32-slot passes from T K >= 8 E (H200, session
                34: skewed T 17 440.5 vs 471.0 µs, uniform T 512 3802.7 vs 4137.3 against
-               cuda_v10 in process; not BEST)
+               cuda_v10 in process; session 35 REAL bench: at or above Humming at
+               13 of 14 shapes, uniform T 512 0.89x; not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
