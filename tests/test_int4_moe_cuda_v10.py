@@ -76,11 +76,16 @@ def test_v10_knobs_refused_by_name():
            ({"WU": 8, "WNT": 1}, "cfg['WNT']"), ({"WST": 9}, "cfg['WST']"), ({"WST": 1}, "cfg['WST']"),
            ({"WST": 5, "WT": 0}, "cfg"), ({"WNT": 8, "WST": 6}, "cfg"),  # past 227 KB
            ({"IT1": 1}, "cfg['IT1']"), ({"WMB": 3}, "cfg['WMB']"),
-           ({"WMB": 2, "WNT": 8, "WST": 4}, "cfg['WMB']"), ({"WS": 2}, "cfg['WS']")]
+           ({"WMB": 2, "WNT": 8, "WST": 4}, "cfg['WMB']"), ({"WS": 2}, "cfg['WS']"),
+           ({"WMB": 4, "WNT": 2}, "cfg['WMB']"), ({"WMB": 9, "WU": 4, "WNT": 2}, "cfg['WMB']"),
+           ({"WMB": 0}, "cfg['WMB']")]
     for over, name in bad:
         with pytest.raises(ValueError, match=re.escape(name)):
             cuda_v10.check_hot(base | over, 10**6, 384)
     cuda_v10.check_hot(base, 136, 384)  # the defaults pass
+    for more in ({"WNT": 2, "WMB": 3, "WST": 2}, {"WU": 4, "WNT": 2, "WMB": 6, "WST": 2},
+                 {"WU": 4, "WNT": 4, "WMB": 4, "WST": 3}):  # built without spills (sm_90 test)
+        cuda_v10.check_hot(base | more, 136, 384)
     with pytest.raises(ValueError, match="experts: expected fewer than 32768"):
         cuda_v10.check_hot(base, 136, 2**15)
 
@@ -89,6 +94,15 @@ def test_v10_defaults_fit_shared_memory_up_to_the_large_verify():
     # why: the list grows with T K; at the defaults the CTA fits 227 KB up to T 2080
     for T in (2, 17, 128, 512, 2080):
         cuda_v10.check_hot(cuda_v10.tiles(T, **KIMI), T * 8, 384)
+
+
+def test_v10_resident_ctas_follow_shared_memory():
+    # why: the hot grid is one wave of resident CTAs; WMB asks for registers, shared memory
+    # decides what is left (WNT 2 / WST 3 at 8 warps: 86 KB, two of three asked)
+    assert cuda_v10.ctas_an_sm(3, cuda_v10.smem_bytes(8, 2, 3, 100)) == 2
+    assert cuda_v10.ctas_an_sm(3, cuda_v10.smem_bytes(8, 2, 2, 100)) == 3
+    assert cuda_v10.ctas_an_sm(6, cuda_v10.smem_bytes(4, 2, 2, 100)) == 6
+    assert cuda_v10.ctas_an_sm(2, 200 * 1024) == 1
 
 
 HOT_SIG = "u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int"  # int4_moe_hot
@@ -100,7 +114,7 @@ def test_v10_hot_kernel_builds_for_sm90_without_local_memory(tmp_path):
     # (KPAD, WU, NT, ST) the knobs allow it compiles with mma.sync bf16 and no local memory at
     # all, and the cold launch's SKIP instance keeps its K loop off local memory too
     picks = [(kp, wu, nt, st, 2 if nt <= 2 else 1) for kp, (wu, nt), st in itertools.product(
-        (0, 1), ((8, 8), (8, 2), (8, 4), (4, 4)), (2, 5, 6))] + [(0, 8, 4, 3, 2)]  # WMB 2
+        (0, 1), ((8, 8), (8, 2), (8, 4), (4, 4)), (2, 5, 6))] + [(0, 8, 4, 3, 2), (0, 8, 2, 2, 3), (0, 4, 2, 2, 6), (0, 4, 4, 3, 4)]  # WMB 2-6
     src = tmp_path / "hot.cu"
     src.write_text(f'#include "{cuda_v1._SRC}"\n#include "{cuda_v10._SRC}"\n' + "".join(
         f"template __global__ void int4_moe_hot<{', '.join(map(str, p))}>({HOT_SIG});\n"

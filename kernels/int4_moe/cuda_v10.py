@@ -20,7 +20,8 @@ Knobs (cfg; `tiles` sets them by shape): WIDE (1; 0: cuda_v5's launches and bits
 (8; 16 up to 32 tokens), WU (8), WNT (n-tiles a pass: 4; 8 from 8 slots expected an expert),
 WST (stages: 6; 5 at WNT 8), WMB (CTAs an SM the kernel's registers allow: 2 at WNT 2, else 1;
 2 at WNT 4 fits 116 registers: session 34 found it faster at uniform T 512, slower at
-skewed T 512; cuda_v11 takes it there), WY (CTA columns; default: one wave of the
+skewed T 512; cuda_v11 takes it there; up to 8 where HOT_REGS fit, e.g. WNT 2 at 3 CTAs of 8
+warps or 6 of 4), WY (CTA columns; default: one wave of the
 resident CTAs, at most the items possible), WS (0; 1: the hot launch on a high-priority side
 stream, concurrent with the cold launch and joined before the down GEMM: the same kernels and
 bits; hot CTAs that find no item leave their SM to cold CTAs at once).
@@ -96,8 +97,15 @@ def min_blocks(c: dict) -> int:
 
 
 def ctas_an_sm(mb: int, smem: int) -> int:
-    """Hot CTAs resident an SM: MB where MB CTAs' shared memory fits the SM's 228 KB, else 1."""
-    return mb if mb * (smem + 1024) <= 228 * 1024 else 1
+    """Hot CTAs resident an SM: MB, or as many as the SM's 228 KB of shared memory hold (at
+    least 1; each CTA's 1 KB reserved)."""
+    return max(1, min(mb, 228 * 1024 // (smem + 1024)))
+
+
+# the registers a thread each n-tile count's build needs without spilling (sm_90 ptxas, session
+# 35: WNT 2 75-101 at 4-8 warps and 2-6 CTAs an SM, WNT 4 116-122, WNT 8 ~180): WMB CTAs of WU
+# warps must leave at least this many of the SM's 64 K registers a thread
+HOT_REGS = {2: 80, 4: 128, 8: 255}
 
 
 def check_hot(c: dict, S: int, E: int) -> None:
@@ -113,9 +121,11 @@ def check_hot(c: dict, S: int, E: int) -> None:
              "split over the threads)", {"WNT": c["WNT"], "WU": c["WU"]})
     _require(c["WST"] in range(2, 9), "cfg['WST']", "2 .. 8", c["WST"])
     _require(c.get("WS", 0) in (0, 1), "cfg['WS']", "0 or 1", c.get("WS"))
-    _require(c.get("WMB", 1) in (1, 2) and not (c.get("WMB") == 2 and c["WNT"] == 8),
-             "cfg['WMB']", "1 or 2, 1 at WNT 8 (its accumulators need more than 128 registers)",
-             c.get("WMB"))
+    mb = c.get("WMB", 1)
+    _require(mb in range(1, 9) and min(255, 65536 // (32 * c["WU"] * mb)) >= HOT_REGS[c["WNT"]],
+             "cfg['WMB']", f"1 .. 8 with {HOT_REGS[c['WNT']]} registers a thread left at WNT "
+             f"{c['WNT']} (64 K registers over WMB x 32 WU threads; WNT 8's accumulators need "
+             "more than 128)", {"WMB": mb, "WU": c["WU"]})
     items = max_items(S, E, c["WT"], 8 * c["WNT"])
     _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) <= SMEM_MAX, "cfg",
              "WU x WST weight rings, the activation ring and the item list within 227 KB",
