@@ -105,7 +105,7 @@ def test_v10_resident_ctas_follow_shared_memory():
     assert cuda_v10.ctas_an_sm(2, 200 * 1024) == 1
 
 
-HOT_SIG = "u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int"  # int4_moe_hot
+HOT_SIG = "u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"  # int4_moe_hot
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")

@@ -34,18 +34,20 @@ __device__ __forceinline__ void cp_async16_z(u32 dst, const void* src, u32 bytes
 }
 
 // The CTA's work list: list[j] = (a << 16) | pass for the items of every active expert with
-// more than ht slots, in active order; returns the item count (every thread). Block scan of
+// more than ht and at most hi slots (cuda_v12's bands; cuda_v10 / v11 pass hi = INT_MAX), in
+// active order; returns the item count (every thread). Block scan of
 // two experts a thread per round (warp shuffles, then the warp totals in warp 0).
 template <int P>
-__device__ __forceinline__ int hot_items(const int* act_cnt, int n_act, int ht, int* list,
-                                         int max_items, int* s_tot) {
+__device__ __forceinline__ int hot_items(const int* act_cnt, int n_act, int ht, int hi,
+                                         int* list, int max_items, int* s_tot) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   int carry = 0;
   for (int base = 0; base < n_act; base += 2 * blockDim.x) {
     const int a0 = base + 2 * threadIdx.x;
     int n0 = 0, n1 = 0;
-    if (a0 < n_act && act_cnt[a0] > ht) n0 = (act_cnt[a0] + P - 1) / P;
-    if (a0 + 1 < n_act && act_cnt[a0 + 1] > ht) n1 = (act_cnt[a0 + 1] + P - 1) / P;
+    const int c0 = a0 < n_act ? act_cnt[a0] : 0, c1 = a0 + 1 < n_act ? act_cnt[a0 + 1] : 0;
+    if (c0 > ht && c0 <= hi) n0 = (c0 + P - 1) / P;
+    if (c1 > ht && c1 <= hi) n1 = (c1 + P - 1) / P;
     int v = n0 + n1;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {  // inclusive scan across the warp
@@ -188,7 +190,7 @@ template <int KPAD, int WU, int NT, int ST, int MB = (NT <= 2 ? 2 : 1)>
 __global__ void __launch_bounds__(32 * WU, MB)
 int4_moe_hot(u64 w_ptr, u64 s_ptr, u64 x_ptr, u64 slots_ptr, u64 act_e_ptr, u64 act_start_ptr,
              u64 act_cnt_ptr, u64 n_act_ptr, u64 h_ptr, int topk, int NU, int C, int ldx,
-             int k_real, int ldo, int ht, int max_items) {
+             int k_real, int ldo, int ht, int hi, int max_items) {
   constexpr int P = 8 * NT;          // slots a pass
   constexpr int WST = 6 * 32 * 16;
   constexpr int XST = P * 256;
@@ -202,7 +204,8 @@ int4_moe_hot(u64 w_ptr, u64 s_ptr, u64 x_ptr, u64 slots_ptr, u64 act_e_ptr, u64 
   const u32 xring = base + WU * ST * WST;
   int* list = (int*)((char*)dsm + WU * ST * WST + ST * XST);
   const int* act_cnt = (const int*)act_cnt_ptr;
-  const int n_items = hot_items<P>(act_cnt, *(const int*)n_act_ptr, ht, list, max_items, s_tot);
+  const int n_items = hot_items<P>(act_cnt, *(const int*)n_act_ptr, ht, hi, list, max_items,
+                                      s_tot);
   for (int it = blockIdx.y; it < n_items; it += gridDim.y) {  // CTA-uniform
     const int a = list[it] >> 16, p0 = (list[it] & 0xFFFF) * P;
     const int e = ((const int*)act_e_ptr)[a], start = ((const int*)act_start_ptr)[a];

@@ -121,6 +121,9 @@ def check_hot(c: dict, S: int, E: int) -> None:
              "split over the threads)", {"WNT": c["WNT"], "WU": c["WU"]})
     _require(c["WST"] in range(2, 9), "cfg['WST']", "2 .. 8", c["WST"])
     _require(c.get("WS", 0) in (0, 1), "cfg['WS']", "0 or 1", c.get("WS"))
+    _require(c.get("WHI") is None or (isinstance(c["WHI"], int) and c["WHI"] > c["WT"]),
+             "cfg['WHI']", f"None or an int > WT ({c['WT']}): the band's top slot count",
+             c.get("WHI"))
     mb = c.get("WMB", 1)
     _require(mb in range(1, 9) and min(255, 65536 // (32 * c["WU"] * mb)) >= HOT_REGS[c["WNT"]],
              "cfg['WMB']", f"1 .. 8 with {HOT_REGS[c['WNT']]} registers a thread left at WNT "
@@ -173,7 +176,8 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     if smem > cuda_v1._SMEM_SET.get(id(fn), 0):
         fn.max_dynamic_shared_size_bytes = smem
         cuda_v1._SMEM_SET[id(fn)] = smem
-    args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, items)
+    hi = c.get("WHI") or 2**31 - 1  # cuda_v12's band: only experts of at most WHI slots
+    args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, hi, items)
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     side = Side(h.device, bool(c.get("WS", 0)), key=SIDE_KEY, priority=-100)
     side.fork()  # h allocated (zeroed), routing and xq written; all freed after the join
@@ -188,11 +192,12 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None, tiles_for=None) -> Tensor:
+                  expected_slots: int | None = None, tiles_for=None, hot_for=None) -> Tensor:
     """The contract of `workbench.reference.int4_moe.int4_moe` (cuda_v5's checks): a call
     cuda_v8 fuses is cuda_v9's, every other one cuda_v4's launches on this file's tiles (or a
     later version's rule `tiles_for`, `tiles`' signature: cuda_v11) with the hot launch
-    (module docstring)."""
+    (module docstring; or a later version's hot hook `hot_for`, `launch_hot`'s signature:
+    cuda_v12's bands)."""
     cfg = dict(cfg or {})
     wide = {k: cfg.pop(k) for k in WIDE_KEYS if k in cfg}  # this file's knobs, the rest passed on
     f8 = bool(cfg.get("F8", cuda_v8.KNOBS["F8"]))
@@ -207,7 +212,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                                      cfg=cfg or None, expected_slots=expected_slots)
     return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                  cfg=(cfg | wide) or None, expected_slots=expected_slots,
-                                 tiles_for=tiles_for or tiles, hot=launch_hot)
+                                 tiles_for=tiles_for or tiles, hot=hot_for or launch_hot)
 
 
 def _main(argv=None) -> int:
