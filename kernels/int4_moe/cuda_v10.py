@@ -25,8 +25,8 @@ warps or 6 of 4), WY (CTA columns; default: one wave of the
 resident CTAs, at most the items possible), WS (0; 1: the hot launch on a high-priority side
 stream, concurrent with the cold launch and joined before the down GEMM: the same kernels and
 bits; hot CTAs that find no item leave their SM to cold CTAs at once).
-WHI (not a cfg key: set by cuda_v12's band launch; the hot launch takes only experts of at most
-WHI slots).
+WHI (None: every expert past WT hot; an int: only those of at most WHI slots, cuda_v12's band
+launch).
 Numerics: cold experts cuda_v5's (POST 1: the scales on the groups' fp32 partials); hot ones
 cuda_v1's dequant (POST 0: W = bf16((q - 8) s), the reference's rounding) with K summed in
 input order in one warp; h hi + lo, the down GEMM and the combine triton_v34's. A token's
