@@ -15,10 +15,6 @@ from workbench.kernels.int4_moe import cuda_v10, cuda_v11, cuda_v12
 KIMI = dict(K=8, E=384, D=7168, I=2048)
 
 
-def _band(c: dict) -> dict:
-    return c | {k: c[b] for b, k in cuda_v12.BAND_KEYS.items()} | {"WHI": c["WB"]}
-
-
 def test_v12_tiles_are_v11s_with_a_band_from_t512():
     # why: session 35 call 3 measured four 4-warp CTAs an SM on 16-slot passes faster for
     # uniform T 512's 9-16-slot experts only; elsewhere cuda_v12 is cuda_v11 (WB 0)
@@ -27,7 +23,7 @@ def test_v12_tiles_are_v11s_with_a_band_from_t512():
         assert {k: c[k] for k in v11} == v11
         if T * 8 >= 8 * 384:
             assert {k: c[k] for k in cuda_v12.BAND} == cuda_v12.BAND
-            cuda_v10.check_hot(_band(c), T * 8, 384)  # the band launch fits too
+            cuda_v10.check_hot(cuda_v12.band_knobs(c), T * 8, 384)  # the band launch fits too
         else:
             assert c["WB"] == 0
 

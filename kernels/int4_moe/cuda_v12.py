@@ -40,6 +40,11 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return c | (BAND if T * K >= 8 * E else {"WB": 0})
 
 
+def band_knobs(c: dict) -> dict:
+    """c with the band launch's knobs: WB* as cuda_v10's WU / WNT / WST / WMB, WHI = WB."""
+    return c | {k: c[b] for b, k in BAND_KEYS.items()} | {"WHI": c["WB"]}
+
+
 def launch_bands(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
                  h: Tensor) -> tuple:
     """cuda_v4's `hot` hook: at WB 0 cuda_v10's `launch_hot`; else two of its launches, the
@@ -50,7 +55,7 @@ def launch_bands(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: i
         return cuda_v10.launch_hot(c, p, xq, w1, s1, NU1, C1, h)
     _require(isinstance(wb, int) and wb > c["WT"], "cfg['WB']",
              f"0 or an int > WT ({c['WT']})", wb)
-    band = c | {k: c[b] for b, k in BAND_KEYS.items()} | {"WHI": wb}
+    band = band_knobs(c)
     cuda_v10.check_hot(band, p.S, p.E)  # names the band's knobs before anything launches
     _, join_hot = cuda_v10.launch_hot(c | {"WT": wb}, p, xq, w1, s1, NU1, C1, h)
     _, join_band = cuda_v10.launch_hot(band, p, xq, w1, s1, NU1, C1, h)
