@@ -165,7 +165,11 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v12   cuda_v11 with, from T K >= 8 E, the hot experts in two bands on the side
                stream: 9-16 slots on four 4-warp CTAs an SM and 16-slot passes, more on
                cuda_v11's launch (cuda_v10's bits; H200, session 35: that CTA shape for every
-               hot expert took uniform T 512 3569 -> 3462 µs; the bands not yet GPU-run)
+               hot expert took uniform T 512 3569 -> 3462 µs; the bands 3447.5 vs cuda_v11's
+               3571.6 in process, REAL bench 0.94x Humming; not BEST)
+    cuda_v13   cuda_v12 with the down GEMM in two launches, each behind its experts' gate/up
+               launch: the hot experts' on the side stream, the cold ones' on the current
+               stream, the join before the combine (cuda_v12's bits; not yet GPU-run)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -215,7 +219,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 13)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 14)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -259,6 +263,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v12"): ("cuda_v11 with, from T K >= 8 E, the experts of 9-16 slots on a "
                                "second hot launch of four 4-warp CTAs an SM on 16-slot passes "
                                "(both on the side stream); cuda_v10's bits", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v13"): ("cuda_v12 with the down GEMM in two launches, each behind its "
+                               "experts' gate/up launch (hot experts on the side stream, cold "
+                               "ones on the current one); cuda_v12's bits", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

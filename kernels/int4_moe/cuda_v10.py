@@ -194,12 +194,13 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None, tiles_for=None, hot_for=None) -> Tensor:
+                  expected_slots: int | None = None, tiles_for=None, hot_for=None,
+                  tail_for=None) -> Tensor:
     """The contract of `workbench.reference.int4_moe.int4_moe` (cuda_v5's checks): a call
     cuda_v8 fuses is cuda_v9's, every other one cuda_v4's launches on this file's tiles (or a
     later version's rule `tiles_for`, `tiles`' signature: cuda_v11) with the hot launch
     (module docstring; or a later version's hot hook `hot_for`, `launch_hot`'s signature:
-    cuda_v12's bands)."""
+    cuda_v12's bands; and `tail_for`, cuda_v4's `tail`: cuda_v13's down GEMM in two launches)."""
     cfg = dict(cfg or {})
     wide = {k: cfg.pop(k) for k in WIDE_KEYS if k in cfg}  # this file's knobs, the rest passed on
     f8 = bool(cfg.get("F8", cuda_v8.KNOBS["F8"]))
@@ -214,7 +215,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                                      cfg=cfg or None, expected_slots=expected_slots)
     return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                  cfg=(cfg | wide) or None, expected_slots=expected_slots,
-                                 tiles_for=tiles_for or tiles, hot=hot_for or launch_hot)
+                                 tiles_for=tiles_for or tiles, hot=hot_for or launch_hot,
+                                 tail=tail_for)
 
 
 def _main(argv=None) -> int:

@@ -95,7 +95,8 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None, tiles_for=None, hot=None) -> Tensor:
+                  expected_slots: int | None = None, tiles_for=None, hot=None,
+                  tail=None) -> Tensor:
     """x [T, D] bf16 (CUDA), topk_ids [T, K] int32/int64 (-1: not routed here), topk_weights
     [T, K] float, experts (Int4Experts: gate / up in the checkpoint layout or repacked in
     place, down in the checkpoint layout) -> [T, D] bf16: the contract of
@@ -104,7 +105,9 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     with `tiles`' signature; hot: cuda_v10's second gate/up launch, hot(c, p, xq, w1, s1, NU1,
     C1, h) -> (the SKIP threshold of this launch (0: none), join), called before it; join
     (None, or a callable taking no argument) runs after it, before the down GEMM (a hot launch
-    on a side stream joins the current one there)."""
+    on a side stream joins the current one there); tail: what follows the cold launch, tail(p,
+    h, join, topk_ids, topk_weights, experts) -> the output (cuda_v13's down GEMM in two
+    launches; default: join, then `down_combine`)."""
     _require(x.device.type == "cuda", "x", "a CUDA tensor (cuda_v4 launches CUDA C++ through cupy)",
              f"a tensor on {x.device}")
     p = prepare(x, topk_ids, topk_weights, experts, validate, cfg,
@@ -127,6 +130,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                     (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
                     hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0),
                     skip=skip)
+    if tail is not None:
+        return tail(p, h, join, topk_ids, topk_weights, experts)
     if join is not None:
         join()
     return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,

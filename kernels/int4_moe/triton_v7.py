@@ -100,7 +100,8 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
                  TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                  OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr,
                  PDL: tl.constexpr = False, HOT: tl.constexpr = -1,
-                 IDLE_LAST: tl.constexpr = False, A_STRIDE: tl.constexpr = 0):
+                 IDLE_LAST: tl.constexpr = False, A_STRIDE: tl.constexpr = 0,
+                 LO: tl.constexpr = -1):
     """v5's program (N tile, active expert, K split): `expert_tile` over the split's K tiles.
     PDL: launched as a programmatic dependent (v14, `_common.pdl_start`). HOT >= 0 (v16's
     cold launch): experts with more than HOT slots are left to another launch. IDLE_LAST
@@ -108,7 +109,8 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
     worst case's idle programs come last in launch order (same programs, same work).
     A_STRIDE > 0 (v30, with IDLE_LAST's axes; HOT unused): A_STRIDE programs an (N tile, K
     split) take the active experts in turn, a, a + A_STRIDE, ... (each expert's tile the work
-    of v7's program for it)."""
+    of v7's program for it). LO >= 0 (cuda_v13's down launch of the hot experts; not with
+    A_STRIDE): experts with at most LO slots are left to another launch."""
     pdl_start(PDL)
     if A_STRIDE > 0:
         for a in range(tl.program_id(2), tl.load(n_act_ptr), A_STRIDE):
@@ -127,6 +129,9 @@ def _gemm_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_p
         return
     if HOT >= 0:
         if tl.load(act_cnt_ptr + a) > HOT:
+            return
+    if LO >= 0:
+        if tl.load(act_cnt_ptr + a) <= LO:
             return
     split_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr,
                s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr, out_ptr, s_ok,
@@ -353,16 +358,34 @@ def down_combine(p, h: Tensor, topk_ids: Tensor, topk_weights: Tensor, ds: Tenso
     """`launch`'s last two launches on `prepare`'s p: the down GEMM over h [S, 2, Ip] (bf16
     hi / lo, permuted rows as `_silu_kernel` writes them) and the combine -> [T, D] bf16.
     Shared with cuda_v4, whose h comes from a CUDA gate/up GEMM."""
-    T, D, K, I, S, Ip, c, dev, common, r, meta = (
-        p.T, p.D, p.K, p.I, p.S, p.Ip, p.c, p.dev, p.common, p.r, p.meta)
+    y = down_partials(p)
+    down_gemm(p, h, y, ds, gemm, down_select, dep)
+    return combine_partials(p, y, topk_ids, topk_weights, dep)
+
+
+def down_partials(p) -> Tensor:
+    """The down GEMM's output y [KS2, S, D] fp32 in slot order, uninitialised: the launch
+    that takes a routed slot's expert writes its rows (the combine reads no other)."""
+    return torch.empty(p.c["KS2"], p.S, p.D, dtype=torch.float32, device=p.dev)
+
+
+def down_gemm(p, h: Tensor, y: Tensor, ds: Tensor, gemm, down_select: bool, dep: dict) -> None:
+    """The down GEMM over h into y (`down_partials`) through the launch hook gemm(2, c, r, NT,
+    args, kw) (cuda_v13 calls this twice, each hook taking its band of experts)."""
+    D, I, Ip, c, common, r, meta = p.D, p.I, p.Ip, p.c, p.common, p.r, p.meta
     w3, s3, st2 = p.wd[2], p.sd[2], p.st[1]
-    y = torch.empty(c["KS2"], S, D, dtype=torch.float32, device=dev)  # [KS2, S, D] slot order
     nt2 = triton.cdiv(D, c["BN"])
     gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
                         y, y.stride(0), y.stride(1), D, nt2, I),
          dict(BM=c["BM2"], NH=2, TWO=down_select, S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True,
               **common, **dep))
-    out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
+
+
+def combine_partials(p, y: Tensor, topk_ids: Tensor, topk_weights: Tensor,
+                     dep: dict) -> Tensor:
+    """The weighted top-K combine of y's KS2 partials in a fixed order -> [T, D] bf16."""
+    T, D, K, c, r = p.T, p.D, p.K, p.c, p.r
+    out = torch.empty(T, D, dtype=torch.bfloat16, device=p.dev)
     BD = c.get("BD_COMBINE") or min(1024, next_pow2(D))  # columns a combine program (v22: 256)
     _combine_kernel[(T, triton.cdiv(D, BD))](
         y, y.stride(0), topk_weights, topk_weights.stride(0), topk_weights.stride(1),
