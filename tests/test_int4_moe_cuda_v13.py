@@ -64,7 +64,7 @@ def test_v13_down_launches_write_v12s_partials(cfg, wt, why):
 
 def test_v13_bad_knobs_refused_by_name():
     with pytest.raises(ValueError, match=r"cfg\['DS'\]"):
-        cuda_v13.launch_split({"DS": 2}, None, None, None, None, 0, 0, None)
+        cuda_v13.launch_split({"DS": 3}, None, None, None, None, 0, 0, None)
     r = types.SimpleNamespace(bad=torch.empty(512))  # T 512 > HOT: the hot launch's mode
     with pytest.raises(ValueError, match=r"cfg\['WT'\]"):
         cuda_v13.gemm_hot(64)(2, {"HOT": 64, "KS1": 1, "KS2": 1}, r, 1, (), {})
@@ -73,11 +73,14 @@ def test_v13_bad_knobs_refused_by_name():
 @pytest.mark.gpu
 @pytest.mark.parametrize("T, skew, cfg", [(512, 0.0, None), (512, 1.2, None), (128, 1.2, None),
                                           (65, 0.0, None), (17, 1.2, None), (9, 0.0, None),
-                                          (128, 1.2, {"WS": 0}), (512, 1.2, {"DS": 0})])
+                                          (128, 1.2, {"WS": 0}), (512, 1.2, {"DS": 0}),
+                                          (512, 0.0, {"DS": 2}), (65, 1.2, {"DS": 2}),
+                                          (128, 1.2, {"DS": 2, "WS": 0})])
 def test_v13_is_cuda_v12_gpu(real_experts, T, skew, cfg):
     # why: the split moves whole experts between two launches of cuda_v12's down programs, so
     # cuda_v12's bits, eager and graph-replayed on a new routing (the slot counts, and so the
-    # bands, change on the device), on two streams and on one (WS 0), and the reference
+    # bands, change on the device), on two streams, on three (DS 2) and on one (WS 0), and
+    # the reference
     from test_int4_moe_cuda_v10 import _close
     from test_int4_moe_cuda_v10 import _routing as _real_routing
 

@@ -17,7 +17,10 @@ runs for it (triton_v7's `_gemm_kernel` on the experts of at most WT slots, HOT 
 kernel on the rest, LO = WT, with triton_v16's hot launch past HOT where cuda_v12 makes one),
 the partials y written by exactly one launch a slot, the combine triton_v3's. Where no hot
 launch is made (T K <= WT, WIDE 0) or DS is 0, cuda_v12's launches. Knobs (cfg): cuda_v12's
-and DS (1: the split; 0: cuda_v12's one down launch after the join).
+and DS (1: the split; 2: the split with the hot experts' down on a third stream of the
+current stream's priority, forked behind the hot launches, so it takes only the SMs the cold
+launch leaves, where DS 1's side stream outranks the cold launch; 0: cuda_v12's one down
+launch after the join).
 Numerics, graph safety (y allocated before the fork, used on both streams, freed after the
 join), load step: cuda_v12's (not batch invariant). GPU only (cupy). Dimension legend:
 cuda_v1.cu's, cuda_v10.cu's and triton_v16's.
@@ -37,6 +40,7 @@ from .triton_v16 import hot_launch, hot_mode
 from .triton_v29 import grid_gemm_idle_last
 
 SPLIT = {"DS": 1}  # the down GEMM behind each stream's gate/up launch
+DOWN_KEY = "int4_moe_down"  # DS 2's stream (workbench.streams.Side)
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
@@ -87,7 +91,7 @@ def launch_split(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: i
     """cuda_v4's `hot` hook: y, then cuda_v12's hot launches (`launch_bands`); returns (SKIP,
     a `SplitJoin`), or cuda_v12's (SKIP, join) where no hot launch is made or DS is 0."""
     ds = c.get("DS", 0)
-    _require(ds in (0, 1), "cfg['DS']", "0 or 1", ds)
+    _require(ds in (0, 1, 2), "cfg['DS']", "0, 1 or 2", ds)
     if not ds:
         return cuda_v12.launch_bands(c, p, xq, w1, s1, NU1, C1, h)
     # allocated before the fork: the side stream never gets a block that a launch queued on
@@ -108,10 +112,18 @@ def tail_split(p, h: Tensor, join, topk_ids: Tensor, topk_weights: Tensor, exper
         return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
                             down_select=True, dep={})
     c, y, ds = p.c, join.y, experts[5]
-    side = Side(h.device, bool(c.get("WS", 0)), key=cuda_v10.SIDE_KEY, priority=-100)
-    side.run(lambda: down_gemm(p, h, y, ds, gemm_hot(c["WT"]), True, {}))
+    on = bool(c.get("WS", 0))
+    hot = Side(h.device, on, key=cuda_v10.SIDE_KEY, priority=-100)
+    down = hot
+    if c["DS"] == 2:  # the hot experts' down on a stream of the current one's priority
+        down = Side(h.device, on, key=DOWN_KEY, priority=0)
+        if down.stream is not None:
+            down.stream.wait_stream(hot.stream)  # behind the hot launches
+    down.run(lambda: down_gemm(p, h, y, ds, gemm_hot(c["WT"]), True, {}))
     down_gemm(p, h, y, ds, gemm_cold(c["WT"]), True, {})
     join()
+    if down is not hot:
+        down.join()
     return combine_partials(p, y, topk_ids, topk_weights, {})
 
 

@@ -380,8 +380,11 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
 
 def _print_by_kernel(call, n: int = 20) -> None:
     """Mean GPU µs per launch name over n eager calls (CUPTI records via the profiler; a name's
-    second launch in a call, e.g. the down GEMM after gate/up, as name#2), and the mean span from a call's first kernel start to its last kernel end: where the time of one
-    call goes (ramp, tail and the small launches, which the graph-replayed total hides)."""
+    second launch in a call, e.g. the down GEMM after gate/up, as name#2) with its mean start
+    after the call's first kernel start (`@`), and the mean span from a call's first kernel
+    start to its last kernel end: where the time of one call goes (ramp, tail, the small
+    launches, and which launches overlap on side streams, which the graph-replayed total
+    hides)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -395,14 +398,17 @@ def _print_by_kernel(call, n: int = 20) -> None:
                 key=lambda e: e.time_range.start)
     per = len(ev) // n
     by: dict[str, float] = {}
+    at: dict[str, float] = {}
     for i, e in enumerate(ev):  # a name's k-th launch in a call as name#k (gate/up, down)
         call_ev = ev[i - i % per : i] if per else []
         k = sum(c.name == e.name for c in call_ev)
         key = e.name[:40] + (f"#{k + 1}" if k else "")
         by[key] = by.get(key, 0.0) + e.time_range.elapsed_us() / n
+        t0 = ev[i - i % per].time_range.start if per else e.time_range.start
+        at[key] = at.get(key, 0.0) + (e.time_range.start - t0) / n
     spans = [ev[i * per + per - 1].time_range.end - ev[i * per].time_range.start
              for i in range(n)] if per else [0]
-    print("      " + "  ".join(f"{k} {v:.1f}" for k, v in by.items())
+    print("      " + "  ".join(f"{k} {v:.1f}@{at[k]:.0f}" for k, v in by.items())
           + f"  | sum {sum(by.values()):.1f}, span {sum(spans) / len(spans):.1f}", flush=True)
 
 
