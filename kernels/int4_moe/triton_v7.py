@@ -41,7 +41,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import INTERPRET, check_inputs, next_pow2, pdl_launch, pdl_start, route
+from ._common import INTERPRET, _require, check_inputs, next_pow2, pdl_launch, pdl_start, route
 from .mma_layout import GATE_UP
 from .triton_v3 import KT, _combine_kernel
 from .triton_v5 import _ablate, _pairs, _permute_kernel, _silu_kernel, _slab
@@ -371,14 +371,19 @@ def down_partials(p) -> Tensor:
 
 def down_gemm(p, h: Tensor, y: Tensor, ds: Tensor, gemm, down_select: bool, dep: dict) -> None:
     """The down GEMM over h into y (`down_partials`) through the launch hook gemm(2, c, r, NT,
-    args, kw) (cuda_v13 calls this twice, each hook taking its band of experts)."""
+    args, kw) (cuda_v13 calls this twice, each hook taking its band of experts). cfg NH2 (2
+    by default): h's halves the GEMM reads; 1 reads hi only, h rounded to bf16 once (Humming's,
+    Marlin's and the Triton fused_moe's down operand; within int4_moe's tolerance of two bf16
+    roundings), a precision the reference does not have: a measurement knob, as `nodequant`."""
     D, I, Ip, c, common, r, meta = p.D, p.I, p.Ip, p.c, p.common, p.r, p.meta
+    nh = c.get("NH2", 2)
+    _require(nh in (1, 2), "cfg['NH2']", "1 (h's bf16 hi) or 2 (hi + lo)", nh)
     w3, s3, st2 = p.wd[2], p.sd[2], p.st[1]
     nt2 = triton.cdiv(D, c["BN"])
     gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
                         y, y.stride(0), y.stride(1), D, nt2, I),
-         dict(BM=c["BM2"], NH=2, TWO=down_select, S_TMA=st2, BY_TOKEN=False, OUT_BY_SLOT=True,
-              **common, **dep))
+         dict(BM=c["BM2"], NH=nh, TWO=down_select, S_TMA=st2, BY_TOKEN=False,
+              OUT_BY_SLOT=True, **common, **dep))
 
 
 def combine_partials(p, y: Tensor, topk_ids: Tensor, topk_weights: Tensor,
