@@ -13,15 +13,21 @@ far inside the tolerance as the rounding it adds predicts (one bf16 rounding of 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import types
 
 import torch
 
-from workbench.check import compare_outputs
-from workbench.config import ModelConfig
-from workbench.kernels.int4_moe.triton_v5 import _cli_config
-from workbench.ops.cases import _experts, _Rand, tolerance
-from workbench.reference.int4_moe import int4_moe
+# run as a file (python3 scripts/probe_int4_h_precision.py) on a box without the editable
+# install (the H200's: session 37 call 1 lost this probe to a ModuleNotFoundError): the package
+# is the repo root's
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from workbench.check import compare_outputs  # noqa: E402
+from workbench.config import ModelConfig  # noqa: E402
+from workbench.kernels.int4_moe.triton_v5 import _cli_config  # noqa: E402
+from workbench.ops.cases import _experts, _Rand, tolerance  # noqa: E402
+from workbench.reference.int4_moe import int4_moe  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -169,7 +169,13 @@ Versions (README.md has the design and the version log), each with the contract 
                3571.6 in process, REAL bench 0.94x Humming; not BEST)
     cuda_v13   cuda_v12 with the down GEMM in two launches, each behind its experts' gate/up
                launch: the hot experts' on the side stream, the cold ones' on the current
-               stream, the join before the combine (cuda_v12's bits; not yet GPU-run)
+               stream, the join before the combine (cuda_v12's bits; H200, session 36: DS 1 /
+               DS 2 tie cuda_v12 at every T, uniform T 512 3444.0 / 3438.4 / 3437.9 µs: a
+               measured negative, not BEST)
+    cuda_v14   cuda_v12 with, from 8 E expected slots, the down GEMM on h's bf16 hi only
+               (triton_v7's NH2 1: one bf16 rounding of h, Humming's and Marlin's operand;
+               H200, session 37 as cuda_v13 DS 0 knobs: uniform T 512 3612.8 -> 3491.2 µs,
+               skewed 3815.3 -> 3523.2, T 9-128 unchanged)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -219,7 +225,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 14)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 15)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -266,6 +272,10 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v13"): ("cuda_v12 with the down GEMM in two launches, each behind its "
                                "experts' gate/up launch (hot experts on the side stream, cold "
                                "ones on the current one); cuda_v12's bits", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v14"): ("cuda_v12 with, from 8 E expected slots, the down GEMM on h's "
+                               "bf16 hi half only (one rounding of h, as Humming and Marlin): "
+                               "half the down GEMM's MMA columns and activation reads",
+                               ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -374,10 +374,12 @@ def down_gemm(p, h: Tensor, y: Tensor, ds: Tensor, gemm, down_select: bool, dep:
     args, kw) (cuda_v13 calls this twice, each hook taking its band of experts). cfg NH2 (2
     by default): h's halves the GEMM reads; 1 reads hi only, h rounded to bf16 once (Humming's,
     Marlin's and the Triton fused_moe's down operand; within int4_moe's tolerance of two bf16
-    roundings), a precision the reference does not have: a measurement knob, as `nodequant`."""
+    roundings; the error it adds: `scripts/probe_int4_h_precision.py`): cuda_v14's down GEMM
+    from 8 E expected slots (session 37: where the down GEMM is MMA- and activation-bound)."""
     D, I, Ip, c, common, r, meta = p.D, p.I, p.Ip, p.c, p.common, p.r, p.meta
     nh = c.get("NH2", 2)
-    _require(nh in (1, 2), "cfg['NH2']", "1 (h's bf16 hi) or 2 (hi + lo)", nh)
+    _require(type(nh) is int and nh in (1, 2), "cfg['NH2']", "1 (h's bf16 hi) or 2 (hi + lo)",
+             nh)
     w3, s3, st2 = p.wd[2], p.sd[2], p.st[1]
     nt2 = triton.cdiv(D, c["BN"])
     gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
