@@ -175,7 +175,14 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v14   cuda_v12 with, from 8 E expected slots, the down GEMM on h's bf16 hi only
                (triton_v7's NH2 1: one bf16 rounding of h, Humming's and Marlin's operand;
                H200, session 37 as cuda_v13 DS 0 knobs: uniform T 512 3612.8 -> 3491.2 µs,
-               skewed 3815.3 -> 3523.2, T 9-128 unchanged)
+               skewed 3815.3 -> 3523.2, T 9-128 unchanged; call 2 REAL bench: uniform T 512
+               3153.7 µs, 0.99x Humming (cuda_v12 0.89x), skewed T 512 1.14x, at or above
+               Humming at 13 of 14 shapes; not BEST: the trained exact suite 20 of 21, one
+               router near-tie at C 8 its teacher-forced pair does not reproduce)
+    cuda_v15   cuda_v14, but cuda_v5 exactly on an EP rank's hinted calls expecting under 8 E
+               slots (H200, session 37 EP8 emulation: cuda_v14 C 32 DDTree-16 / -64 55.14 /
+               135.17 ms a step against the engine's 60.03 / 159.34, C 1 DDTree-16 / -64
+               14.67 / 23.79 against 14.40 / 23.34)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -225,7 +232,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 15)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 16)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -276,6 +283,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                                "bf16 hi half only (one rounding of h, as Humming and Marlin): "
                                "half the down GEMM's MMA columns and activation reads",
                                ("cuda", "cupy")),
+    ("int4_moe", "cuda_v15"): ("cuda_v14, but cuda_v5 exactly on an EP rank's hinted calls "
+                               "expecting fewer than 8 E slots (where cuda_v14's hot launch "
+                               "finds ~1 slot an expert)", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

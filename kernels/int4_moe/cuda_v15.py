@@ -1,0 +1,62 @@
+"""int4_moe cuda_v15: cuda_v14 where a call has no expert-parallel hint or expects at least 8 E
+routed slots on its E experts (the hint); cuda_v5 exactly on an EP rank's hinted calls below
+that (its tiles, launches and bits).
+
+Why (H200, session 37 call 3, traces/gpu/session37, `python -m workbench.dist.emulate --preset
+kimi-k2.6 --layouts ep8 --graph --budgets ar,16,64 --batches 1,32 --kernels engine` against
+`engine,int4_moe=cuda_v14`, graph-replayed ms a step on EP8 rank 0, 48 experts): cuda_v14's hot
+launches and bf16 h took C 32 DDTree-16 (544 slots expected, ~11 an expert) 60.03 -> 55.14 and
+C 32 DDTree-64 (2080) 159.34 -> 135.17, but cost C 1 DDTree-16 (17 slots) 14.40 -> 14.67 and
+C 1 DDTree-64 (65) 23.34 -> 23.79: at ~1 slot an expert the side-stream hot launch finds
+nearly nothing (60 launches, 3.8 µs each) and the cold launch beside it ran 2.8 % slower. C 1 /
+C 32 AR tie (5.59 / 5.57, 19.00 / 18.95). The 8 E cut is cuda_v12 / v14's (bands, bf16 h).
+Unhinted calls keep cuda_v14 at every T: its REAL bench (session 37 call 2) is at or over
+cuda_v5's there (skewed T 9-128 1.00-1.06x Humming; cuda_v5 0.86x at skewed T 128 in session
+33): the hot launch pays on skewed routing even at a fraction of a slot an expert, where the
+emulation's per-rank routing is near-uniform.
+
+What: the choice from the hint and the experts' count only (host ints: graph-safe; the same
+call always takes the same path). Numerics: the chosen version's (cuda_v5's on small hinted
+calls; cuda_v14's elsewhere). Not batch invariant (the path follows the hint). GPU only (cupy).
+Dimension legend: cuda_v1.cu's and cuda_v10.cu's.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from . import cuda_v5, cuda_v14
+from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
+
+SLOTS_PER_EXPERT = 8  # a hinted call below this many slots an expert expected: cuda_v5
+
+
+def small_hinted(expected_slots: int | None, E: int) -> bool:
+    """Whether a call takes cuda_v5: an EP hint of fewer than SLOTS_PER_EXPERT E slots (a hint
+    that is not an int goes to cuda_v14, whose checks name it)."""
+    return (isinstance(expected_slots, int) and not isinstance(expected_slots, bool)
+            and expected_slots < SLOTS_PER_EXPERT * E)
+
+
+def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+                  validate: bool | None = None, cfg: dict | None = None,
+                  expected_slots: int | None = None) -> Tensor:
+    """The contract of `workbench.reference.int4_moe.int4_moe` (the chosen version's checks);
+    cfg goes to the chosen version."""
+    version = cuda_v5 if small_hinted(expected_slots, experts.num_experts) else cuda_v14
+    return version.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                 cfg=cfg, expected_slots=expected_slots)
+
+
+def _main(argv=None) -> int:
+    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v15's op):
+
+        python -m workbench.kernels.int4_moe.cuda_v15 [--T 128,512] [--skew 1.2]
+            [--cfgs "v=cuda_v14;base"]"""
+    from .triton_v5 import _main as v5_main
+
+    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=cuda_v14;v=cuda_v5;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,55 @@
+"""int4_moe cuda_v15 (cuda_v14, but cuda_v5 on an EP rank's hinted calls under 8 E slots): the
+rule and the dispatch on the CPU; on the H200 each path's bits (cuda_v5's, cuda_v14's) on an
+EP8 rank's shapes and unhinted. The shared suites (EDGE, REAL, EP8, graph replay) run it from
+tests/test_int4_moe_cuda.py's CUDA_VERSIONS."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from test_int4_moe_cuda_v10 import _routing
+
+from workbench.kernels.int4_moe import cuda_v5, cuda_v14, cuda_v15
+
+
+def test_v15_small_hinted_rule():
+    # why: session 37's EP8 emulation: cuda_v14 slower at 17 / 65 slots on a rank's 48 experts,
+    # faster at 544 / 2080; unhinted calls (REAL bench) always cuda_v14
+    for hint, small in ((0, True), (17, True), (65, True), (383, True), (384, False),
+                        (2080, False), (None, False), (True, False), (17.0, False)):
+        assert cuda_v15.small_hinted(hint, 48) is small, hint
+    assert cuda_v15.small_hinted(2080, 384) and not cuda_v15.small_hinted(3072, 384)
+
+
+@pytest.mark.parametrize("hint, want", [(17, "cuda_v5"), (544, "cuda_v14"), (None, "cuda_v14")])
+def test_v15_dispatches_by_hint(monkeypatch, hint, want):
+    # why: the path is the hint's and the experts' count only; the call (cfg, hint, checks)
+    # reaches the chosen version unchanged
+    seen = []
+    for name, mod in (("cuda_v5", cuda_v5), ("cuda_v14", cuda_v14)):
+        monkeypatch.setattr(mod, "int4_moe_cuda",
+                            lambda *a, _n=name, **kw: seen.append((_n, a, kw)) or _n)
+    ex = types.SimpleNamespace(num_experts=48)
+    assert cuda_v15.int4_moe_cuda("x", "ids", "w", ex, cfg={"KS2": 1},
+                                  expected_slots=hint) == want
+    (name, args, kw), = seen
+    assert args == ("x", "ids", "w", ex)
+    assert kw == {"validate": None, "cfg": {"KS2": 1}, "expected_slots": hint}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, hint_of", [(17, lambda s: s), (65, lambda s: s), (512, lambda s: s),
+                                        (17, lambda s: None)], ids=["h17", "h65", "h512", "T17"])
+def test_v15_is_the_chosen_versions_bits_gpu(real_experts, T, hint_of):
+    # why: an EP8 rank's call (48 of 384 experts, -1 elsewhere) with the loop's hint: under 8 E
+    # = 384 slots cuda_v5's bits, from it cuda_v14's; unhinted cuda_v14's
+    x, ids, w, ex = _routing(real_experts, T, 0.0, 3900 + T)
+    here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
+    ex48 = type(ex)(*(t[:48] for t in ex))
+    hint = hint_of(int((here >= 0).sum()))
+    want = cuda_v5 if cuda_v15.small_hinted(hint, 48) else cuda_v14
+    out = cuda_v15.int4_moe_cuda(x, here, w, ex48, expected_slots=hint)
+    assert not out.isnan().any()
+    assert torch.equal(out, want.int4_moe_cuda(x, here, w, ex48, expected_slots=hint))
