@@ -5,8 +5,6 @@ tests/test_int4_moe_cuda.py's CUDA_VERSIONS."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 from test_int4_moe_cuda_v10 import _routing
@@ -21,6 +19,17 @@ def test_v15_small_hinted_rule():
                         (2080, False), (None, False), (True, False), (17.0, False)):
         assert cuda_v15.small_hinted(hint, 48) is small, hint
     assert cuda_v15.small_hinted(2080, 384) and not cuda_v15.small_hinted(3072, 384)
+    assert not cuda_v15.small_hinted(17, None)  # experts unreadable: cuda_v14 names them
+
+
+def test_v15_reads_E_from_tuples_and_named_experts():
+    # why: the versions take a plain 6-tuple as well as Int4Experts (CI's CPU-tensor test
+    # passes a tuple); a non-tuple gives None, so cuda_v14's checks name the argument
+    from workbench.reference.int4_moe import Int4Experts
+
+    t = tuple(torch.empty(48, 2, 2) for _ in range(6))
+    assert cuda_v15.num_experts(t) == 48 and cuda_v15.num_experts(Int4Experts(*t)) == 48
+    assert cuda_v15.num_experts(None) is None and cuda_v15.num_experts(()) is None
 
 
 @pytest.mark.parametrize("hint, want", [(17, "cuda_v5"), (544, "cuda_v14"), (None, "cuda_v14")])
@@ -31,7 +40,7 @@ def test_v15_dispatches_by_hint(monkeypatch, hint, want):
     for name, mod in (("cuda_v5", cuda_v5), ("cuda_v14", cuda_v14)):
         monkeypatch.setattr(mod, "int4_moe_cuda",
                             lambda *a, _n=name, **kw: seen.append((_n, a, kw)) or _n)
-    ex = types.SimpleNamespace(num_experts=48)
+    ex = (torch.empty(48, 1, 1, dtype=torch.int32),) * 6  # a plain tuple, as versions take
     assert cuda_v15.int4_moe_cuda("x", "ids", "w", ex, cfg={"KS2": 1},
                                   expected_slots=hint) == want
     (name, args, kw), = seen

@@ -31,11 +31,21 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 SLOTS_PER_EXPERT = 8  # a hinted call below this many slots an expert expected: cuda_v5
 
 
-def small_hinted(expected_slots: int | None, E: int) -> bool:
+def small_hinted(expected_slots: int | None, E: int | None) -> bool:
     """Whether a call takes cuda_v5: an EP hint of fewer than SLOTS_PER_EXPERT E slots (a hint
-    that is not an int goes to cuda_v14, whose checks name it)."""
+    that is not an int, or experts whose count cannot be read, go to cuda_v14, whose checks
+    name them)."""
     return (isinstance(expected_slots, int) and not isinstance(expected_slots, bool)
-            and expected_slots < SLOTS_PER_EXPERT * E)
+            and E is not None and expected_slots < SLOTS_PER_EXPERT * E)
+
+
+def num_experts(experts) -> int | None:
+    """E from the experts' first tensor [E, ...] (an Int4Experts or the plain 6-tuple the
+    versions take alike); None where it is not one (the chosen version's checks name it)."""
+    try:
+        return int(experts[0].shape[0])
+    except (TypeError, IndexError, KeyError, AttributeError):
+        return None
 
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
@@ -43,7 +53,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                   expected_slots: int | None = None) -> Tensor:
     """The contract of `workbench.reference.int4_moe.int4_moe` (the chosen version's checks);
     cfg goes to the chosen version."""
-    version = cuda_v5 if small_hinted(expected_slots, experts.num_experts) else cuda_v14
+    version = cuda_v5 if small_hinted(expected_slots, num_experts(experts)) else cuda_v14
     return version.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                  cfg=cfg, expected_slots=expected_slots)
 
