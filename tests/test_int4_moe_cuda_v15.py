@@ -1,4 +1,4 @@
-"""int4_moe cuda_v15 (cuda_v14, but cuda_v5 on an EP rank's hinted calls under 8 E slots): the
+"""int4_moe cuda_v15 (cuda_v14, but cuda_v5 on an EP rank's hinted calls under 3 E slots): the
 rule and the dispatch on the CPU; on the H200 each path's bits (cuda_v5's, cuda_v14's) on an
 EP8 rank's shapes and unhinted. The shared suites (EDGE, REAL, EP8, graph replay) run it from
 tests/test_int4_moe_cuda.py's CUDA_VERSIONS."""
@@ -13,12 +13,13 @@ from workbench.kernels.int4_moe import cuda_v5, cuda_v14, cuda_v15
 
 
 def test_v15_small_hinted_rule():
-    # why: session 37's EP8 emulation: cuda_v14 slower at 17 / 65 slots on a rank's 48 experts,
-    # faster at 544 / 2080; unhinted calls (REAL bench) always cuda_v14
-    for hint, small in ((0, True), (17, True), (65, True), (383, True), (384, False),
-                        (2080, False), (None, False), (True, False), (17.0, False)):
+    # why: the EP8 emulation (sessions 37-38): cuda_v14 slower up to 136 slots on a rank's 48
+    # experts, faster from 168; unhinted calls (REAL bench) always cuda_v14
+    for hint, small in ((0, True), (17, True), (72, True), (136, True), (143, True),
+                        (144, False), (168, False), (2080, False), (None, False), (True, False),
+                        (17.0, False)):
         assert cuda_v15.small_hinted(hint, 48) is small, hint
-    assert cuda_v15.small_hinted(2080, 384) and not cuda_v15.small_hinted(3072, 384)
+    assert cuda_v15.small_hinted(1151, 384) and not cuda_v15.small_hinted(1152, 384)
     assert not cuda_v15.small_hinted(17, None)  # experts unreadable: cuda_v14 names them
 
 
@@ -52,8 +53,8 @@ def test_v15_dispatches_by_hint(monkeypatch, hint, want):
 @pytest.mark.parametrize("T, hint_of", [(17, lambda s: s), (65, lambda s: s), (512, lambda s: s),
                                         (17, lambda s: None)], ids=["h17", "h65", "h512", "T17"])
 def test_v15_is_the_chosen_versions_bits_gpu(real_experts, T, hint_of):
-    # why: an EP8 rank's call (48 of 384 experts, -1 elsewhere) with the loop's hint: under 8 E
-    # = 384 slots cuda_v5's bits, from it cuda_v14's; unhinted cuda_v14's
+    # why: an EP8 rank's call (48 of 384 experts, -1 elsewhere) with the loop's hint: under 3 E
+    # = 144 slots cuda_v5's bits, from it cuda_v14's; unhinted cuda_v14's
     x, ids, w, ex = _routing(real_experts, T, 0.0, 3900 + T)
     here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
     ex48 = type(ex)(*(t[:48] for t in ex))

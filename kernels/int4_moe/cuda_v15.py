@@ -1,19 +1,20 @@
-"""int4_moe cuda_v15: cuda_v14 where a call has no expert-parallel hint or expects at least 8 E
+"""int4_moe cuda_v15: cuda_v14 where a call has no expert-parallel hint or expects at least 3 E
 routed slots on its E experts (the hint); cuda_v5 exactly on an EP rank's hinted calls below
 that (its tiles, launches and bits).
 
-Why (H200, session 37 call 3, traces/gpu/session37, `python -m workbench.dist.emulate --preset
-kimi-k2.6 --layouts ep8 --graph --budgets ar,16,64 --batches 1,32 --kernels engine` against
-`engine,int4_moe=cuda_v14`, graph-replayed ms a step on EP8 rank 0, 48 experts): cuda_v14's hot
-launches and bf16 h took C 32 DDTree-16 (544 slots expected, ~11 an expert) 60.03 -> 55.14 and
-C 32 DDTree-64 (2080) 159.34 -> 135.17, but cost C 1 DDTree-16 (17 slots) 14.40 -> 14.67 and
-C 1 DDTree-64 (65) 23.34 -> 23.79: at ~1 slot an expert the side-stream hot launch finds
-nearly nothing (60 launches, 3.8 µs each) and the cold launch beside it ran 2.8 % slower. C 1 /
-C 32 AR tie (5.59 / 5.57, 19.00 / 18.95). The 8 E cut is cuda_v12 / v14's (bands, bf16 h).
-Unhinted calls keep cuda_v14 at every T: its REAL bench (session 37 call 2) is at or over
-cuda_v5's there (skewed T 9-128 1.00-1.06x Humming; cuda_v5 0.86x at skewed T 128 in session
-33): the hot launch pays on skewed routing even at a fraction of a slot an expert, where the
-emulation's per-rank routing is near-uniform.
+Why (H200, EP8 emulation `python -m workbench.dist.emulate --preset kimi-k2.6 --layouts ep8
+--tau 3.59 --graph --kernels engine` against `engine,int4_moe=cuda_v14`, graph-replayed ms a
+step on rank 0's 48 experts; a rank's slots are C (budget + 1)): cuda_v14 against cuda_v5 at
+17 slots 14.67 / 14.40, 65 23.79 / 23.34 (session 37 call 3), 72 25.61 / 25.01 (session 38
+call 1), 104 27.91 / 27.41, 136 29.80 / 29.51, **168 31.26 / 31.52, 200 34.30 / 35.54** (call
+2), 264 35.90 / 38.76, 288 41.00 / 43.81, 520 45.83 / 52.31, 1056 78.98 / 90.28, 2080 131.27 /
+155.44 (call 1; session 37: 544 55.14 / 60.03): the crossing lies between 136 and 168 slots,
+~3 an expert. Under it cuda_v14's side-stream hot launch finds few experts past 8 slots (60
+launches of ~3.8 µs a step) and the cold launch beside it runs slower; over it the hot bands
+pay, and from 8 E the bf16 h. Unhinted calls keep cuda_v14 at every T: its REAL bench (session
+37 call 2) is at or over cuda_v5's there (skewed T 9-128 1.00-1.06x Humming; cuda_v5 0.86x at
+skewed T 128 in session 33): the hot launch pays on skewed routing even at a fraction of a
+slot an expert, where the emulation's per-rank routing is near-uniform.
 
 What: the choice from the hint and the experts' count only (host ints: graph-safe; the same
 call always takes the same path). Numerics: the chosen version's (cuda_v5's on small hinted
@@ -28,7 +29,7 @@ from torch import Tensor
 from . import cuda_v5, cuda_v14
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
-SLOTS_PER_EXPERT = 8  # a hinted call below this many slots an expert expected: cuda_v5
+SLOTS_PER_EXPERT = 3  # a hinted call below this many slots an expert expected: cuda_v5
 
 
 def small_hinted(expected_slots: int | None, E: int | None) -> bool:
