@@ -90,7 +90,10 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
     The teacher-forced pair replays each request on its loop's schedule, repeated C times (the
     loop's row counts): run A (ref) as one forward of one request under the reference ops
     (batch-invariant), or on the AR loop's steps; run B (got) on the AR loop's steps, or with
-    steps_b (a DDTree GenerateResult) on its accepted rows per step, padded to budget + 1."""
+    steps_b (a DDTree GenerateResult) on its accepted rows per step, padded to budget + 1.
+    A divergence the replay does not reproduce gets the real loops' routing trace as a second
+    witness (check.explain_in_real_loops): AR vs DDTree under one selection, and the kernel AR
+    loop vs the reference AR loop (vs_reference)."""
     from workbench.dist.check import (
         check_explained,
         explain_divergences,
@@ -121,11 +124,22 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
             print(f"{what}: {line}")
     except Exception as e:
         print(f"{what}: explanation failed: {type(e).__name__}: {e}")
+    new = None
     if drafter is not None and kernels_a == kernels_b:  # AR vs DDTree under one selection
         from workbench.dist.check import explain_in_real_loops
 
         new = explain_in_real_loops(target, drafter, prompts, ref, got, reports, budget,
                                     kernels_b, NEW, margins=margins)
+    elif kernels_a is None and budget is None:  # the kernel AR loop vs the reference AR loop
+        # why: a batch-variant int4_moe's bits follow the call's slots an expert (cuda_v11 /
+        # v14's hot bands), so a one-request replay may not meet the real batch's router
+        # near-tie (session 37: trained C 8, layer 1, rel margin 0.0008, not reproduced); the
+        # traced real loops of both runs are the stronger witness, under the same rule
+        from workbench.dist.check import explain_in_real_loops
+
+        new = explain_in_real_loops(target, None, prompts, ref, got, reports, None, kernels_b,
+                                    NEW, margins=margins, vs_reference=True)
+    if new is not None:
         for rep_line in new:
             if rep_line not in reports:
                 print(f"{what}: {rep_line[1]}")
