@@ -259,6 +259,29 @@ def test_v7_bitwise_v5(T, E, D, I, K, cfg, tma, why):
     assert torch.equal(out, triton_v5.int4_moe_triton(x, ids, w, ex, cfg=cfg))
 
 
+@pytest.mark.parametrize("n, knob", [(1, "BM1=16"), (2, "BM2=8")])
+def test_gemm_out_of_resources_names_the_knobs(n, knob):
+    # why: a cfg whose build the GPU cannot hold (session 35: stages 4 on the hot down launch,
+    # 290 KB of shared memory) is refused by name -- the knobs, what it needs, the limit --
+    # not left as Triton's OutOfResources from inside the launch; the CPU interpreter never
+    # raises it, so the hook stands in for the build that does
+    from triton.runtime.errors import OutOfResources
+
+    from workbench.kernels.int4_moe import triton_v7
+
+    def gemm(m, c, r, NT, args, kw):
+        if m == n:
+            raise OutOfResources(296960, 232448, "shared memory")
+        triton_v7.grid_gemm(m, c, r, NT, args, kw)
+
+    ex = _experts(4, 64, 32, seed=5)
+    ids, w = _routing(3, 4, 2, seed=5)
+    x = torch.randn(3, 64).bfloat16()
+    with pytest.raises(ValueError, match=rf"cfg: expected GEMM {n} .*shared memory \(232448\), "
+                                         rf"got 296960 at stages=4.*{knob}"):
+        triton_v7.launch(x, ids, w, ex, None, {"stages": 4}, triton_v7.tiles, False, gemm=gemm)
+
+
 def test_v7_tma_alignment_rule():
     # why: TMA needs 16-byte aligned base and strides; words of a checkpoint always are (IN / 2 B
     # rows), a view that starts one word in is not: rejected by name, never read out of bounds

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import INTERPRET, _require, check_inputs, next_pow2, pdl_launch, pdl_start, route
@@ -274,6 +275,22 @@ def grid_gemm(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     _gemm_kernel[(NT, r.max_active, c[f"KS{n}"])](*args, c[f"TPS{n}"], **kw)
 
 
+def run_gemm(gemm, n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
+    """The launch hook gemm(n, c, r, NT, args, kw), with a build the GPU cannot hold (Triton's
+    OutOfResources at the first launch of a knob set: shared memory, registers) refused as a
+    ValueError naming the tile knobs, what the build needs and the GPU's limit. Why: a sweep's
+    cfg (session 35: stages 4 on the hot down launch asked 290 KB of shared memory) must say
+    which knob to take back, not end in Triton's compiler."""
+    try:
+        gemm(n, c, r, NT, args, kw)
+    except OutOfResources as e:
+        names = ("stages", "warps", "maxnreg", "BN", f"BM{n}", "BN_HOT", f"BM{n}_HOT")
+        knobs = ", ".join(f"{k}={c[k]}" for k in names if k in c)
+        raise ValueError(f"cfg: expected GEMM {n} ({'gate/up' if n == 1 else 'down'}) tiles "
+                         f"within the GPU's {e.name} ({e.limit}), got {e.required} at {knobs} "
+                         f"(fewer stages or a smaller BN / BM{n})") from e
+
+
 def prepare(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate, cfg,
             tiles_of, router=route_one_program, expected_slots=None, gate_up: bool = True):
     """What `launch` sets up before its first kernel: the input checks, the knobs
@@ -340,10 +357,11 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
                                        **dep)
     g = torch.empty(c["KS1"], S, 2 * I, dtype=torch.float32, device=dev)  # [KS1, S, 2I] sorted
     nt1 = triton.cdiv(I, c["BN"])
-    gemm(1, c, r, 2 * nt1, (xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta,
-                            g, g.stride(0), g.stride(1), I, nt1, D),
-         dict(BM=c["BM1"], NH=1, TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False, **common,
-              **dep))
+    run_gemm(gemm, 1, c, r, 2 * nt1,
+             (xp, Dp, 0, w1, s1, w2, s2, gs, us, gs.stride(0), gs.stride(1), *meta, g,
+              g.stride(0), g.stride(1), I, nt1, D),
+             dict(BM=c["BM1"], NH=1, TWO=True, S_TMA=st1, BY_TOKEN=True, OUT_BY_SLOT=False,
+                  **common, **dep))
     h = torch.empty(S, 2, Ip, dtype=torch.bfloat16, device=dev)  # [S, 2, Ip] permuted hi, lo
     if silu is None:
         _silu_kernel[(S, Ip // KT)](g, g.stride(0), I, Ip, h, KS=c["KS1"],
@@ -382,10 +400,11 @@ def down_gemm(p, h: Tensor, y: Tensor, ds: Tensor, gemm, down_select: bool, dep:
              nh)
     w3, s3, st2 = p.wd[2], p.sd[2], p.st[1]
     nt2 = triton.cdiv(D, c["BN"])
-    gemm(2, c, r, nt2, (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta,
-                        y, y.stride(0), y.stride(1), D, nt2, I),
-         dict(BM=c["BM2"], NH=nh, TWO=down_select, S_TMA=st2, BY_TOKEN=False,
-              OUT_BY_SLOT=True, **common, **dep))
+    run_gemm(gemm, 2, c, r, nt2,
+             (h, 2 * Ip, Ip, w3, s3, w3, s3, ds, ds, ds.stride(0), ds.stride(1), *meta, y,
+              y.stride(0), y.stride(1), D, nt2, I),
+             dict(BM=c["BM2"], NH=nh, TWO=down_select, S_TMA=st2, BY_TOKEN=False,
+                  OUT_BY_SLOT=True, **common, **dep))
 
 
 def combine_partials(p, y: Tensor, topk_ids: Tensor, topk_weights: Tensor,
