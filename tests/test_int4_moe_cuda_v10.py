@@ -148,6 +148,23 @@ def _routing(real_experts, T, skew, seed):
     return r.normal(T, cfg.hidden_size), ids, r.uniform(T, K) + 0.05, ex
 
 
+def _replayed(capture, real_experts, T, skew, seed, x, ids, w):
+    """capture() recorded in a CUDA graph, then a new routing (seed) copied into x / ids / w,
+    the output NaN-poisoned and the graph replayed: the replay's output (what a graph-safe op
+    computes for the new inputs, compared by the caller with an eager call on them)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = capture()
+    x2, ids2, w2, _ = _routing(real_experts, T, skew, seed)
+    x.copy_(x2)
+    ids.copy_(ids2)
+    w.copy_(w2)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def _close(out, x, ids, w, ex):
     ref = int4_moe(x, ids, w, ex)
     assert not out.isnan().any()
@@ -240,13 +257,6 @@ def test_v10_side_stream_is_one_stream_bitwise_gpu(real_experts, T, skew):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert torch.equal(a, b)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = cuda_v10.int4_moe_cuda(x, ids, w, ex, cfg={"WS": 1})
-    x2, ids2, w2, _ = _routing(real_experts, T, skew, 1700 + T)
-    x.copy_(x2)
-    ids.copy_(ids2)
-    w.copy_(w2)
-    g.replay()
-    torch.cuda.synchronize()
+    out = _replayed(lambda: cuda_v10.int4_moe_cuda(x, ids, w, ex, cfg={"WS": 1}), real_experts,
+                    T, skew, 1700 + T, x, ids, w)
     assert torch.equal(out, cuda_v10.int4_moe_cuda(x, ids, w, ex))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_int4_moe_cuda_v10 import _close, _routing
+from test_int4_moe_cuda_v10 import _close, _replayed, _routing
 
 from workbench.kernels.int4_moe import cuda_v10, cuda_v11, cuda_v12
 
@@ -48,14 +48,6 @@ def test_v12_is_cuda_v11_gpu(real_experts, T, skew, wb):
     a = cuda_v12.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
     assert torch.equal(a, cuda_v11.int4_moe_cuda(x, ids, w, ex))
     _close(a, x, ids, w, ex)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = cuda_v12.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
-    x2, ids2, w2, _ = _routing(real_experts, T, skew, 3600 + T)  # a new routing, same shapes
-    x.copy_(x2)
-    ids.copy_(ids2)
-    w.copy_(w2)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
+    out = _replayed(lambda: cuda_v12.int4_moe_cuda(x, ids, w, ex, cfg=cfg), real_experts, T,
+                    skew, 3600 + T, x, ids, w)  # a new routing, same shapes
     assert torch.equal(out, cuda_v11.int4_moe_cuda(x, ids, w, ex))

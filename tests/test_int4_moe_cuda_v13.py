@@ -81,21 +81,13 @@ def test_v13_is_cuda_v12_gpu(real_experts, T, skew, cfg):
     # cuda_v12's bits, eager and graph-replayed on a new routing (the slot counts, and so the
     # bands, change on the device), on two streams, on three (DS 2) and on one (WS 0), and
     # the reference
-    from test_int4_moe_cuda_v10 import _close
+    from test_int4_moe_cuda_v10 import _close, _replayed
     from test_int4_moe_cuda_v10 import _routing as _real_routing
 
     x, ids, w, ex = _real_routing(real_experts, T, skew, 3700 + T)
     a = cuda_v13.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
     assert torch.equal(a, cuda_v12.int4_moe_cuda(x, ids, w, ex, cfg=cfg))
     _close(a, x, ids, w, ex)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = cuda_v13.int4_moe_cuda(x, ids, w, ex, cfg=cfg)
-    x2, ids2, w2, _ = _real_routing(real_experts, T, skew, 3800 + T)
-    x.copy_(x2)
-    ids.copy_(ids2)
-    w.copy_(w2)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
+    out = _replayed(lambda: cuda_v13.int4_moe_cuda(x, ids, w, ex, cfg=cfg), real_experts, T,
+                    skew, 3800 + T, x, ids, w)
     assert torch.equal(out, cuda_v12.int4_moe_cuda(x, ids, w, ex, cfg=cfg))

@@ -10,7 +10,7 @@ import types
 
 import pytest
 import torch
-from test_int4_moe_cuda_v10 import _close
+from test_int4_moe_cuda_v10 import _close, _replayed
 from test_int4_moe_cuda_v10 import _routing as _real_routing
 from test_int4_moe_kernel import _case, _experts, _routing
 
@@ -72,14 +72,6 @@ def test_v14_is_cuda_v12_with_half_h_gpu(real_experts, T, skew):
     _close(a, x, ids, w, ex)
     if nh2:
         assert not torch.equal(a, cuda_v12.int4_moe_cuda(x, ids, w, ex))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = cuda_v14.int4_moe_cuda(x, ids, w, ex)
-    x2, ids2, w2, _ = _real_routing(real_experts, T, skew, 3800 + T)  # a new routing
-    x.copy_(x2)
-    ids.copy_(ids2)
-    w.copy_(w2)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
+    out = _replayed(lambda: cuda_v14.int4_moe_cuda(x, ids, w, ex), real_experts, T, skew,
+                    3800 + T, x, ids, w)  # a new routing
     assert torch.equal(out, cuda_v12.int4_moe_cuda(x, ids, w, ex, cfg=nh2 or None))
