@@ -180,9 +180,9 @@ Versions (README.md has the design and the version log), each with the contract 
                Humming at 13 of 14 shapes; not BEST: the trained exact suite 20 of 21, one
                router near-tie at C 8 its teacher-forced pair does not reproduce)
     cuda_v15   cuda_v14, but cuda_v5 exactly on an EP rank's hinted calls expecting under 3 E
-               slots (H200, sessions 37-38 EP8 emulation, graph-replayed ms a step: at or
-               under cuda_v5 and cuda_v14 at every C 1-32 x budget 8-64 measured, C 32
-               DDTree-64 130.66 vs cuda_v5's 155.44; ENGINE from session 38)
+               slots (H200, sessions 37-38 EP8 emulation, graph-replayed ms a step: the
+               cut takes the faster of cuda_v5 / cuda_v14 at every C 1-32 x budget 8-64
+               measured, C 32 DDTree-64 130.66 vs cuda_v5's 155.44; ENGINE from session 38)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
