@@ -218,20 +218,20 @@ def test_replace_gate_up_only_leaves_down_to_the_checkpoint_versions():
         L.replace_with_repacked(m2, ("gate",))
 
 
-def test_presets_run_cuda_v15_where_it_can_and_v34_elsewhere():
-    # why: the engine preset (what the full-size emulation times) and the optimized one (the
-    # decode loop's) take cuda_v15; a machine without CUDA or cupy (this CPU box, the demo)
+def test_presets_run_their_versions_where_they_can_and_portable_elsewhere():
+    # why: the engine preset (what the full-size emulation times) takes cuda_v15, the optimized
+    # one (the decode loop's) BEST; a machine without CUDA or cupy (this CPU box, the demo)
     # gets PORTABLE, triton_v34, not an error
     from workbench import ops
     from workbench.kernels import int4_moe
 
     assert ops.PRESETS["engine"]["int4_moe"] == int4_moe.ENGINE == "cuda_v15"
-    assert ops.PRESETS["optimized"]["int4_moe"] == int4_moe.BEST == "cuda_v15"
+    assert ops.PRESETS["optimized"]["int4_moe"] == int4_moe.BEST
     assert int4_moe.PORTABLE == "triton_v34"
-    runs = ops.op_spec("int4_moe").variant("cuda_v15").unavailable_reason() is None
-    want = "cuda_v15" if runs else int4_moe.PORTABLE
-    assert ops.resolve_selection("engine")["int4_moe"] == want
-    assert ops.resolve_selection("optimized")["int4_moe"] == want
+    for preset, version in (("engine", int4_moe.ENGINE), ("optimized", int4_moe.BEST)):
+        runs = ops.op_spec("int4_moe").variant(version).unavailable_reason() is None
+        want = version if runs else int4_moe.PORTABLE
+        assert ops.resolve_selection(preset)["int4_moe"] == want
 
 
 def test_v4_tiles_take_two_n_tiles_where_an_expert_expects_more_than_one():

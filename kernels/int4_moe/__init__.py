@@ -192,12 +192,6 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# cuda_v15 from session 39 (unhinted, cuda_v14's launches: issue #6's REAL table at or above
-# triton_v34 at 13 of 14 shapes, T 1 61.2 vs 77.8 µs, uniform T 512 3153.7 vs 3353.6, skewed
-# T 17 475.6 vs 472.2 within the runs' spread, traces/gpu/session37; an EP rank's hinted calls
-# cuda_v5's under 3 E slots; the trained token-exact suite with cuda_v14 21 of 21 once the
-# kernel-vs-reference AR case takes the real loops' routing trace as its witness,
-# traces/gpu/session39 call 1); CUDA + cupy only: PORTABLE elsewhere;
 # triton_v34 from session 24 (v32's tiles and bits without a hint; v33's twice-split gate/up on
 # an EP rank's hinted calls: the EP8 C 8 AR step 9.175 / 9.169 ms against v32's 9.347 / 9.355,
 # C 1 DDTree-8 11.428 / 11.399 against 11.531 / 11.543 in one ABBA call, the other step
@@ -219,7 +213,7 @@ _MOD = "workbench.kernels.int4_moe"
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "cuda_v15"
+BEST = "triton_v34"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
@@ -235,10 +229,12 @@ BEST = "cuda_v15"
 # 130.66 vs 43.81 / 90.28 / 155.44 -- that run at session 37's 8 E cut; call 2 moved the cut to
 # 3 E, where cuda_v14 took 168 / 200 slots 31.26 / 34.30 vs 31.52 / 35.54 and lost at 136 and
 # below, so C 8 DDTree-32 and C 32 DDTree-8 now take cuda_v14's 35.90 / 41.00); GPU tests 25
-# passed; BEST too from session 39
+# passed; the BEST candidate from session 39: the trained token-exact suite with cuda_v14 (whose
+# unhinted launches it runs) 21 of 21 under the real-loop witness (traces/gpu/session39 call 1);
+# small's exact suite with it not yet run (plan session39_d), so not BEST yet
 ENGINE = "cuda_v15"
 # what a preset selects where its version cannot run here (cuda_v15 without CUDA or cupy: the
-# CPU tests, the CPU demo): triton_v34, BEST before session 39
+# CPU tests, the CPU demo): BEST
 PORTABLE = "triton_v34"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
