@@ -28,11 +28,47 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # the device README's recipe (nvtx,
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/extra.log"
 
+# A process's descendants, parents before children, from /proc (no procps needed; gVisor has
+# /proc/N/stat too).
+descendants() {
+  local f stat rest c ppid
+  for f in /proc/[0-9]*/stat; do
+    stat=$(<"$f") 2>/dev/null || continue
+    rest=${stat##*) }
+    read -r _ ppid _ <<<"$rest"
+    if [ "$ppid" = "$1" ]; then c=${f#/proc/}; c=${c%/stat}; echo "$c"; descendants "$c"; fi
+  done
+}
+# A plan step under its limit (status 124 past it, as timeout's). At the limit the step's
+# processes stop in two rounds: first all but the filters a plan pipes its output through
+# (grep, tail, tee, head, sed, awk, gzip, cat), which then see the end of their input and write
+# what they hold; 10 s later whatever is left. `timeout` signals the whole process group at
+# once, so a step's `| tail | tee` wrote nothing when it was cut (session 39 lost a 560 s step).
+run_step() {
+  local lim=$1 cmd=$2 pid p end
+  bash -c "$cmd" >>"$OUT/steps.log" 2>&1 &
+  pid=$!
+  end=$((SECONDS + lim))
+  while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 0.2; done
+  if ! kill -0 "$pid" 2>/dev/null; then wait "$pid"; return; fi
+  for p in "$pid" $(descendants "$pid"); do  # bash -c execs a lone command: then $pid is it
+    case "$(cat "/proc/$p/comm" 2>/dev/null)" in
+      bash|sh|grep|tail|tee|head|sed|awk|gzip|cat) ;;  # a shell ends with its pipeline
+      *) kill -TERM "$p" 2>/dev/null ;;
+    esac
+  done
+  end=$((SECONDS + 10))
+  while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 0.2; done
+  for p in $(descendants "$pid") "$pid"; do kill -KILL "$p" 2>/dev/null; done
+  wait "$pid" 2>/dev/null
+  return 124
+}
+
 if [ -n "${STEPS:-}" ]; then
   while IFS=$'\t' read -r lim cmd; do
     case "$lim" in ''|'#'*) continue;; esac
     stamp "step (limit $lim s): $cmd"
-    timeout "$lim" bash -c "$cmd" >>"$OUT/steps.log" 2>&1
+    run_step "$lim" "$cmd" </dev/null
     rc=$?; stamp "step rc $rc"; echo "[gpu_session] rc $rc: $cmd" >>"$OUT/steps.log"
   done <"$STEPS"
 fi
