@@ -1599,7 +1599,7 @@ def test_registered():
 
 
 def _best_here() -> str:
-    """BEST where it runs (the H200: cuda_v15), PORTABLE elsewhere (this CPU box: triton_v34),
+    """BEST where it runs, PORTABLE elsewhere (a BEST that needs CUDA + cupy on this CPU box),
     as the "optimized" preset resolves it."""
     from workbench import ops
 
