@@ -23,8 +23,7 @@ def _run_plan(tmp_path: Path, steps: list[tuple[int, str]]) -> tuple[Path, float
     plan = tmp_path / "plan.tsv"
     plan.write_text("# a test plan\n" + "".join(f"{lim}\t{cmd}\n" for lim, cmd in steps))
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "STEPS": str(plan), "SUITE_S": "0",
-           "TEST_FILES": "", "PATH": os.environ.get("PATH", "")}
+    env = {**os.environ, "OUT": str(out), "STEPS": str(plan), "SUITE_S": "0", "TEST_FILES": ""}
     t0 = time.monotonic()
     subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh")], env=env, cwd=ROOT,
                    check=True, timeout=120, capture_output=True)
