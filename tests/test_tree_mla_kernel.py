@@ -1,8 +1,8 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
 triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16, triton_v17;
 gluon_v9, gluon_v10, gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13,
-gluon_v13_long, gluon_v14, gluon_v14_long, gluon_v18, gluon_v19 and the engine-only gluon_v20,
-gluon_v21, gluon_v22 on the GPU): equal to the dense-mask reference.
+gluon_v13_long, gluon_v14, gluon_v14_long, gluon_v18, gluon_v19, gluon_v25 and the engine-only
+gluon_v20-gluon_v24 on the GPU): equal to the dense-mask reference.
 
 On CPU the kernels run under the Triton interpreter (conftest.py) with fp32 dots (bf16 tl.dot
 is wrong there), so CPU shapes stay small; `gpu` tests run the REAL shapes, CUDA-graph replay
@@ -37,6 +37,7 @@ from workbench.kernels.tree_mla import (
     gluon_v22,
     gluon_v23,
     gluon_v24,
+    gluon_v25,
     register,
     triton_v1,
     triton_v2,
@@ -67,7 +68,7 @@ GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
          "g18": gluon_v18.tree_mla_gluon, "g19": gluon_v19.tree_mla_gluon,
          "g20": gluon_v20.tree_mla_gluon, "g21": gluon_v21.tree_mla_gluon,
          "g22": gluon_v22.tree_mla_gluon, "g23": gluon_v23.tree_mla_gluon,
-         "g24": gluon_v24.tree_mla_gluon}
+         "g24": gluon_v24.tree_mla_gluon, "g25": gluon_v25.tree_mla_gluon}
 GPU_VERSIONS = {**VERSIONS, **GLUON}
 # batch-variant by design (the engine preset's): its partition follows the launch's rows
 ENGINE_ONLY = {"g20", "g21", "g22", "g23", "g24"}
@@ -803,6 +804,41 @@ def test_gluon_v18_attention_compiles_under_the_few_heads_policy_sm90():
     assert r[0] == r[1], r
     assert set(r[1]["wgmma"]) == {"m64n64k16", "m64n256k16"} and r[1]["gdc"] == 1, r
     assert r[1]["smem"] <= 227 * 1024 and int(r[1]["regs"]) <= 255, r
+
+
+def test_gluon_v25_is_gluon_v19_under_the_long_policy(monkeypatch):
+    # why: gluon_v25 changes only the split policy of gluon_v19's launch: past P = 2048 at 32
+    # heads or more >= 1024-key splits (at most 8), v4's below 32 heads (gluon_v19 call for
+    # call there); the policy reads P and H only, never the launch's rows (batch invariance)
+    from workbench.kernels.tree_mla import triton_v4
+
+    seen = []
+    monkeypatch.setattr(gluon_v25, "_launch", lambda *a, **kw: seen.append((a, kw)))
+    for H in (8, 16, 32, 64):
+        for N in (1, 9):
+            gluon_v25.tree_mla_gluon(torch.empty(2, N, H, 576), torch.empty(2, 64, 576),
+                                     torch.zeros(2, dtype=torch.int32),
+                                     torch.zeros(2, N, 1, dtype=torch.int64), SCALE, 512)
+    for (a, kw), (H, N) in zip(seen, [(h, n) for h in (8, 16, 32, 64) for n in (1, 9)]):
+        assert a[7] == (gluon_v11.LONG if H >= 32 else triton_v4.V4), (H, N)
+        assert kw == {"publish": True, "rcp": True}
+    assert len(seen) == 8
+    # the long policy's partition at the REAL contexts (host twins of the kernels' _parts)
+    assert [triton_v4.num_parts(P, policy=gluon_v11.LONG) for P in (1024, 2048, 4096, 8192,
+                                                                    32768)] == \
+        [(4, 4), (8, 8), (4, 5), (8, 9), (8, 9)]
+    assert [triton_v4.num_parts(P) for P in (4096, 8192)] == [(8, 9), (16, 17)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, ctx", [(1, 9, 8, 8192), (2, 17, 16, 4096), (1, 33, 64, 2048)])
+def test_gpu_gluon_v25_is_gluon_v19_where_the_policies_agree(B, N, H, ctx):
+    # why: below 32 heads, and at any head count up to P = 2048, v4's policy and the long one
+    # cut the same parts: gluon_v25's bits are gluon_v19's there
+    case = _gpu_case(B, N, H, ctx, seed=N)
+    o, lse = gluon_v25.tree_mla_gluon(*case.args)
+    o19, lse19 = gluon_v19.tree_mla_gluon(*case.args)
+    assert torch.equal(o, o19) and torch.equal(lse, lse19)
 
 
 def test_gluon_v19_epilogue_multiplies_by_a_reciprocal_sm90():

@@ -68,6 +68,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                requests (N H <= 8, S = SMs // B - 1 >= 15 prefix parts of whole 64-key
                tiles, v17's merge; H200: B 8 N 1 P 4096 21.7 vs 24.7 µs; the rule lost at
                B 16 / 32 and at 17 rows, so it stops there)
+    gluon_v25  gluon_v19 under gluon_v11_long's policy (>= 1024-key splits past P = 2048 at
+               >= 32 heads: fewer fp32 partials for a 64-head verify, fewer programs for
+               N = 1; session 14 measured the trade on gluon_v13's kernel)
 
 BEST (gluon_v19) needs an sm_90 GPU; PORTABLE (triton_v4) is what the presets select elsewhere
 (workbench.ops.registry.PORTABLE). Importing this package imports no Triton; `register()` adds
@@ -133,6 +136,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v22": f"{_MOD}.gluon_v22:tree_mla_gluon",
         "gluon_v23": f"{_MOD}.gluon_v23:tree_mla_gluon",
         "gluon_v24": f"{_MOD}.gluon_v24:tree_mla_gluon",
+        "gluon_v25": f"{_MOD}.gluon_v25:tree_mla_gluon",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -234,6 +238,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
                                 "rows (N H <= 8) of 5-8 requests, where gluon_v23 runs "
                                 "gluon_v19 (S = SMs // B - 1 >= 15 prefix parts of 64-key "
                                 "tiles, triton_v17's merge)", ("sm90", "triton")),
+    ("tree_mla", "gluon_v25"): ("gluon_v19 under gluon_v11_long's policy (>= 1024-key splits, "
+                                "at most 8, past P = 2048 at 32 heads or more; gluon_v19 "
+                                "below 32 heads)", ("sm90", "triton")),
 }
 
 
