@@ -1,5 +1,6 @@
 """tree_mla kernels (kernels/tree_mla/ triton_v1, triton_v2, triton_v2_split128, triton_v3,
-triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16, triton_v17;
+triton_v4, triton_v4_split512, triton_v7, triton_v8, triton_v15, triton_v16, triton_v17,
+triton_v26;
 gluon_v9, gluon_v10, gluon_v10_by_heads, gluon_v11, gluon_v11_long, gluon_v12, gluon_v13,
 gluon_v13_long, gluon_v14, gluon_v14_long, gluon_v18, gluon_v19, gluon_v25 and the engine-only
 gluon_v20-gluon_v24 on the GPU): equal to the dense-mask reference.
@@ -48,6 +49,7 @@ from workbench.kernels.tree_mla import (
     triton_v15,
     triton_v16,
     triton_v17,
+    triton_v26,
 )
 from workbench.ops.case import Case
 from workbench.reference.tree_mla import pack_anc_bits, tree_mla
@@ -57,7 +59,7 @@ VERSIONS = {"v1": triton_v1.tree_mla_triton, "v2": triton_v2.tree_mla_triton,
             "v4": triton_v4.tree_mla_triton, "v4_split512": triton_v4.tree_mla_triton_split512,
             "v7": triton_v7.tree_mla_triton, "v8": triton_v8.tree_mla_triton,
             "v15": triton_v15.tree_mla_triton, "v16": triton_v16.tree_mla_triton,
-            "v17": triton_v17.tree_mla_triton}
+            "v17": triton_v17.tree_mla_triton, "v26": triton_v26.tree_mla_triton}
 # Gluon has no interpreter: the Gluon versions run in the `gpu` tests only (the CPU tests
 # compile them for sm_90 and check their input errors)
 GLUON = {"g9": gluon_v9.tree_mla_gluon, "g10": gluon_v10.tree_mla_gluon,
@@ -193,7 +195,7 @@ EDGE = {
 # v4_split512) seed 1 and skip split-len-grows (at P = 8300 their partition is v2's / v4's)
 EDGE_SEEDS = {"v1": (0, 1), "v2": (0,), "v2_split128": (1,), "v3": (0, 1), "v4": (0, 1),
               "v4_split512": (1,), "v7": (1,), "v8": (1,), "v15": (0, 1), "v16": (1,),
-              "v17": (0, 1)}
+              "v17": (0, 1), "v26": (0, 1)}
 
 
 @pytest.mark.parametrize("name", list(EDGE))
@@ -806,6 +808,59 @@ def test_gluon_v18_attention_compiles_under_the_few_heads_policy_sm90():
     assert r[1]["smem"] <= 227 * 1024 and int(r[1]["regs"]) <= 255, r
 
 
+@pytest.mark.parametrize("prefix, N, H, C", [
+    ([600], 5, 4, 256),  # 3 short parts (256 keys), the tree on the last; 2 merge chunks
+    ([300, 40, 1030], 9, 8, 128),  # 2 / 1 / 5 parts: one request writes directly, no ticket
+    ([2200], 3, 16, 128),  # past SHORT_UPTO: 5 long parts of 512 and the tree's own part
+])
+def test_v26_merges_in_kernel_with_v4s_bits(prefix, N, H, C, poisoned, monkeypatch):
+    # why: triton_v26's last part to finish merges its row block's partials with the
+    # combine's arithmetic, so its outputs are triton_v4's bit for bit (and the reference's
+    # within tolerance); its counters are back to zero after every launch (graph replay and
+    # the next call need no memset), and a second call gives the same bits
+    from workbench.kernels.dense.linear_triton_v2 import counters
+
+    g = torch.Generator().manual_seed(sum(prefix) + N)
+    case = make_case(prefix, [random_parents(N, g) for _ in prefix], H=H, C=C, R=16,
+                     seed=N, label=f"v26 P={prefix}")
+    o4, lse4 = triton_v4.tree_mla_triton(*case.args)
+    monkeypatch.setattr(triton_v4, "_launch_combine", None)  # v26 must not launch it
+    o, lse = triton_v26.tree_mla_triton(*case.args)
+    assert torch.equal(o, o4) and torch.equal(lse, lse4)
+    assert not counters(o.device, 1, pool="tree_mla").any()
+    o2, lse2 = triton_v26.tree_mla_triton(*case.args)
+    assert torch.equal(o2, o) and torch.equal(lse2, lse)
+    assert_matches_reference(case, triton_v26.tree_mla_triton)
+
+
+def test_v26_attention_builds_as_v4s_with_the_merge_sm90():
+    # why: the in-kernel merge must not cost the attention kernel its tiles: v4's wgmma, TMA
+    # and shared memory, a few bytes more spill at most, the ticket atomics in the PTX, and no
+    # griddepcontrol (there is no dependent combine launch to release)
+    r = compile_sm90(
+        "import torch, triton; from triton.backends.compiler import GPUTarget; "
+        "from triton.compiler import ASTSource; "
+        "from workbench.kernels._sm90 import ptxas_stats; "
+        "from workbench.kernels.tree_mla import sm90, triton_v4, triton_v26; "
+        "args = (torch.zeros(1, 9, 64, 576, dtype=torch.bfloat16), "
+        "torch.zeros(1, 4096, 576, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64), "
+        "torch.zeros(1, 9, 1, dtype=torch.int64), 0.1447, 512); out = {}\n"
+        "for name, m in (('v4', triton_v4), ('v26', triton_v26)):\n"
+        "    for fn, _g, sig, const, attrs, w, st, fu in sm90.capture(m, *args):\n"
+        "        if fn.__name__ != '_attn_kernel': continue\n"
+        "        ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, "
+        "attrs=attrs), target=GPUTarget('cuda', 90, 32), options={'num_warps': w, "
+        "'num_stages': st})\n"
+        "        ptx = ck.asm['ptx']; regs, spill = ptxas_stats(ptx)\n"
+        "        out[name] = dict(spill=int(spill), smem=ck.metadata.shared, "
+        "wgmma=ptx.count('wgmma.mma_async'), tma=ptx.count('cp.async.bulk.tensor'), "
+        "gdc=ptx.count('griddepcontrol'), atom=ptx.count('atom.'), merge=const['MERGE'])")
+    v4, v26 = r["v4"], r["v26"]
+    assert (v26["wgmma"], v26["tma"], v26["smem"]) == (v4["wgmma"], v4["tma"], v4["smem"]), r
+    assert v26["spill"] <= v4["spill"] + 16 and v26["gdc"] == 0 and v4["gdc"] >= 1, r
+    assert v26["merge"] and not v4["merge"] and v26["atom"] >= 2 and v4["atom"] == 0, r
+
+
 def test_gluon_v25_is_gluon_v19_under_the_long_policy(monkeypatch):
     # why: gluon_v25 changes only the split policy of gluon_v19's launch: past P = 2048 at 32
     # heads or more >= 1024-key splits (at most 8), v4's below 32 heads (gluon_v19 call for
@@ -839,6 +894,31 @@ def test_gpu_gluon_v25_is_gluon_v19_where_the_policies_agree(B, N, H, ctx):
     o, lse = gluon_v25.tree_mla_gluon(*case.args)
     o19, lse19 = gluon_v19.tree_mla_gluon(*case.args)
     assert torch.equal(o, o19) and torch.equal(lse, lse19)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, ctx", [(1, 129, 64, 1024), (1, 9, 64, 8192), (8, 17, 64, 4096),
+                                          (32, 9, 8, 4096), (1, 1, 8, 8192)])
+def test_gpu_v26_is_v4_bitwise(B, N, H, ctx):
+    # why: triton_v26's in-kernel merge runs the combine's arithmetic on the same partials,
+    # whichever part finishes last: triton_v4's bits at the REAL shapes, twice in a row (the
+    # counters reset themselves), and under CUDA-graph replay
+    from workbench.kernels.dense.linear_triton_v2 import counters
+
+    case = _gpu_case(B, N, H, ctx, seed=N + B)
+    want = triton_v4.tree_mla_triton(*case.args)
+    for _ in range(2):
+        got = triton_v26.tree_mla_triton(*case.args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not counters(got[0].device, 1, pool="tree_mla").any()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = triton_v26.tree_mla_triton(*case.args)
+    for _ in range(3):
+        out[0].fill_(NAN)
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
 
 
 def test_gluon_v19_epilogue_multiplies_by_a_reciprocal_sm90():

@@ -68,6 +68,9 @@ Versions, each with the reference's signature and outputs (o_lat q.dtype, lse fp
                requests (N H <= 8, S = SMs // B - 1 >= 15 prefix parts of whole 64-key
                tiles, v17's merge; H200: B 8 N 1 P 4096 21.7 vs 24.7 µs; the rule lost at
                B 16 / 32 and at 17 rows, so it stops there)
+    triton_v26 triton_v4 with the LSE merge in the attention launch: the row block's last part
+               to finish (a ticket counter) merges the partials with the combine's arithmetic
+               (v4's bits), from L2, and no combine launch
     gluon_v25  gluon_v19 under gluon_v11_long's policy (>= 1024-key splits past P = 2048 at
                >= 32 heads: fewer fp32 partials for a 64-head verify, fewer programs for
                N = 1; session 14 measured the trade on gluon_v13's kernel)
@@ -137,6 +140,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "gluon_v23": f"{_MOD}.gluon_v23:tree_mla_gluon",
         "gluon_v24": f"{_MOD}.gluon_v24:tree_mla_gluon",
         "gluon_v25": f"{_MOD}.gluon_v25:tree_mla_gluon",
+        "triton_v26": f"{_MOD}.triton_v26:tree_mla_triton",
     },
 }
 DESCRIPTIONS: dict[tuple[str, str], str] = {
@@ -241,6 +245,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("tree_mla", "gluon_v25"): ("gluon_v19 under gluon_v11_long's policy (>= 1024-key splits, "
                                 "at most 8, past P = 2048 at 32 heads or more; gluon_v19 "
                                 "below 32 heads)", ("sm90", "triton")),
+    ("tree_mla", "triton_v26"): "triton_v4 with the LSE merge in the attention launch: each part "
+    "takes a ticket on its row block's counter, the last merges the block's partials in part "
+    "order with the combine's arithmetic (v4's bits), reading them from L2; no combine launch",
 }
 
 

@@ -42,6 +42,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ..dense.linear_triton_v2 import counters
 from . import _common
 from ._common import BLOCK_N
 from .triton_v1 import _load_k, _load_q
@@ -52,6 +53,7 @@ LN2 = tl.constexpr(0.6931471805599453)  # log2 units -> natural log
 BLOCK_M = 64  # query rows (heads x nodes) per program: one wgmma M tile
 MASKED_BLOCK_N = 32  # keys per masked (tree) tile: shared memory, as v1-v3
 COMBINE_ROWS = 16
+MERGE_COLS = tl.constexpr(128)  # columns a chunk of triton_v26's in-kernel merge (v4's combine's)
 # the policy (README.md, "Design (v4)"): P <= SHORT_UPTO: splits of SHORT_LEN keys; above:
 # at least LONG_MIN keys, at most MAX_SPLITS splits; the tree has its own part above SHORT_UPTO
 SHORT_UPTO = 2048
@@ -120,14 +122,15 @@ def _parts(P, SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.co
 
 @triton.jit
 def _attn_kernel(q_ptr, kv_ptr, qc_desc, qr_desc, kc_desc, kr_desc, plen_ptr, anc_ptr, o_ptr,
-                 lse_ptr, opart_ptr, lpart_ptr,
+                 lse_ptr, opart_ptr, lpart_ptr, cnt_ptr,
                  sqb, sqn, sqh, sqd, skb, skt, skd, s_plen, sab, san, saw,
                  T, N, H, M, S_GRID, qk_scale,
                  C: tl.constexpr, R: tl.constexpr, CP: tl.constexpr, RP: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED_BLOCK_N: tl.constexpr,
                  SHORT_UPTO: tl.constexpr, SHORT_LEN: tl.constexpr, LONG_MIN: tl.constexpr,
                  MAX_SPLITS: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                 USE_TMA: tl.constexpr, USE_PDL: tl.constexpr, Q_TMA: tl.constexpr):
+                 USE_TMA: tl.constexpr, USE_PDL: tl.constexpr, Q_TMA: tl.constexpr,
+                 MERGE: tl.constexpr = False):
     # the combine may launch once every program of this grid has started (it then waits in
     # griddepcontrol.wait for this grid to finish): its launch overlaps this grid's tail
     if USE_PDL:
@@ -224,6 +227,48 @@ def _attn_kernel(q_ptr, kv_ptr, qc_desc, qr_desc, kc_desc, kr_desc, plen_ptr, an
             part = (b * S_GRID + t) * M + rows  # [BLOCK_M] rows of partial slot t
             tl.store(opart_ptr + part[:, None] * CP + cc[None, :], out, mask=row_ok[:, None])
             tl.store(lpart_ptr + part, lse2, mask=row_ok)
+            if MERGE:  # triton_v26: the row block's last part to finish merges them all
+                _merge_last(plen_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, cnt_ptr, b, mb,
+                            rows, row_ok, M, S_GRID, n_parts, C, CP, BLOCK_M)
+
+
+@triton.jit
+def _merge_last(plen_ptr, opart_ptr, lpart_ptr, o_ptr, lse_ptr, cnt_ptr, b, mb, rows, row_ok,
+                M, S_GRID, n_parts, C: tl.constexpr, CP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """triton_v26 (MERGE): after its partial is stored, a part takes a ticket on its row
+    block's counter; the part that draws the last one (n_parts - 1) merges the row block's
+    n_parts partials exactly as _combine_kernel does (parts 0, 1, ..., n_parts - 1 whatever
+    order they finished in: the same fp32 operations a value, so v4's bits), in 128-column
+    chunks, writes o_lat and lse and resets the counter to 0 (the next launch, or CUDA-graph
+    replay, finds it zero). The partials it reads were written moments before: from L2
+    (.cg: never a stale L1 line), not HBM, and no combine launch."""
+    tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+    cnt = cnt_ptr + b * tl.num_programs(1) + mb
+    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
+    if ticket == n_parts - 1:
+        tl.debug_barrier()
+        first = b * S_GRID * M + rows  # part 0's rows; part t adds t * M
+        m = tl.load(lpart_ptr + first, mask=row_ok, other=0.0, cache_modifier=".cg")
+        for t in range(1, n_parts):
+            m = tl.maximum(m, tl.load(lpart_ptr + first + t * M, mask=row_ok, other=0.0,
+                                      cache_modifier=".cg"))
+        o_rows = b * M + rows
+        for c0 in tl.static_range(0, CP, MERGE_COLS):
+            cc = c0 + tl.arange(0, MERGE_COLS)
+            l_sum = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, MERGE_COLS], tl.float32)
+            for t in range(0, n_parts):
+                w = tl.exp2(tl.load(lpart_ptr + first + t * M, mask=row_ok, other=0.0,
+                                    cache_modifier=".cg") - m)
+                l_sum += w
+                acc += tl.load(opart_ptr + (first + t * M)[:, None] * CP + cc[None, :],
+                               mask=row_ok[:, None], other=0.0, cache_modifier=".cg") * w[:, None]
+            out = acc / l_sum[:, None]
+            tl.store(o_ptr + o_rows[:, None] * C + cc[None, :], out.to(o_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & (cc < C)[None, :])
+            if c0 == 0:
+                tl.store(lse_ptr + o_rows, (m + tl.log2(l_sum)) * LN2, mask=row_ok)
+        tl.atomic_xchg(cnt, 0)  # ready for the next launch / graph replay
 
 
 @triton.jit
@@ -277,7 +322,7 @@ def _launch_combine(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP, con
 
 
 def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, validate,
-            policy: Policy, combine=None):
+            policy: Policy, combine=None, merge: bool = False):
     B, N, H, D, T, W = _common.check_inputs(q, kv_cache, prefix_lens, anc_bits, softmax_scale,
                                             kv_lora_rank)
     if validate:
@@ -318,15 +363,17 @@ def _launch(q, kv_cache, prefix_lens, anc_bits, softmax_scale, kv_lora_rank, val
     pdl = {} if interp else {"launch_pdl": use_pdl}
     consts = dict(SHORT_UPTO=policy.short_upto, SHORT_LEN=policy.short_len,
                   LONG_MIN=policy.long_min, MAX_SPLITS=policy.max_splits, BLOCK_N=BLOCK_N)
+    merge = merge and G > 1  # triton_v26: the last part merges in-kernel (tickets)
+    cnt = counters(q.device, B * m_blocks, pool="tree_mla") if merge else lse
     _attn_kernel[(G, m_blocks, B)](
-        q, kv_cache, qc_desc, qr_desc, kc_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part, l_part,
-        *q.stride(), *kv_cache.stride(), prefix_lens.stride(0), *anc_bits.stride(),
+        q, kv_cache, qc_desc, qr_desc, kc_desc, kr_desc, prefix_lens, anc_bits, o_lat, lse, o_part,
+        l_part, cnt, *q.stride(), *kv_cache.stride(), prefix_lens.stride(0), *anc_bits.stride(),
         T, N, H, M, G, float(softmax_scale) * LOG2E,
         C=C, R=D - C, CP=CP, RP=RP, BLOCK_M=BLOCK_M, MASKED_BLOCK_N=MASKED_BLOCK_N,
         UPCAST=interp, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        USE_TMA=use_tma, USE_PDL=use_pdl, Q_TMA=q_tma, **consts, num_warps=8 if CP >= 256 else 4,
-        num_stages=2)
-    if G > 1:  # combine: the LSE-merge launcher (None: v4's, looked up at call time)
+        USE_TMA=use_tma, USE_PDL=use_pdl and not merge, Q_TMA=q_tma, **consts, MERGE=merge,
+        num_warps=8 if CP >= 256 else 4, num_stages=2)
+    if G > 1 and not merge:  # combine: the LSE-merge launcher (None: v4's, looked up at call time)
         (combine or _launch_combine)(prefix_lens, o_part, l_part, o_lat, lse, T, M, G, C, CP,
                                      consts, use_pdl, pdl)
     return o_lat, lse
