@@ -27,6 +27,26 @@ def test_no_top_level_kernels_package_is_installed_by_us():
     assert out.stdout.strip() == "True"
 
 
+@pytest.mark.parametrize("how", ["cwd", "PYTHONPATH"])
+def test_checkout_root_on_sys_path_shadows_nothing(how):
+    # why: `python -m workbench` / `pytest` started in the checkout put its root first on
+    # sys.path, where our kernels/ folder was the top-level `kernels` and broke transformers
+    # (Hugging Face's `kernels`, "cannot import name 'CUDAProperties'"): the compressed-tensors
+    # parity tests skipped on it. workbench moves the root behind the installed packages.
+    import os
+
+    code = ("import sys, importlib.util as u; import workbench, workbench.kernels; "
+            "spec = u.find_spec('kernels'); "
+            "print(spec is None or not spec.origin.startswith(sys.argv[1])); "
+            "print(u.find_spec('workbench.kernels.int4_moe').origin.startswith(sys.argv[1]))")
+    env = dict(os.environ)
+    if how == "PYTHONPATH":
+        env["PYTHONPATH"] = "."
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "kernels")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
+
+
 @pytest.mark.slow
 def test_wheel_contains_every_package(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",

@@ -148,7 +148,7 @@ def test_drafter_materialize_is_one_op_in_the_presets_and_flips_alone():
 def test_invariant_preset_is_optimized_with_the_invariant_versions():
     # "invariant" = "optimized" with each folder's INVARIANT version (the exact suite's bitwise
     # DDTree == AR selection); every other op stays the folder's BEST
-    from kernels import int4_moe, tree_mla
+    from workbench.kernels import int4_moe, tree_mla
 
     inv, best = ops.PRESETS["invariant"], ops.PRESETS["optimized"]
     assert inv == {**best, "int4_moe": int4_moe.INVARIANT, "tree_mla": tree_mla.INVARIANT}
