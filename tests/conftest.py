@@ -56,6 +56,19 @@ def pytest_collection_modifyitems(config, items):
             name = version if version.startswith("triton_") else f"triton_{version}"
             if name not in keep[op]:
                 item.add_marker(pytest.mark.extended)
+    # Longest first: the `slow` tests (20-100 s each in the interpreter) start before the
+    # thousands of short ones, which then even out the workers' ends (pytest-xdist hands out
+    # tests in this order; pytest_configure below makes it one at a time). Collected order
+    # otherwise: a module's tests stay together, so its fixtures are built once a worker.
+    items.sort(key=lambda item: "slow" not in item.keywords)
+
+
+def pytest_configure(config):
+    # pytest-xdist's load scheduling sends each worker a quarter of its share up front, so a
+    # slow test collected late can run alone at the end on one worker (the CPU suite's wall
+    # was ~200 s over its tests' sum / workers); one at a time (two queued) instead.
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        config.option.maxschedchunk = 1
 
 
 @pytest.fixture

@@ -36,6 +36,8 @@ def _params():
             # `-m extended` (their own kernel test files cover them too)
             if "triton" in v.needs and name not in (best.get(op), portable.get(op)):
                 marks.append(pytest.mark.extended)
+            if op == "drafter" and "triton" in v.needs:
+                marks.append(pytest.mark.slow)  # ~40 s in the interpreter: scheduled first
             yield pytest.param(op, name, marks=marks, id=f"{op}-{name}")
 
 
@@ -118,7 +120,11 @@ def test_rooflines_reproduce_the_design_numbers():
     assert r["bytes"] / 1e9 == pytest.approx(8.69, rel=0.01)  # drafter + LM head at bs 1
 
 
-@pytest.mark.parametrize("op", sorted(GENERATORS))
+HEAVY_REAL = {"drafter", "tree_walk"}  # 35-45 s each on two cores: `slow`, scheduled first
+
+
+@pytest.mark.parametrize("op", [pytest.param(op, marks=[pytest.mark.slow] * (op in HEAVY_REAL))
+                                for op in sorted(GENERATORS)])
 def test_reference_passes_real_cases_at_tiny_widths(op):
     df = check(op, shapes="real", cfg="tiny", seeds=1)
     assert df["pass"].all(), failures(df)

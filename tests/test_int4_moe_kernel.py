@@ -338,6 +338,7 @@ def test_v8_bitwise_v7(shape, cfg, name):
     assert torch.equal(out, triton_v7.int4_moe_triton(x, ids, w, ex, cfg=v7_cfg))
 
 
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 def test_v8_bitwise_v7_edge_cases():
     # the harness's EDGE inputs (strided x, K = E, one expert, N tails of I = 96 / 160)
     from workbench.kernels.int4_moe import triton_v7, triton_v8
@@ -572,6 +573,8 @@ def test_v12_piece_bound():
                     assert last - first + 1 <= pmax, (ktn, l_est, L, tile)
 
 
+@pytest.mark.extended  # a measured-negative branch no later version builds on (40 s in the
+# interpreter): opt-in with -m extended, as other earlier versions' kernel tests
 @pytest.mark.parametrize("progs, cfg", [
     (1, {}), (3, {}), (7, {}),
     (64, dict(KS1=3, LMIN1=1, KS2=2, LMIN2=1)),  # KTN 3 / 2: one K tile a piece, PMAX pieces
@@ -597,6 +600,8 @@ def test_v12_split_runs_match_reference(monkeypatch, progs, cfg):
     assert torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.extended  # a measured-negative branch no later version builds on (40 s in the
+# interpreter): opt-in with -m extended, as other earlier versions' kernel tests
 def test_v12_hint_and_minus_one_slots(monkeypatch):
     # why: EP on the replicated stream (most slots -1, fewer experts active than the hint
     # expects: LMIN binds), the hint at the routed count; NaN-filled intermediates
@@ -851,6 +856,7 @@ def test_v16_real_shapes_gpu(real_experts, skew):
 
 
 # ---------------------------------------------------------------- v18: v16's hot grid capped
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 @pytest.mark.parametrize("hot_grid", [1, 2, 8])
 def test_v18_capped_hot_grid_is_v16(monkeypatch, hot_grid):
     # why: v18 launches at most HOT_GRID hot programs an N tile, which then stride over more
@@ -1088,6 +1094,7 @@ def test_v23_tiles():
             T, 8, E, 7168, 2048, slots), (T, slots)
 
 
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 @pytest.mark.parametrize("T, hint", [(1, 8), (3, None)])
 def test_v23_decode_splits_match_reference(monkeypatch, T, hint):
     # why: more gate/up splits at the decode tiles (a partial per split, NaN-filled first,
@@ -1129,6 +1136,8 @@ def test_v23_hinted_rank_decode_gpu(real_experts):
 
 
 # ---------------------------------------------------------------- v17: epilogues on the GEMMs
+@pytest.mark.extended  # a measured-negative branch no later version builds on (40 s in the
+# interpreter): opt-in with -m extended, as other earlier versions' kernel tests
 @pytest.mark.parametrize("T, E, D, I, K, local, cfg, why", [
     (1, 8, 512, 512, 2, None, {}, "decode: v13's splits for few experts (KS1, KS2 > 1)"),
     (5, 6, 320, 288, 3, None, {"KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 2},
@@ -1320,6 +1329,7 @@ def _bits_equal(a, b):
                                            else torch.int16))
 
 
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 @pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
 def test_v6_batch_invariance(split):
     # the first rows of T = 2, 9, 33-row launches (the rest random, routed to other experts:
@@ -1346,6 +1356,7 @@ def test_v6_batch_invariance(split):
             assert _bits_equal(y[i * K:(i + 1) * K], a_y), (T, i)
 
 
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 def test_v6_split_equals_fused():
     # the two K-parallelism modes (one program per chunk + ordered reduction by the next
     # kernel, or one program looping over the chunks with a reset MMA chain) give the same
@@ -1629,6 +1640,7 @@ def _assert_tokens(target, prompts, ref_tokens, got_tokens, drafter=None, budget
     check_explained(ref_tokens, got_tokens, margins, reports)
 
 
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 def test_decode_token_exact_with_kernel(tiny_target):
     from workbench.generate import generate
     from workbench.replay import ReplayDrafter
@@ -2120,6 +2132,7 @@ def test_v29_idle_last_grids_are_v28_bit_for_bit(monkeypatch, version, a_grid, n
     assert grids == [(2 * I // c["BN"], c["KS1"], a), (D // c["BN"], c["KS2"], a)]
 
 
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 def test_v29_unsplit_gemms_are_v28s_launches(monkeypatch):
     # why: where a GEMM is not split along K its grid (NT, A, 1) already puts the idle
     # programs last: v29 launches v28's kernels there (the hot launch included), no new grid

@@ -195,6 +195,7 @@ def test_traces_that_differ_before_the_row_are_refused():
         compare_traces(a, b)
 
 
+@pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)
 def test_kernel_loop_against_the_reference_loop(setup):
     """kernels_a: run A is the reference AR loop, run B the AR loop with one op on a kernel
     (int4_moe's test_decode_token_exact_small_gpu witness); on tiny the two loops agree."""
