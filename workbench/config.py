@@ -479,8 +479,11 @@ def _tiny() -> ModelConfig:
 
 def _tiny_dist() -> ModelConfig:
     # tiny widened so every parallel layout up to 8 ranks divides it: H/8 heads, E/8 experts,
-    # I/8 = 32 = one INT4 group for MoE-TP (workbench/dist)
-    return _tiny().replace(name="tiny-dist", num_heads=8, moe_intermediate=256)
+    # I/8 = 32 = one INT4 group for MoE-TP, and the drafter's 8 q heads for its TP split (its 2
+    # KV heads then replicated over 4 ranks each; workbench/dist/drafter.py)
+    t = _tiny()
+    return t.replace(name="tiny-dist", num_heads=8, moe_intermediate=256,
+                     drafter=dataclasses.replace(t.drafter, num_heads=8))
 
 
 PRESETS = {"kimi-k2.6": _kimi, "small": _small, "tiny": _tiny, "tiny-dist": _tiny_dist}

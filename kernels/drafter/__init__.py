@@ -31,6 +31,9 @@ VARIANTS: dict[str, dict[str, str]] = {
 # each `drafter` variant's step without its LM head (bonus, start -> final-normed hidden of
 # rows 1..L): the distributed drafter puts its vocab-parallel head on it (workbench/dist/vocab.py)
 BLOCK_HIDDEN: dict[str, str] = {v: f"{_MOD}.{v}:block_hidden" for v in ("triton_v1", "triton_v2")}
+# the variants whose block body takes `reduce=` (the sum over ranks of the o_proj and down_proj
+# partials: the tensor-parallel drafter, workbench/dist/drafter.py); v1 adds them in place
+BLOCK_HIDDEN_TP: dict[str, str] = {"triton_v2": f"{_MOD}.triton_v2:block_hidden"}
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("drafter", "triton_v1"): "Triton norms/RoPE/split-KV attention/SwiGLU epilogue + cuBLAS "
     "GEMMs + fused LM head log-softmax top-k",

@@ -46,14 +46,18 @@ def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
     return draft(drafter, target, cache, bonus, start, k, _block_hidden, tiles_v2)
 
 
-def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tensor:
+def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor, *,
+                 reduce=None) -> Tensor:
     """The step without its LM head (as triton_v1's): the final-normed hidden of the decoded
-    rows 1..L, [B*L, D] bf16."""
+    rows 1..L, [B*L, D] bf16. reduce: applied to each o_proj and down_proj output before it
+    joins the residual (the tensor-parallel drafter's all-reduce of its ranks' partials,
+    workbench/dist/drafter.py; None: the whole projection, as here)."""
     check_block_args(drafter, cache, bonus, start)
-    return _block_hidden(drafter, target, cache, bonus, start)
+    return _block_hidden(drafter, target, cache, bonus, start, reduce)
 
 
-def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tensor:
+def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor,
+                  reduce=None) -> Tensor:
     c = drafter.cfg
     B, L, S = bonus.shape[0], c.depth, c.block_size
     Hq, Hkv, d, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
@@ -77,9 +81,11 @@ def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor) -> Tenso
                             layer.sliding, c.sliding_window, c.causal_sliding_in_block, n_sm,
                             combine_rows=COMBINE_ROWS)
         r = proj(to_bf16(o).view(B * S, Hq * d), at.o_proj.weight, "o")
+        r = r if reduce is None else reduce(r)
         x, a2 = add_rmsnorm(x, r, layer.post_attention_layernorm.weight, eps)
         h = to_bf16(silu_mul(proj(a2, w.gate_up[li], "gate_up")))  # [M, F]
         r = proj(h, layer.mlp.down_proj.weight, "down")
+        r = r if reduce is None else reduce(r)
     # the last residual add and the final norm in one pass over all rows; rows 1..L decode
     _, z = add_rmsnorm(x, r, drafter.norm.weight, eps)
     return z.view(B, S, D)[:, 1:].reshape(B * L, D)

@@ -29,11 +29,13 @@ def dist_generate(rank: int, world: int, config, prompts, tp=None, ep=None, budg
                   replay_seed: int = 0, seed: int = 0, max_new_tokens=32,
                   temperature: float = 0.0, stop_tokens=None, kernels=None, checkpoint=None,
                   drafter_checkpoint=None, device=None, exact: bool | None = None,
-                  sample_seed: int | None = None) -> dict:
+                  sample_seed: int | None = None, drafter_layout: str = "replicated") -> dict:
     """One rank's decode (call through run_distributed or under torchrun, after init).
 
-    drafter: "dflash" (replicated reference drafter, seeded like build_drafter), "replay"
+    drafter: "dflash" (the DFlash drafter, seeded like build_drafter), "replay"
     (ReplayDrafter over `replay` = prompt + greedy continuation per request) or None (AR).
+    drafter_layout: the DFlash drafter "replicated" on every rank (vocab.py) or split "tp"
+    over the ranks (drafter.py: its heads and MLP width, two collectives a layer).
     seed: synthetic weights (and drafter) seed; sample_seed: the sampler's (default `seed`,
     as the CLI's --seed is both).
     exact: whole-dot-product reductions (layout.py EXACT; default on CPU, where the tests
@@ -55,7 +57,7 @@ def dist_generate(rank: int, world: int, config, prompts, tp=None, ep=None, budg
     dr = None
     if budget is not None:
         dr = _drafter(drafter, target, cfg, replay, hit_prob, replay_seed, seed, device,
-                      drafter_checkpoint)
+                      drafter_checkpoint, drafter_layout)
     comm.log.reset()
     t0 = time.perf_counter()
     res = generate(target, dr, prompts, max_new_tokens=max_new_tokens, budget=budget,
@@ -86,8 +88,12 @@ def _device_of_group():
     return rank_device(dist.get_backend(), local)
 
 
-def _drafter(kind, target, cfg, replay, hit_prob, replay_seed, seed, device, checkpoint):
-    from .vocab import DistDrafter
+def _drafter(kind, target, cfg, replay, hit_prob, replay_seed, seed, device, checkpoint,
+             layout="replicated"):
+    from .drafter import DRAFTER_LAYOUTS, make_dist_drafter
+
+    if layout not in DRAFTER_LAYOUTS:  # before any weights are made
+        raise ValueError(f"drafter_layout: expected one of {DRAFTER_LAYOUTS}, got {layout!r}")
 
     if kind == "replay":
         from workbench.replay import ReplayDrafter
@@ -100,10 +106,10 @@ def _drafter(kind, target, cfg, replay, hit_prob, replay_seed, seed, device, che
     if checkpoint:
         from workbench.drafter_io import load_drafter
 
-        return DistDrafter(load_drafter(checkpoint, device=device), target)
+        return make_dist_drafter(load_drafter(checkpoint, device=device), target, layout)
     from workbench.reference.drafter import build_drafter
 
-    return DistDrafter(build_drafter(cfg, seed=seed, device=device), target)
+    return make_dist_drafter(build_drafter(cfg, seed=seed, device=device), target, layout)
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -113,7 +119,8 @@ def _rank_from_args(rank, world, args_dict):
                          budget=a["budget"], seed=a["seed"], max_new_tokens=a["max_new_tokens"],
                          temperature=a["temperature"], stop_tokens=a["stop_ids"],
                          kernels=a["kernels"], checkpoint=a["checkpoint"],
-                         drafter_checkpoint=a["drafter_checkpoint"])
+                         drafter_checkpoint=a["drafter_checkpoint"],
+                         drafter_layout=a.get("drafter_layout", "replicated"))
 
 
 def generate_main_distributed(args) -> int:
@@ -134,7 +141,8 @@ def generate_main_distributed(args) -> int:
          "budget": args.budget, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
          "temperature": args.temperature, "stop_ids": args.stop_ids,
          "kernels": _kernels(args.kernels), "checkpoint": args.checkpoint,
-         "drafter_checkpoint": args.drafter_checkpoint}
+         "drafter_checkpoint": args.drafter_checkpoint,
+         "drafter_layout": getattr(args, "drafter_layout", None) or "replicated"}
     t0 = time.perf_counter()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         from .launch import _arm_watchdog

@@ -46,7 +46,6 @@ from .model import attn_stream as attn_side_stream
 from .model import shared_stream as side_stream
 from .moe import EP_DISPATCH, op_activations
 from .moe import ep_dispatch as moe_dispatch
-from .vocab import DistDrafter
 
 WIRE_BYTES = 2  # bf16 per value on the wire
 ACCEPTED = 4  # rows per request the drafter materialises after a DDTree step (a typical tau)
@@ -468,7 +467,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
             shared_stream: bool = True, attn_stream: bool = True, priority: int = -1,
-            fork: str = "after-route"):
+            fork: str = "after-route", drafter_layout: str | tuple = "replicated"):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -498,39 +497,55 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     (`model.shared_fork`): beside the routed experts only, or "before-route" (session 20's,
     beside the router too); call 11, after against before, kernel ms: C 1 AR 5.71 / 5.73,
     C 1 DDTree-16 14.40 / 14.53, C 8 AR 9.51 / 9.52, C 8 DDTree-16 29.56 / 29.62: never slower,
-    by at most the runs' spread."""
+    by at most the runs' spread. drafter_layout: the DFlash drafter "replicated" on the rank
+    (vocab.DistDrafter, the default) or its tensor-parallel shard, "tp" (drafter.py: 1/world
+    of its heads and MLP width, two stand-in all-reduces a drafter layer); a tuple of both
+    times each DDTree configuration with each, on one rank model (rows say which)."""
     from workbench.reference.drafter import build_drafter
+
+    from .drafter import DRAFTER_LAYOUTS, make_dist_drafter
+
+    dlays = (drafter_layout,) if isinstance(drafter_layout, str) else tuple(drafter_layout)
+    if not dlays or any(d not in DRAFTER_LAYOUTS for d in dlays):
+        raise ValueError(f"drafter_layout: expected one of {DRAFTER_LAYOUTS} or a tuple of "
+                         f"them, got {drafter_layout!r}")
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for name in layouts:
         model, comm = rank_model(cfg, name, world, 0, device, seed)
         load_for(kernels, model)
-        drafter = DistDrafter(build_drafter(model.cfg, seed=seed, device=device), model)
-        for C in batches:
-            for b in budgets:
-                with ops.use(kernels), op_activations(torch.bfloat16), \
-                        moe_dispatch(ep_dispatch), side_stream(shared_stream), \
-                        attn_side_stream(attn_stream), main_priority(priority), \
-                        shared_fork(fork):
-                    meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table,
-                                   graph)
-                t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
-                for link in links:
-                    rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
-                                 "shared_stream": "on" if shared_stream else "off",
-                                 "attn_stream": "on" if attn_stream else "off",
-                                 "main_priority": priority, "shared_fork": fork,
-                                 "link": link.name, "C": C,
-                                 "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
-                                 "ctx": ctx, **project(meas, link, world, C, t)})
-                if on_rows is not None:
-                    on_rows(rows)
-                if progress:
-                    r = rows[-len(links)]
-                    progress(f"{name} C={C} {r['mode']}: compute {r['compute_ms']:.2f} ms, "
-                             f"comm {r['comm_MB']:.2f} MB in {r['collectives']} collectives")
-        del model, drafter
+        full = build_drafter(model.cfg, seed=seed, device=device)
+        drafters = {d: make_dist_drafter(full, model, d) for d in dlays}  # tp: copies slices
+        del full
+        for C, b, dlay in ((C, b, d) for C in batches for b in budgets
+                           for d in (dlays if b is not None else dlays[:1])):
+            drafter = drafters[dlay]
+            with ops.use(kernels), op_activations(torch.bfloat16), \
+                    moe_dispatch(ep_dispatch), side_stream(shared_stream), \
+                    attn_side_stream(attn_stream), main_priority(priority), \
+                    shared_fork(fork):
+                meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table,
+                               graph)
+            t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
+            for link in links:
+                rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
+                             "shared_stream": "on" if shared_stream else "off",
+                             "attn_stream": "on" if attn_stream else "off",
+                             "main_priority": priority, "shared_fork": fork,
+                             "drafter_layout": dlay if b is not None else "",
+                             "link": link.name, "C": C,
+                             "mode": "AR" if b is None else f"DDTree-{b}", "tau": t,
+                             "ctx": ctx, **project(meas, link, world, C, t)})
+            if on_rows is not None:
+                on_rows(rows)
+            if progress:
+                r = rows[-len(links)]
+                dl = f" ({dlay} drafter)" if b is not None and len(dlays) > 1 else ""
+                progress(f"{name} C={C} {r['mode']}{dl}: compute {r['compute_ms']:.2f} ms, "
+                         f"comm {r['comm_MB']:.2f} MB in {r['collectives']} collectives")
+        drafter = None
+        del model, drafters
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows
@@ -576,6 +591,10 @@ def main(argv=None) -> int:
     p.add_argument("--shared-fork", default="after-route", choices=SHARED_FORKS,
                    help="where the shared expert's side stream forks: after the router, beside "
                    "the routed experts only (default), or before it (session 20's)")
+    p.add_argument("--drafter-layout", default="replicated",
+                   help="the DFlash drafter whole on the rank (replicated, the default) or its "
+                   "tensor-parallel shard (tp: 1/world of its heads and MLP width, two "
+                   "all-reduces a layer); 'replicated,tp' times each DDTree row with both")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -596,9 +615,9 @@ def main(argv=None) -> int:
         for path, col, field in ((a.kernel_table, "kernel", "kernel_list"),
                                  (a.op_table, "op", "op_list")):
             if path:  # one configuration's rows once (the links repeat them)
-                seen = {(r["layout"], r["C"], r["mode"]): r for r in rows}
-                pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2], col: k,
-                               "calls": n, "us": us, **meta}
+                seen = {(r["layout"], r["C"], r["mode"], r["drafter_layout"]): r for r in rows}
+                pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2],
+                               "drafter_layout": key[3], col: k, "calls": n, "us": us, **meta}
                               for key, r in seen.items() for k, n, us in r[field]]
                              ).to_csv(path, index=False)
 
@@ -613,11 +632,11 @@ def main(argv=None) -> int:
                    on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table),
                    graph=a.graph, shared_stream=a.shared_stream == "on",
                    attn_stream=a.attn_stream == "on", priority=a.main_priority,
-                   fork=a.shared_fork)
+                   fork=a.shared_fork, drafter_layout=tuple(a.drafter_layout.split(",")))
     df = pd.DataFrame(rows)
-    cols = ["layout", "link", "C", "mode", "compute_ms", "comm_ms", "step_ms", "tokens_per_s",
-            "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms", "x_floor",
-            "kernel_tokens_per_s"] + (["graph_replay_ms"] if a.graph else [])
+    cols = ["layout", "link", "C", "mode", "drafter_layout", "compute_ms", "comm_ms", "step_ms",
+            "tokens_per_s", "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms",
+            "x_floor", "kernel_tokens_per_s"] + (["graph_replay_ms"] if a.graph else [])
     for r in rows:
         if r.get("graph_error"):
             print(f"{r['layout']} C={r['C']} {r['mode']}: not captured ({r['graph_error']}); "

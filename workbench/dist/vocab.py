@@ -5,12 +5,12 @@ Rank r holds logits for ids [vocab_start, vocab_start + V/world). Ties resolve t
 global id everywhere, as torch.argmax and reference/tree_build.topk_logprobs (stable sort) do:
 candidates are concatenated in rank order and compared with stable sorts / first-max.
 
-The drafter is REPLICATED; only its LM head (the target's, V x D: 2.35 GB at K2.6, the
-largest drafter-side weight) is vocab-parallel. Why: replicated layers need no collective and
-give each rank the same draft as the single-process loop bit for bit, and no drafter math is
-duplicated here. The price at K2.6 size: the DFlash layers (~3.5 B params, ~7 GB bf16) are
-read whole by every rank on every draft, ~1.6 ms at 4.3 TB/s, against ~0.2 ms plus two
-all-reduces per drafter layer under TP8; emulate.py projects both (`drafter_tp`).
+`DistDrafter` is the REPLICATED drafter; only its LM head (the target's, V x D: 2.35 GB at
+K2.6, the largest drafter-side weight) is vocab-parallel. Why: replicated layers need no
+collective and give each rank the same draft as the single-process loop bit for bit. The
+price at K2.6 size: the DFlash layers and fc (~7 GB bf16) are read whole by every rank on
+every draft, ~1.6 ms at 4.3 TB/s, against ~0.2 ms plus two all-reduces a drafter layer under
+TP8: drafter.py's `TPDistDrafter` (drafter_layout="tp"; `emulate --drafter-layout` times both).
 Legend: B batch, L draft depth, k candidates per depth, V vocab (local: V/world).
 """
 

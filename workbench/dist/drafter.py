@@ -1,0 +1,204 @@
+"""The DFlash drafter under tensor parallelism (`drafter_layout="tp"`), beside vocab.py's
+replicated one.
+
+Why: replicated, every rank reads the whole drafter on every draft: at K2.6 size its six layers
+and fc are ~7 GB of bf16, ~1.6 ms a step at 4.3 TB/s on each of the 8 ranks (the EP8 emulation's
+draft floor, session 38: 1.81 ms of a ~7.3 ms C 1 DDTree-16 step floor). Split like the
+target's attention and dense layers, each rank reads ~1/8 of the layers and pays two small
+all-reduces a layer ([C (L+1), D] rows: 115 KB at C 1). What a serving engine does with a
+draft model; measured against the replicated drafter by `emulate --drafter-layout tp`.
+
+Rank r of `world` holds (Hq q heads, Hkv KV heads, F MLP width, G = Hq / Hkv):
+  q_proj / q rows     q heads [r Hq/w, (r+1) Hq/w)
+  k_proj / v_proj     KV heads [r Hkv/w, (r+1) Hkv/w) when w divides Hkv, else the one KV head
+                      its q heads read, (r Hkv) // w (replicated over w / Hkv ranks, as GQA
+                      engines do past Hkv ranks); the drafter cache holds only these heads
+  o_proj              engine: the columns of its q heads [D, Hq/w d], partial sums all-reduced;
+                      exact: D/w output rows over all heads, the heads' outputs all-gathered
+  mlp                 workbench.dist.model.SwiGLUShard: gate/up rows F/w, down by columns
+                      (engine) or D/w output rows (exact)
+  fc, norms           replicated (fc is read once a committed row, in `materialize`)
+The exact layout keeps every dot product whole (layout.py EXACT), so the CPU proof's drafts,
+and hence its trees and accepted lengths, are the single-process drafter's bit for bit.
+Legend: B batch, S = L + 1 block rows, T cached context, Hq / Hkv heads (local: /w), d
+head_dim, D hidden, F MLP width (local: F/w), L draft depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from workbench import ops
+from workbench.reference.drafter import ATTN_CHUNK_BYTES, DFlashDrafter, empty_drafter
+from workbench.reference.model import Linear
+
+from .comm import Comm
+from .layout import Layout, LayoutError
+from .model import SwiGLUShard, row_parallel
+from .vocab import DistDrafter, block_ids
+
+DRAFTER_LAYOUTS = ("replicated", "tp")
+
+
+def drafter_heads(dcfg, lay: Layout) -> tuple[tuple[int, int], tuple[int, int]]:
+    """This rank's (q heads, KV heads) ranges; LayoutError naming the field that does not
+    divide."""
+    w, r, Hq, Hkv, F = lay.world, lay.rank, dcfg.num_heads, dcfg.num_kv_heads, \
+        dcfg.intermediate_size
+    for field, value, div, why in (
+            ("drafter.num_heads", Hq, w, "q heads split over all ranks"),
+            ("drafter.intermediate_size", F, w, "MLP width split over all ranks"),
+            ("drafter.hidden_size", dcfg.hidden_size, w if lay.exact else 1,
+             "exact mode: o_proj / down_proj split by output rows")):
+        if value % div:
+            raise LayoutError(f"{field}={value} is not a multiple of {div} ({why}) under the "
+                              f"tensor-parallel drafter on {w} ranks; use "
+                              f"drafter_layout='replicated' or fewer ranks")
+    if Hkv % w and w % Hkv:
+        raise LayoutError(f"drafter.num_kv_heads={Hkv}: expected a multiple or a divisor of the "
+                          f"{w} ranks (KV heads split, or each replicated over w / Hkv ranks) "
+                          f"under the tensor-parallel drafter; use drafter_layout='replicated'")
+    q = (r * Hq // w, (r + 1) * Hq // w)
+    kv = (r * Hkv // w, (r + 1) * Hkv // w) if Hkv % w == 0 else (r * Hkv // w, r * Hkv // w + 1)
+    return q, kv
+
+
+def shard_drafter(drafter: DFlashDrafter, lay: Layout) -> DFlashDrafter:
+    """This rank's drafter: a DFlashDrafter of the local head counts and width (so the
+    reference's materialize, cache and K/V code and the kernels' block body run on it
+    unchanged) whose o_proj and mlp are the TP modules above; weights copied from `drafter`."""
+    c = drafter.cfg
+    (q0, q1), (k0, k1) = drafter_heads(c, lay)
+    w, d, D, F = lay.world, c.head_dim, c.hidden_size, c.intermediate_size
+    local = dataclasses.replace(c, num_heads=q1 - q0, num_kv_heads=k1 - k0,
+                                intermediate_size=F // w)
+    out = empty_drafter(local, drafter.device)
+    build = torch.device(drafter.device)  # the TP modules straight on the drafter's device
+    f0, f1 = lay.rank * F // w, (lay.rank + 1) * F // w
+    d0, d1 = lay.rank * D // w, (lay.rank + 1) * D // w
+    with torch.no_grad():
+        for name in ("fc", "hidden_norm", "norm"):
+            getattr(out, name).weight.copy_(getattr(drafter, name).weight)
+        for src, dst in zip(drafter.layers, out.layers):
+            a, b = src.self_attn, dst.self_attn
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                getattr(dst, name).weight.copy_(getattr(src, name).weight)
+            b.q_norm.weight.copy_(a.q_norm.weight)
+            b.k_norm.weight.copy_(a.k_norm.weight)
+            b.q_proj.weight.copy_(a.q_proj.weight[q0 * d:q1 * d])
+            b.k_proj.weight.copy_(a.k_proj.weight[k0 * d:k1 * d])
+            b.v_proj.weight.copy_(a.v_proj.weight[k0 * d:k1 * d])
+            if lay.exact:  # D/w output rows over every head's columns
+                with build:
+                    b.o_proj = Linear(c.num_heads * d, D // w)
+                b.o_proj.weight.copy_(a.o_proj.weight[d0:d1])
+            else:  # the columns of this rank's q heads
+                b.o_proj.weight.copy_(a.o_proj.weight[:, q0 * d:q1 * d])
+            with build:
+                mlp = SwiGLUShard(D, F // w, lay)
+            mlp.gate_proj.weight.copy_(src.mlp.gate_proj.weight[f0:f1])
+            mlp.up_proj.weight.copy_(src.mlp.up_proj.weight[f0:f1])
+            mlp.down_proj.weight.copy_(src.mlp.down_proj.weight[d0:d1] if lay.exact
+                                       else src.mlp.down_proj.weight[:, f0:f1])
+            dst.mlp = mlp
+    return out.eval()
+
+
+def tp_forward_block(shard: DFlashDrafter, cache, ids: torch.Tensor, start: torch.Tensor,
+                     target, comm: Comm, exact: bool) -> torch.Tensor:
+    """DFlashDrafter.forward_block on this rank's heads and width, line for line, with the
+    o_proj and MLP outputs summed over ranks (engine) or gathered whole (exact): the final-normed
+    hidden [B, S, D] bf16, the same on every rank."""
+    c = shard.cfg
+    B, S = ids.shape
+    Hq, Hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+    dev = ids.device
+    P = start.to(dev, torch.long).view(B, 1)
+    Tc = int(P.max()) if B else 0  # host sync, as the reference's
+    qpos = P + torch.arange(S, device=dev)  # [B, S]
+    kpos = torch.arange(Tc, device=dev).view(1, Tc)
+    ctx_ok = kpos < P  # [B, Tc]
+    linear, rmsnorm = ops.get("linear"), ops.get("rmsnorm")
+    x = target.embed(ids)  # [B, S, D]
+    for li, layer in enumerate(shard.layers):
+        at = layer.self_attn
+        a = rmsnorm(x, layer.input_layernorm.weight, c.rms_norm_eps)
+        q = linear(a, at.q_proj.weight).unflatten(-1, (Hq, d))  # [B, S, Hq/w, d]
+        q = shard.rope.apply(rmsnorm(q, at.q_norm.weight, c.rms_norm_eps), qpos)
+        kb, vb = shard._kv(layer, a, qpos)  # [B, S, Hkv/w, d]
+        mask = torch.cat([shard._mask(layer, qpos, kpos, ctx_ok, False),
+                          shard._mask(layer, qpos, qpos, torch.ones_like(qpos, dtype=torch.bool),
+                                      True)], 2)  # [B, S, Tc+S]
+        per_req = 8 * (Tc + S) * (4 * Hkv * d + 2 * Hq * S)
+        step = max(1, min(B, ATTN_CHUNK_BYTES // max(1, per_req)))
+        o = torch.cat([shard._attend(q[i:i + step], kb[i:i + step], vb[i:i + step],
+                                     cache.k[li, i:i + step, :Tc], cache.v[li, i:i + step, :Tc],
+                                     ctx_ok[i:i + step], mask[i:i + step])
+                       for i in range(0, max(B, 1), step)])  # [B, S, Hkv/w, G, d]
+        o = o.to(x.dtype).reshape(B, S, Hq * d)  # bf16, as the reference rounds
+        if exact:  # all heads' outputs in head order (rank r holds q heads r Hq/w ..)
+            o = comm.all_gather_cat(o, -1)
+        x = x + row_parallel(o, at.o_proj.weight, x.dtype, comm, exact)
+        x = x + layer.mlp(rmsnorm(x, layer.post_attention_layernorm.weight, c.rms_norm_eps),
+                          comm)
+    return rmsnorm(x, shard.norm.weight, c.rms_norm_eps)
+
+
+class TPDistDrafter(DistDrafter):
+    """DistDrafter on a tensor-parallel shard (`shard_drafter`): the same loop interface
+    (new_cache, materialize, draft_override), this rank's heads in its cache, two collectives
+    a drafter layer. `drafter` is the shard (its bytes are what a rank reads: emulate's
+    floors); `full_cfg` the unsharded config."""
+
+    def __init__(self, drafter: DFlashDrafter, target, lay: Layout):
+        super().__init__(shard_drafter(drafter, lay), target)
+        self.full_cfg, self.exact = drafter.cfg, lay.exact
+
+    def draft_override(self, drafter, target, cache, bonus, start, k):
+        """(logprobs fp32 [B, L, k], global ids int64 [B, L, k]), as the `drafter` op."""
+        from .vocab import dist_topk_logprobs
+
+        comm = target.comm
+        with target.log("draft"):
+            body = tp_block_body(self.exact)
+            if body is None:
+                z = tp_forward_block(self.drafter, cache, block_ids(self.cfg, bonus), start,
+                                     target, comm, self.exact)[:, 1:]  # [B, L, D]
+            else:  # engine: the kernel's block body, its row-parallel outputs all-reduced
+                z = body(self.drafter, target, cache, bonus, start,
+                         reduce=lambda r: comm.all_reduce(r)).view(
+                    bonus.shape[0], self.cfg.depth, -1)
+            local = ops.get("lm_head")(z, target.lm_head_shard.weight)  # [B, L, V/w]
+            return dist_topk_logprobs(local, target.vocab_start, k, comm)
+
+
+def tp_block_body(exact: bool):
+    """The selected `drafter` variant's tensor-parallel block body (kernels/drafter
+    BLOCK_HIDDEN_TP: it takes `reduce=`), None for the reference; a variant without one, or
+    any kernel under the exact layout (whose o_proj / down are row slices the kernels do not
+    run), is an error, never a silent switch to the reference body."""
+    from workbench.kernels.drafter import BLOCK_HIDDEN_TP
+
+    name = ops.selected("drafter")
+    if name == ops.REFERENCE:
+        return None
+    if exact:
+        raise ValueError(f"drafter: the tensor-parallel drafter's exact layout runs the "
+                         f"reference body; got variant {name!r} (select drafter="
+                         f"{ops.REFERENCE!r}, or exact=False)")
+    if name not in BLOCK_HIDDEN_TP:
+        raise ValueError(f"drafter: the tensor-parallel drafter needs a block body taking "
+                         f"reduce= for variant {name!r}; expected one of "
+                         f"{sorted(BLOCK_HIDDEN_TP)} or {ops.REFERENCE!r}")
+    return ops.Variant(name, BLOCK_HIDDEN_TP[name]).load()
+
+
+def make_dist_drafter(drafter: DFlashDrafter, target, layout: str = "replicated"):
+    """The loop's drafter for `target` (a DistKimiModel) under `layout` (DRAFTER_LAYOUTS)."""
+    if layout == "replicated":
+        return DistDrafter(drafter, target)
+    if layout == "tp":
+        return TPDistDrafter(drafter, target, target.layout)
+    raise ValueError(f"drafter_layout: expected one of {DRAFTER_LAYOUTS}, got {layout!r}")
