@@ -109,6 +109,37 @@ pd.DataFrame([
 ])
 
 # %% [markdown]
+# ## The drafter: replicated, or split like the attention
+# By default every rank holds the whole DFlash drafter (only its LM head is vocab-parallel):
+# at K2.6 size its layers and fc are ~7 GB that each rank reads on every draft. With
+# `drafter_layout="tp"` (`workbench/dist/drafter.py`) a rank holds 1/8 of its q heads and MLP
+# width (its 2 KV heads replicated over 4 ranks each here) and the o_proj / down outputs are
+# reduced across ranks: the exact layout drafts what the replicated drafter drafts, so the
+# trees, walks and accepted lengths are the same.
+
+# %%
+dflash = {}
+for how in ("replicated", "tp"):
+    out = run_distributed(dist_generate, WORLD, cfg, prompts, budget=BUDGET, drafter="dflash",
+                          drafter_layout=how, max_new_tokens=MAX_NEW_TOKENS, backend=backend,
+                          timeout_s=120, ep=WORLD)
+    assert out["result"].tokens == ar.tokens
+    dflash[how] = out
+assert dflash["tp"]["result"].accepted == dflash["replicated"]["result"].accepted
+from workbench.dist.drafter import shard_drafter  # noqa: E402
+from workbench.dist.layout import Layout  # noqa: E402
+from workbench.reference.drafter import empty_drafter  # noqa: E402
+
+k26_drafter = empty_drafter(k26.drafter, "meta")  # shapes only
+k26_shard = shard_drafter(k26_drafter, Layout.make(WORLD, 0, ep=WORLD))
+gb = lambda m: sum(t.numel() * t.element_size() for t in m.parameters()) / 1e9  # noqa: E731
+assert gb(k26_shard) < gb(k26_drafter) / 4
+pd.DataFrame([{"drafter": how, "collectives a rank": o["ranks"][0]["comm_calls"],
+               "draft_s rank 0": o["ranks"][0].get("draft_s", float("nan")),
+               "K2.6 drafter GB a rank": gb(k26_drafter if how == "replicated" else k26_shard)}
+              for how, o in dflash.items()])
+
+# %% [markdown]
 # ## Single-rank emulation: projected 8-GPU tokens/s
 # Rank 0's real work per step, collectives replaced by stand-ins priced over NVLink 4 and
 # PCIe Gen5 (`workbench/dist/emulate.py` states the model). At toy size on a CPU the compute
