@@ -126,15 +126,18 @@ def _ref_cuda():
 @pytest.mark.gpu
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "engine"])
 @pytest.mark.parametrize("layout", [{"ep": 2}, {"tp": 2}], ids=["ep2", "tp2"])
-@pytest.mark.parametrize("mode", ["ar", "dflash"])
+@pytest.mark.parametrize("mode", ["ar", "dflash", "dflash-tp"])
 def test_nccl_ranks_on_gpus_equal_the_single_process_loop(mode, layout, exact):
     """The same decode on 2 GPUs over real NCCL (nvidia-h200-x2 or larger; NVLink multicast
     off): tokens equal to the single-process loop's on one GPU, up to reference ties, and the
-    same accepted lengths. exact=False is the layout a serving engine runs (ACC all-reduces)."""
+    same accepted lengths. exact=False is the layout a serving engine runs (ACC all-reduces).
+    dflash-tp: the drafter split over the two GPUs (workbench/dist/drafter.py)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
     ref = _ref_cuda()
-    extra = {} if mode == "ar" else {"budget": BUDGET, "drafter": mode}
+    extra = {} if mode == "ar" else {"budget": BUDGET, "drafter": "dflash",
+                                     "drafter_layout": "tp" if mode == "dflash-tp" else
+                                     "replicated"}
     out = run_distributed(dist_generate, 2, CFG, ref["prompts"], max_new_tokens=MAX_NEW,
                           seed=SEED, exact=exact, backend="nccl", **layout, **extra, **RUN)
     assert all(r["layout"].startswith(f"{next(iter(layout)).upper()}2") for r in out["ranks"])
