@@ -49,7 +49,8 @@ def _tp_decode(world, **kw):
                          ids=["tp2", "ep2tp2", "ep8 (KV heads replicated)"])
 def test_tp_drafter_loop_drafts_what_the_single_process_drafts(world, layout):
     # exact layout: whole dot products everywhere, so every draft, tree and walk is the single
-    # process's: the same tokens and the same accepted lengths step by step
+    # process's: the same tokens and the same accepted lengths step by step (random weights
+    # accept little; the next test compares the drafts themselves, top-k by top-k)
     _, ar, dd = _ref()
     res = _tp_decode(world, **layout)
     assert res.tokens == ar.tokens
