@@ -246,3 +246,11 @@ def test_tp_kernel_body_drafts_what_the_replicated_kernel_drafts():
     assert err_tp <= 1.5 * err_rep + 0.02, (err_tp, err_rep)  # session 41: 0.27 vs 0.28
     clear = (lp[..., 0] - lp[..., 1]) > 0.5  # [B, L]: a top-1 no rounding can flip
     assert clear.any() and torch.equal(tids[..., 0][clear], ids[..., 0][clear])
+
+
+def test_cli_drafter_layout_without_ranks_is_an_error():
+    # one process has nothing to split the drafter over: say so, never ignore the flag
+    from workbench.__main__ import main
+
+    with pytest.raises(SystemExit, match="--drafter-layout tp: splits the drafter over ranks"):
+        main(["generate", "--preset", "tiny", "--budget", "4", "--drafter-layout", "tp"])

@@ -94,6 +94,9 @@ def cmd_generate(args) -> int:
                              "eagerly for now; drop --cuda-graph or run one process")
 
         return generate_main_distributed(args)
+    if getattr(args, "drafter_layout", "replicated") != "replicated":
+        raise SystemExit(f"--drafter-layout {args.drafter_layout}: splits the drafter over "
+                         "ranks; add --tp / --ep (or run under torchrun), or drop it")
     _threads_for_cpu(args.device)
     target, drafter = _load_models(args)
     prompts = args.prompt_ids or [[1, 2, 3]]
