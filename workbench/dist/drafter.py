@@ -3,7 +3,8 @@ replicated one.
 
 Why: replicated, every rank reads the whole drafter on every draft: at K2.6 size its six layers
 and fc are ~7 GB of bf16, ~1.6 ms a step at 4.3 TB/s on each of the 8 ranks (the EP8 emulation's
-draft floor, session 38: 1.81 ms of a ~7.3 ms C 1 DDTree-16 step floor). Split like the
+draft floor with the LM-head shard: 1.81 ms at C 8, session 38; the whole C 1 DDTree-16
+step's floor is ~7.2 ms, session 27). Split like the
 target's attention and dense layers, each rank reads ~1/8 of the layers and pays two small
 all-reduces a layer ([C (L+1), D] rows: 115 KB at C 1). What a serving engine does with a
 draft model; measured against the replicated drafter by `emulate --drafter-layout tp`.
