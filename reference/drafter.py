@@ -89,6 +89,14 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = Norm(D)
         self.rope = drafter_rope(cfg)
+        # None here; a tensor-parallel shard (workbench/dist/drafter.py) holds D/w of fc's
+        # output rows and sets this to the all-gather that reassembles [.., D]
+        self.fc_gather = None
+
+    def fc_out(self, h: torch.Tensor) -> torch.Tensor:
+        """fc's whole output [.., D] from this module's fc GEMM `h` (`materialize` and the
+        kernels' materialise call it between the GEMM and the hidden norm)."""
+        return h if self.fc_gather is None else self.fc_gather(h)
 
     @property
     def device(self) -> torch.device:
@@ -133,7 +141,7 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"materialize: positions must lie in the cache [0, {T}), "
                              f"got [{int(pos.min())}, {int(pos.max())}]")
         linear, rmsnorm = ops.get("linear"), ops.get("rmsnorm")
-        ctx = rmsnorm(linear(target_hidden[b_idx, j_idx], self.fc.weight),
+        ctx = rmsnorm(self.fc_out(linear(target_hidden[b_idx, j_idx], self.fc.weight)),
                       self.hidden_norm.weight, c.rms_norm_eps)  # [M, D]
         for li, layer in enumerate(self.layers):
             k, v = self._kv(layer, ctx, pos)  # [M, Hkv, d]

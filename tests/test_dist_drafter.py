@@ -142,14 +142,17 @@ def test_shards_reassemble_the_drafter(exact):
             assert torch.equal(torch.cat([getattr(s.layers[li].mlp, name).weight
                                           for s in shards]),
                                getattr(layer.mlp, name).weight)
-    for s in shards:  # replicated: the context projection and the norms
-        assert torch.equal(s.fc.weight, full.fc.weight)
+    # the context projection by output rows (gathered whole in materialize); norms replicated
+    assert torch.equal(torch.cat([s.fc.weight for s in shards]), full.fc.weight)
+    for s in shards:
+        assert torch.equal(s.hidden_norm.weight, full.hidden_norm.weight)
+        assert s.fc_gather is None  # joined to a comm by TPDistDrafter, not by the shard
         assert s.cfg.num_heads == 1 and s.cfg.intermediate_size == c.intermediate_size // 8
 
 
 def test_a_kimi_rank_reads_an_eighth_of_the_drafters_layers():
     # K2.6's drafter (64 q / 8 KV heads, width 18432) on 8 ranks, shapes only (meta tensors):
-    # a rank's layers are 1/8 of the drafter's (~0.79 of ~6.3 GB), fc (0.62 GB) stays whole
+    # a rank's layers and fc are 1/8 of the drafter's (~0.79 of ~6.3 GB; 77 of 617 MB)
     from workbench.reference.drafter import empty_drafter
 
     full = empty_drafter(workbench.ModelConfig.preset("kimi-k2.6").drafter, "meta")
@@ -157,7 +160,7 @@ def test_a_kimi_rank_reads_an_eighth_of_the_drafters_layers():
     size = lambda m, pre: sum(p.numel() * p.element_size()  # noqa: E731
                               for n, p in m.named_parameters() if n.startswith(pre))
     assert size(shard, "layers.") * 8 == pytest.approx(size(full, "layers."), rel=1e-3)  # norms
-    assert size(shard, "fc.") == size(full, "fc.") > 0.6e9
+    assert size(shard, "fc.") * 8 == size(full, "fc.") > 0.6e9
     assert size(full, "layers.") > 6e9
 
 
@@ -211,7 +214,8 @@ def test_kernel_body_reduces_each_row_parallel_projection():
 
 def test_emulation_prices_the_tp_drafters_collectives():
     # a DDTree step's draft adds two all-reduces a drafter layer to the replicated drafter's
-    # two vocab-parallel all-gathers, and a rank's draft floor reads ~1/8 of the layers
+    # two vocab-parallel all-gathers, its commit one all-gather of fc's output columns, and a
+    # rank's draft floor reads ~1/8 of the layers, its commit floor ~1/8 of fc
     from workbench.dist.emulate import emulate
 
     rows = emulate("tiny-dist", ("ep8",), batches=(1,), budgets=(None, 8), tau=2.5, ctx=32,
@@ -220,8 +224,9 @@ def test_emulation_prices_the_tp_drafters_collectives():
     assert [(r["mode"], r["drafter_layout"]) for r in rows[::2]] == [
         ("AR", ""), ("DDTree-8", "replicated"), ("DDTree-8", "tp")]
     rep, tp = rows[2], rows[4]
-    assert tp["collectives"] == rep["collectives"] + 2 * CFG.drafter.num_layers
+    assert tp["collectives"] == rep["collectives"] + 2 * CFG.drafter.num_layers + 1
     assert tp["draft_floor_ms"] < rep["draft_floor_ms"]
+    assert tp["commit_floor_ms"] < rep["commit_floor_ms"]
     with pytest.raises(ValueError, match="drafter_layout: expected one of"):
         emulate("tiny-dist", ("ep8",), batches=(1,), budgets=(8,), device="cpu", repeats=1,
                 progress=None, drafter_layout="sharded")
@@ -246,6 +251,41 @@ def test_tp_kernel_body_drafts_what_the_replicated_kernel_drafts():
     assert err_tp <= 1.5 * err_rep + 0.02, (err_tp, err_rep)  # session 41: 0.27 vs 0.28
     clear = (lp[..., 0] - lp[..., 1]) > 0.5  # [B, L]: a top-1 no rounding can flip
     assert clear.any() and torch.equal(tids[..., 0][clear], ids[..., 0][clear])
+
+
+def _tp_context(rank, world, kernels):
+    """Every rank's drafter cache after materialising _draft_inputs' context on its TP shard,
+    gathered along the KV heads (world = KV heads: one a rank)."""
+    from workbench.dist.comm import TorchComm
+    from workbench.dist.drafter import make_dist_drafter
+    from workbench.dist.model import build_dist_model
+
+    comm = TorchComm()
+    target = build_dist_model(CFG, Layout.make(world, rank, tp=world), comm, seed=SEED)
+    dr = make_dist_drafter(build_drafter(CFG, seed=SEED), target, "tp")
+    hidden, pos, count, _, _ = _draft_inputs()
+    cache = dr.new_cache(3, 16)
+    with ops.use(kernels):
+        dr.materialize(cache, hidden, pos, count)
+    return comm.all_gather_cat(cache.k, -2), comm.all_gather_cat(cache.v, -2)
+
+
+@pytest.mark.parametrize("kernels", [{}, {"drafter_materialize": "triton_v1"}],
+                         ids=["reference", "triton_v1"])
+def test_tp_context_is_the_single_process_context(kernels):
+    # fc split by output rows, its columns all-gathered before the hidden norm: the ranks'
+    # caches hold the single process's context K/V bit for bit (whole dot products; the CPU
+    # GEMM's order along F does not depend on the output width), and rows past count stay
+    # unwritten (NaN)
+    full = build_drafter(CFG, seed=SEED)
+    hidden, pos, count, _, _ = _draft_inputs()
+    want = full.new_cache(3, 16)
+    with ops.use(kernels):
+        full.materialize(want, hidden, pos, count)
+    k, v = run_distributed(_tp_context, CFG.drafter.num_kv_heads, kernels, **RUN)
+    assert want.k[:, 1, 4:].isnan().all() and not want.k[:, 1, :4].isnan().any()
+    torch.testing.assert_close(k, want.k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v, want.v, rtol=0, atol=0, equal_nan=True)
 
 
 def test_cli_drafter_layout_without_ranks_is_an_error():

@@ -169,8 +169,8 @@ def materialize_triton(drafter, cache, target_hidden: Tensor, positions: Tensor,
     w = prepared_kv(drafter)
     M, T = B * N, cache.k.shape[2]
     x = target_hidden.reshape(M, target_hidden.shape[2])  # copies only if not viewable
-    ctx = to_bf16(rmsnorm(F.linear(x, drafter.fc.weight), drafter.hidden_norm.weight,
-                          c.rms_norm_eps))  # [M, D]
+    ctx = to_bf16(rmsnorm(drafter.fc_out(F.linear(x, drafter.fc.weight)),
+                          drafter.hidden_norm.weight, c.rms_norm_eps))  # [M, D]
     kv = F.linear(ctx, w.kv)  # [M, l * 2 * Hkv * d] bf16
     pos = positions.reshape(M).to(torch.int64)  # [M]
     cos, sin = rope_tables(drafter, pos)  # [M, d/2] fp32, the reference's angles

@@ -6,7 +6,8 @@ and fc are ~7 GB of bf16, ~1.6 ms a step at 4.3 TB/s on each of the 8 ranks (the
 draft floor with the LM-head shard: 1.81 ms at C 8, session 38; the whole C 1 DDTree-16
 step's floor is ~7.2 ms, session 27). Split like the
 target's attention and dense layers, each rank reads ~1/8 of the layers and pays two small
-all-reduces a layer ([C (L+1), D] rows: 115 KB at C 1). What a serving engine does with a
+all-reduces a layer ([C (L+1), D] rows: 115 KB at C 1); fc (0.62 GB) is split too, for one
+all-gather a commit. What a serving engine does with a
 draft model; measured against the replicated drafter by `emulate --drafter-layout tp`.
 
 Rank r of `world` holds (Hq q heads, Hkv KV heads, F MLP width, G = Hq / Hkv):
@@ -18,7 +19,10 @@ Rank r of `world` holds (Hq q heads, Hkv KV heads, F MLP width, G = Hq / Hkv):
                       exact: D/w output rows over all heads, the heads' outputs all-gathered
   mlp                 workbench.dist.model.SwiGLUShard: gate/up rows F/w, down by columns
                       (engine) or D/w output rows (exact)
-  fc, norms           replicated (fc is read once a committed row, in `materialize`)
+  fc                  D/w output rows [r D/w, (r+1) D/w) of every committed row's context,
+                      all-gathered ([M, D] bf16: 244 KB for 17 rows) before the hidden norm;
+                      whole dot products, so the single process's values in both layouts
+  norms               replicated
 The exact layout keeps every dot product whole (layout.py EXACT), so the CPU proof's drafts,
 and hence its trees and accepted lengths, are the single-process drafter's bit for bit.
 Legend: B batch, S = L + 1 block rows, T cached context, Hq / Hkv heads (local: /w), d
@@ -51,8 +55,8 @@ def drafter_heads(dcfg, lay: Layout) -> tuple[tuple[int, int], tuple[int, int]]:
     for field, value, div, why in (
             ("drafter.num_heads", Hq, w, "q heads split over all ranks"),
             ("drafter.intermediate_size", F, w, "MLP width split over all ranks"),
-            ("drafter.hidden_size", dcfg.hidden_size, w if lay.exact else 1,
-             "exact mode: o_proj / down_proj split by output rows")):
+            ("drafter.hidden_size", dcfg.hidden_size, w,
+             "fc, and in exact mode o_proj / down_proj, split by output rows")):
         if value % div:
             raise LayoutError(f"{field}={value} is not a multiple of {div} ({why}) under the "
                               f"tensor-parallel drafter on {w} ranks; use "
@@ -69,7 +73,8 @@ def drafter_heads(dcfg, lay: Layout) -> tuple[tuple[int, int], tuple[int, int]]:
 def shard_drafter(drafter: DFlashDrafter, lay: Layout) -> DFlashDrafter:
     """This rank's drafter: a DFlashDrafter of the local head counts and width (so the
     reference's materialize, cache and K/V code and the kernels' block body run on it
-    unchanged) whose o_proj and mlp are the TP modules above; weights copied from `drafter`."""
+    unchanged) whose fc, o_proj and mlp are the TP modules above; weights copied from
+    `drafter`. Its fc_gather is unset: the caller joins it to a comm (TPDistDrafter)."""
     c = drafter.cfg
     (q0, q1), (k0, k1) = drafter_heads(c, lay)
     w, d, D, F = lay.world, c.head_dim, c.hidden_size, c.intermediate_size
@@ -80,7 +85,10 @@ def shard_drafter(drafter: DFlashDrafter, lay: Layout) -> DFlashDrafter:
     f0, f1 = lay.rank * F // w, (lay.rank + 1) * F // w
     d0, d1 = lay.rank * D // w, (lay.rank + 1) * D // w
     with torch.no_grad():
-        for name in ("fc", "hidden_norm", "norm"):
+        with build:  # D/w of fc's output rows: whole dot products, all-gathered (fc_gather)
+            out.fc = Linear(drafter.fc.weight.shape[1], D // w)
+        out.fc.weight.copy_(drafter.fc.weight[d0:d1])
+        for name in ("hidden_norm", "norm"):
             getattr(out, name).weight.copy_(getattr(drafter, name).weight)
         for src, dst in zip(drafter.layers, out.layers):
             a, b = src.self_attn, dst.self_attn
@@ -156,6 +164,8 @@ class TPDistDrafter(DistDrafter):
     def __init__(self, drafter: DFlashDrafter, target, lay: Layout):
         super().__init__(shard_drafter(drafter, lay), target)
         self.full_cfg, self.exact = drafter.cfg, lay.exact
+        comm = target.comm  # fc's D/w output columns of the committed rows, gathered whole
+        self.drafter.fc_gather = lambda h: comm.all_gather_cat(h, -1)
 
     def draft_override(self, drafter, target, cache, bonus, start, k):
         """(logprobs fp32 [B, L, k], global ids int64 [B, L, k]), as the `drafter` op."""
