@@ -4,6 +4,7 @@ DDTree step calls it in its commit phase, inside the step's graph (workbench/gen
 
 For the M = B*N rows of one call (all rows: shapes may not depend on `count`):
     c    = hidden_norm(target_hidden @ Wfc^T)              cuBLAS bf16 GEMM + Triton RMSNorm
+           (a tensor-parallel shard's D/w GEMM columns all-gathered between: drafter.fc_out)
     kv   = c @ [Wk_0; Wv_0; ...; Wk_{l-1}; Wv_{l-1}]^T      ONE cuBLAS bf16 GEMM for every layer
     cache.k[l, b, pos] = RoPE(k_norm_l(k_l)),  cache.v[l, b, pos] = v_l
                                                           one Triton pass, grid (M, layers)

@@ -19,7 +19,7 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nvls", action="store_true", help="NVLink multicast on (NCCL; default off)")
     p.add_argument("--drafter-layout", choices=("replicated", "tp"), default="replicated",
                    help="the DFlash drafter on every rank whole, or split over the ranks (its "
-                        "heads and MLP width: workbench/dist/drafter.py)")
+                        "heads, MLP width and fc: workbench/dist/drafter.py)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before all ranks end")
 
 

@@ -22,6 +22,7 @@ Rank r of `world` holds (Hq q heads, Hkv KV heads, F MLP width, G = Hq / Hkv):
   fc                  D/w output rows [r D/w, (r+1) D/w) of every committed row's context,
                       all-gathered ([M, D] bf16: 244 KB for 17 rows) before the hidden norm;
                       whole dot products, so the single process's values in both layouts
+                      (bit for bit on the CPU; cuBLAS may tile a narrower GEMM differently)
   norms               replicated
 The exact layout keeps every dot product whole (layout.py EXACT), so the CPU proof's drafts,
 and hence its trees and accepted lengths, are the single-process drafter's bit for bit.

@@ -383,8 +383,9 @@ def rank_floors(model: DistKimiModel, drafter, C: int, budget: int | None, ctx: 
     router), the LOCAL experts the step's routing touches (`routing`: [B, N, K] global ids
     per MoE layer; EP: ids in this rank's range, each read once), the LM-head shard, the
     whole latent cache (replicated: every rank reads it for its heads), the logits shard.
-    draft (DDTree): the replicated drafter + LM-head shard (`loopbench.draft_terms`).
-    commit: the verify rows' cache writes + the drafter's context weights (fc, K/V)."""
+    draft (DDTree): the rank's drafter (whole, or its TP shard) + LM-head shard
+    (`loopbench.draft_terms`).
+    commit: the verify rows' cache writes + the rank's drafter context weights (fc, K/V)."""
     from workbench.loopbench import H200_BF16_TFLOPS, H200_COPY_TBS, draft_terms
 
     bw, pk = (bw_tbs or H200_COPY_TBS) * 1e12, (tflops or H200_BF16_TFLOPS) * 1e12
@@ -499,7 +500,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     C 1 DDTree-16 14.40 / 14.53, C 8 AR 9.51 / 9.52, C 8 DDTree-16 29.56 / 29.62: never slower,
     by at most the runs' spread. drafter_layout: the DFlash drafter "replicated" on the rank
     (vocab.DistDrafter, the default) or its tensor-parallel shard, "tp" (drafter.py: 1/world
-    of its heads and MLP width, two stand-in all-reduces a drafter layer); a tuple of both
+    of its heads, MLP width and fc, two stand-in all-reduces a drafter layer and one
+    all-gather a commit); a tuple of both
     times each DDTree configuration with each, on one rank model (rows say which)."""
     from workbench.reference.drafter import build_drafter
 
@@ -593,7 +595,7 @@ def main(argv=None) -> int:
                    "the routed experts only (default), or before it (session 20's)")
     p.add_argument("--drafter-layout", default="replicated",
                    help="the DFlash drafter whole on the rank (replicated, the default) or its "
-                   "tensor-parallel shard (tp: 1/world of its heads and MLP width, two "
+                   "tensor-parallel shard (tp: 1/world of its heads, MLP width and fc, two "
                    "all-reduces a layer); 'replicated,tp' times each DDTree row with both")
     a = p.parse_args(argv)
     import pandas as pd
