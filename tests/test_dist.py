@@ -458,6 +458,11 @@ def test_link_model_formulas():
     assert NVLINK4.seconds("all_reduce", 0, 8) == pytest.approx(NVLINK4.alpha_us * 1e-6)
 
 
+# a DDTree step's drafter collectives under the emulation's default drafter_layout "tp": two
+# all-reduces a drafter layer, the head's two vocab-parallel all-gathers, fc's one all-gather
+DRAFT_TP = 2 * CFG.drafter.num_layers + 2 + 1
+
+
 def test_emulation_ep8_local_dispatch_has_no_all_to_all():
     """ep_dispatch="local": each rank runs its own experts on the replicated stream and the
     routed partials join the shared expert's all-reduce, so a MoE layer costs one collective
@@ -469,7 +474,7 @@ def test_emulation_ep8_local_dispatch_has_no_all_to_all():
     moe_layers = CFG.num_layers - CFG.first_k_dense
     for r in rows:
         assert r["ep_dispatch"] == "local" and r["kernel_ms"] > 0
-        want = CFG.num_layers + 1 + moe_layers + 1 + (0 if r["mode"] == "AR" else 2)
+        want = CFG.num_layers + 1 + moe_layers + 1 + (0 if r["mode"] == "AR" else DRAFT_TP)
         assert r["collectives"] == want, (r["mode"], r["collectives"])
     with pytest.raises(ValueError, match="ep_dispatch: expected one of"):
         emulate("tiny-dist", ("ep8",), batches=(1,), budgets=(None,), device="cpu",
@@ -520,9 +525,9 @@ def test_emulation_projects_tp8_and_ep8_over_both_links():
         # per forward: one all-reduce per attention and dense layer; MoE-TP one per layer,
         # EP two all-to-alls + one all-reduce (the shared expert's partial with the owner's
         # routed slice folded in: bf16 rows); one logits all-gather. A DDTree step adds the
-        # draft's two vocab-parallel all-gathers.
+        # tensor-parallel drafter's (the emulation's default: DRAFT_TP).
         per_moe = 1 if lay == "TP8" else 3
-        want = CFG.num_layers + 1 + moe_layers * per_moe + 1 + (0 if mode == "AR" else 2)
+        want = CFG.num_layers + 1 + moe_layers * per_moe + 1 + (0 if mode == "AR" else DRAFT_TP)
         assert r["collectives"] == want, (lay, mode, r["collectives"])
     assert by[("TP8", 1, "DDTree-8", "NVLink4")]["tokens_per_s"] > 0
     for lay in ("TP8", "EP8"):  # 9 verify rows touch more experts and cache than 1

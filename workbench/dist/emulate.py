@@ -1,9 +1,9 @@
 """Single-rank emulation of the 8-GPU decode step: rank 0's REAL work, MODELLED collectives.
 
 One GPU runs what rank 0 of the TP8 or EP8 target would run per step (its attention heads, its
-experts or expert slices, its LM-head shard, the replicated drafter, the tree build) on
-synthetic weights made shard-only, one layer at a time (EP8 rank 0 of kimi-k2.6: 48 experts x
-60 layers INT4 ~71 GB + attention + heads). `StandInComm` replaces every collective by a
+experts or expert slices, its LM-head shard, its drafter shard or the whole drafter, the tree
+build) on synthetic weights made shard-only, one layer at a time (EP8 rank 0 of kimi-k2.6:
+48 experts x 60 layers INT4 ~71 GB + attention + heads). `StandInComm` replaces every collective by a
 tensor of the right shape and logs its bytes; a `Link` turns the log into seconds:
 
     all_reduce  t = alpha + 2 (w-1)/w * S / BW        S = payload per rank (ring)
@@ -468,7 +468,7 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
             shared_stream: bool = True, attn_stream: bool = True, priority: int = -1,
-            fork: str = "after-route", drafter_layout: str | tuple = "replicated"):
+            fork: str = "after-route", drafter_layout: str | tuple = "tp"):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -498,10 +498,11 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     (`model.shared_fork`): beside the routed experts only, or "before-route" (session 20's,
     beside the router too); call 11, after against before, kernel ms: C 1 AR 5.71 / 5.73,
     C 1 DDTree-16 14.40 / 14.53, C 8 AR 9.51 / 9.52, C 8 DDTree-16 29.56 / 29.62: never slower,
-    by at most the runs' spread. drafter_layout: the DFlash drafter "replicated" on the rank
-    (vocab.DistDrafter, the default) or its tensor-parallel shard, "tp" (drafter.py: 1/world
-    of its heads, MLP width and fc, two stand-in all-reduces a drafter layer and one
-    all-gather a commit); a tuple of both
+    by at most the runs' spread. drafter_layout: the DFlash drafter's tensor-parallel shard,
+    "tp" (drafter.py: 1/world of its heads, MLP width and fc, two stand-in all-reduces a drafter
+    layer and one all-gather a commit; the default from session 42: graph-replayed on the
+    H200, C 1 DDTree-16 kernel ms 13.92 -> 12.71, the draft's 1.89 -> 0.64; C 8 28.72 ->
+    27.33) or the whole drafter "replicated" on the rank (vocab.DistDrafter); a tuple of both
     times each DDTree configuration with each, on one rank model (rows say which)."""
     from workbench.reference.drafter import build_drafter
 
@@ -593,10 +594,11 @@ def main(argv=None) -> int:
     p.add_argument("--shared-fork", default="after-route", choices=SHARED_FORKS,
                    help="where the shared expert's side stream forks: after the router, beside "
                    "the routed experts only (default), or before it (session 20's)")
-    p.add_argument("--drafter-layout", default="replicated",
-                   help="the DFlash drafter whole on the rank (replicated, the default) or its "
-                   "tensor-parallel shard (tp: 1/world of its heads, MLP width and fc, two "
-                   "all-reduces a layer); 'replicated,tp' times each DDTree row with both")
+    p.add_argument("--drafter-layout", default="tp",
+                   help="the DFlash drafter's tensor-parallel shard (tp, the default: 1/world "
+                   "of its heads, MLP width and fc, two all-reduces a layer) or the whole "
+                   "drafter on the rank (replicated); 'replicated,tp' times each DDTree row "
+                   "with both")
     a = p.parse_args(argv)
     import pandas as pd
 
