@@ -4,11 +4,12 @@ replicated one.
 Why: replicated, every rank reads the whole drafter on every draft: at K2.6 size its six layers
 and fc are ~7 GB of bf16, ~1.6 ms a step at 4.3 TB/s on each of the 8 ranks (the EP8 emulation's
 draft floor with the LM-head shard: 1.81 ms at C 8, session 38; the whole C 1 DDTree-16
-step's floor is ~7.2 ms, session 27). Split like the
-target's attention and dense layers, each rank reads ~1/8 of the layers and pays two small
-all-reduces a layer ([C (L+1), D] rows: 115 KB at C 1); fc (0.62 GB) is split too, for one
-all-gather a commit. What a serving engine does with a
-draft model; measured against the replicated drafter by `emulate --drafter-layout tp`.
+step's floor is ~7.2 ms, session 27). Split like the target's attention and dense layers,
+each rank reads ~1/8 of the layers and pays two small all-reduces a layer ([C (L+1), D] rows:
+115 KB at C 1); fc (0.62 GB) is split too, for one all-gather a commit. What a serving engine
+does with a draft model; measured against the replicated drafter by `emulate --drafter-layout
+tp` (H200, session 42: the C 1 DDTree-16 draft 1.89 -> 0.64 ms, the step's kernels 13.92 ->
+12.71 ms; traces/gpu/session42/README.md).
 
 Rank r of `world` holds (Hq q heads, Hkv KV heads, F MLP width, G = Hq / Hkv):
   q_proj / q rows     q heads [r Hq/w, (r+1) Hq/w)

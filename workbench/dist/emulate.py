@@ -3,8 +3,9 @@
 One GPU runs what rank 0 of the TP8 or EP8 target would run per step (its attention heads, its
 experts or expert slices, its LM-head shard, its drafter shard or the whole drafter, the tree
 build) on synthetic weights made shard-only, one layer at a time (EP8 rank 0 of kimi-k2.6:
-48 experts x 60 layers INT4 ~71 GB + attention + heads). `StandInComm` replaces every collective by a
-tensor of the right shape and logs its bytes; a `Link` turns the log into seconds:
+48 experts x 60 layers INT4 ~71 GB + attention + heads). `StandInComm` replaces every
+collective by a tensor of the right shape and logs its bytes; a `Link` turns the log into
+seconds:
 
     all_reduce  t = alpha + 2 (w-1)/w * S / BW        S = payload per rank (ring)
     all_gather  t = alpha + (w-1) * S / BW            S = each rank's part
