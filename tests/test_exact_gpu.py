@@ -60,6 +60,7 @@ def pair(request):
 
 _AR: dict = {}  # (model, C) -> optimized AR tokens, shared by the DDTree cases
 _AR_MARGINS: dict = {}  # (model, C) -> reference_margins of those tokens, shared alike
+_AR_TRACES: dict = {}  # (model, C) -> {(request, position): the AR loop's routing trace}
 
 
 def _kernels(preset: str = "optimized"):
@@ -98,7 +99,7 @@ def _ar_margins(name, target, C):
 
 
 def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
-             steps_b=None, budget=None, drafter=None, margins=None):
+             steps_b=None, budget=None, drafter=None, margins=None, ar_traces=None):
     """Print each divergence's explanation (first routing flip, router margin: workbench/dist/
     check.py explain_divergence), then apply the pass rule (check_explained).
 
@@ -109,7 +110,8 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
     A divergence the replay does not reproduce gets the real loops' routing trace as a second
     witness (check.explain_in_real_loops): AR vs DDTree under one selection, and the kernel AR
     loop vs the reference AR loop (vs_reference). margins: reference_margins of (prompts, ref)
-    when the caller has them (_ar_margins)."""
+    when the caller has them (_ar_margins); ar_traces: the AR loop's traces kept across budgets
+    (explain_in_real_loops)."""
     from workbench.dist.check import (
         check_explained,
         explain_divergences,
@@ -146,7 +148,7 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
         from workbench.dist.check import explain_in_real_loops
 
         new = explain_in_real_loops(target, drafter, prompts, ref, got, reports, budget,
-                                    kernels_b, NEW, margins=margins)
+                                    kernels_b, NEW, margins=margins, ar_traces=ar_traces)
     elif kernels_a is None and budget is None:  # the kernel AR loop vs the reference AR loop
         # why: a batch-variant int4_moe's bits follow the call's slots an expert (cuda_v11 /
         # v14's hot bands), so a one-request replay may not meet the real batch's router
@@ -188,7 +190,8 @@ def test_ddtree_equals_ar_under_optimized_graphs(pair, C, budget):
     if dd.tokens != ar:  # (_explain returns at once on equal tokens; the margins cost)
         _explain(target, prompts, ar, dd.tokens, f"{name} C={C} DDTree-{budget} vs AR",
                  kernels_a=_kernels(), steps_b=dd, budget=budget, drafter=drafter,
-                 margins=_ar_margins(name, target, C))
+                 margins=_ar_margins(name, target, C),
+                 ar_traces=_AR_TRACES.setdefault((name, C), {}))
     # where a plan's device time goes (the loops, or the divergences' explanations)
     print(f"{name} C={C} DDTree-{budget}: loops {t1 - t0:.1f} s, explanations "
           f"{time.perf_counter() - t1:.1f} s")

@@ -223,6 +223,47 @@ def test_kernel_loop_against_the_reference_loop(setup):
     assert "real loops emit reference" in line and " vs kernel " in line
 
 
+def test_an_ar_trace_serves_every_budget(setup, monkeypatch):
+    """The AR loop does not depend on the budget, so the exact suite traces it once per
+    (request, position) and hands it to every budget's pair (explain_in_real_loops' ar_traces):
+    the pair then runs only the DDTree loop, and compares as with a fresh AR trace."""
+    import workbench.route_trace as rt
+    from workbench.dist.check import explain_in_real_loops, reference_margins
+
+    target, prompts, seqs = setup
+    ar, dd = trace_pair(target, _drafter(setup), prompts, 1, NEW - 1, NEW, BUDGET)
+    runs = []
+    real_run = rt.trace_run
+    monkeypatch.setattr(rt, "trace_run", lambda *a, **k: runs.append(a[6]) or real_run(*a, **k))
+    ar2, dd2 = trace_pair(target, _drafter(setup), prompts, 1, NEW - 1, NEW, BUDGET,
+                          ar_trace=ar)
+    assert ar2 is ar and runs == [BUDGET]  # the DDTree loop only
+    assert torch.equal(dd2.final, dd.final) and dd2.where == dd.where
+    assert compare_traces(ar2, dd2, target)[2] == compare_traces(ar, dd, target)[2]
+    with pytest.raises(ValueError, match=r"ar_trace: expected the AR trace of request 2 "
+                                         r"position 1 .* got \('ar', 1, 5"):
+        trace_pair(target, _drafter(setup), prompts, 2, 1, NEW, BUDGET, ar_trace=ar)
+    with pytest.raises(ValueError, match="ar_trace: expected .* got \\('ddtree'"):
+        trace_pair(target, _drafter(setup), prompts, 1, NEW - 1, NEW, BUDGET, ar_trace=dd)
+
+    # explain_in_real_loops fills the dict on the first budget and reads it on the next: a
+    # made-up divergence (request 0, position 2; the loops emit the reference tokens, so it is
+    # traced, then "not reproduced") costs one AR loop for both budgets
+    ref = [s[len(p):] for s, p in zip(seqs, prompts)]
+    got = [list(r) for r in ref]
+    got[0][2] = (got[0][2] + 1) % target.cfg.vocab_size
+    margins = reference_margins(target, prompts, ref)
+    cache, runs[:] = {}, []
+    first = explain_in_real_loops(target, _drafter(setup), prompts, ref, got, [], BUDGET, None,
+                                  NEW, margins=margins, ar_traces=cache)
+    second = explain_in_real_loops(target, _drafter(setup), prompts, ref, got, [], BUDGET + 2,
+                                   None, NEW, margins=margins, ar_traces=cache)
+    assert list(cache) == [(0, 2)] and cache[(0, 2)].mode == "ar"
+    assert runs == [None, BUDGET, BUDGET + 2]  # AR once, then each budget's DDTree loop
+    assert [r["request"] for r, _ in first] == [r["request"] for r, _ in second] == [0]
+    assert not first[0][0]["reproduced"] and "not reproduced" in first[0][1]
+
+
 def test_replay_drafter_restarts_its_draws_every_loop(setup):
     """A routing trace re-runs a divergent DDTree loop with the same ReplayDrafter: the loop
     must see the same trees (so the same verify batches) as the run it explains."""

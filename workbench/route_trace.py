@@ -273,15 +273,28 @@ _SAME = object()
 
 def trace_pair(target, drafter, prompts, request: int, position: int, max_new_tokens: int,
                budget: int | None, kernels=None, progress: bool = False, stop_tokens=None,
-               kernels_a=_SAME) -> tuple[RouteTrace, RouteTrace]:
+               kernels_a=_SAME, ar_trace: RouteTrace | None = None
+               ) -> tuple[RouteTrace, RouteTrace]:
     """(AR trace, DDTree trace) of the same request and position under the same kernels; with
     kernels_a, run A is AR under kernels_a (None: the reference ops) and run B runs under
-    `kernels`, AR when budget is None (an op's kernel loop against the reference loop)."""
+    `kernels`, AR when budget is None (an op's kernel loop against the reference loop).
+    ar_trace: run A's trace from an earlier call with the same target, prompts, request,
+    position, max_new_tokens, stop tokens and run-A kernels (an AR loop does not depend on the
+    budget: the exact suite compares six budgets against one AR run); it is not run again."""
     _check_request(request, position, prompts, max_new_tokens)  # before either loop runs
     if budget is None and kernels_a is _SAME:
         raise ValueError("budget: expected a DDTree budget for the DDTree run, got None")
-    ar = trace_run(target, None, prompts, request, position, max_new_tokens, None,
-                   kernels if kernels_a is _SAME else kernels_a, progress, stop_tokens)
+    if ar_trace is not None:
+        got = (ar_trace.mode, ar_trace.request, ar_trace.position, ar_trace.seq[:len(prompts[
+            request])])
+        want = ("ar", request, position, list(prompts[request]))
+        if got != want:
+            raise ValueError(f"ar_trace: expected the AR trace of request {request} position "
+                             f"{position} (mode, request, position, prompt {want}), got {got}")
+        ar = ar_trace
+    else:
+        ar = trace_run(target, None, prompts, request, position, max_new_tokens, None,
+                       kernels if kernels_a is _SAME else kernels_a, progress, stop_tokens)
     dd = trace_run(target, drafter, prompts, request, position, max_new_tokens, budget,
                    kernels, progress, stop_tokens)
     return ar, dd

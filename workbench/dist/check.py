@@ -426,7 +426,8 @@ def explain_divergences(target, prompts, ref_tokens, got_tokens, kernels_a=None,
 
 def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, reports, budget,
                           kernels, max_new_tokens: int, tie: float = TIE_MARGIN, margins=None,
-                          vs_reference: bool = False) -> list[tuple[dict, str]]:
+                          vs_reference: bool = False, ar_traces: dict | None = None
+                          ) -> list[tuple[dict, str]]:
     """For AR (ref) vs DDTree (got) runs under the same kernels: every divergence that is no
     reference tie and whose teacher-forced pair does not reproduce it gets a second, stronger
     witness, the routing trace of the REAL loops (workbench.route_trace: the same prompts, batch,
@@ -441,7 +442,9 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
     anyway and are not traced. Returns reports with the replacements; traces that fail to run
     leave the old report. vs_reference: ref is the AR loop under the reference ops and got the
     loop under `kernels` (AR when budget is None): an op's kernel loop against the reference
-    loop, each in its real batch (trace_pair's kernels_a=None)."""
+    loop, each in its real batch (trace_pair's kernels_a=None). ar_traces: a dict the caller
+    keeps for one (target, prompts, run-A kernels), {(request, position): run A's trace}: read
+    and filled here, so later calls (other budgets against the same AR run) trace only run B."""
     from workbench.route_trace import compare_traces, trace_pair
 
     margins = margins or [[float("inf")] * len(r) for r in ref_tokens]
@@ -458,7 +461,10 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
         try:
             a_tr, b_tr = trace_pair(target, drafter, prompts, b, n, max_new_tokens, budget,
                                     kernels=kernels,
-                                    **({"kernels_a": None} if vs_reference else {}))
+                                    **({"kernels_a": None} if vs_reference else {}),
+                                    ar_trace=None if ar_traces is None else ar_traces.get((b, n)))
+            if ar_traces is not None:
+                ar_traces[(b, n)] = a_tr
             rep, _table, line = compare_traces(
                 a_tr, b_tr, target,
                 names=("reference", "kernel") if vs_reference else ("AR", "DDTree"))
