@@ -191,6 +191,33 @@ def test_explain_divergences_names_each_divergent_request():
     assert out[0][0]["explained"] == (row <= len(prompt) + 5)
 
 
+def test_run_a_traces_are_kept_across_calls(monkeypatch):
+    # the exact suite compares six DDTree budgets against one AR run: with memo_a, run A's
+    # teacher-forced trace (same sequence, same schedule) is computed once; the reports are
+    # those of fresh traces, and another schedule is traced anew
+    import workbench.dist.check as check
+
+    target, prompt, tokens, _, margins = _case()
+    first = min(margins)
+    row = _argrow(margins, first, min)
+    got = list(tokens)
+    got[6] = (got[6] + 1) % target.cfg.vocab_size
+    real, runs = check.routing_trace, []
+    monkeypatch.setattr(check, "routing_trace",
+                        lambda *a, **k: runs.append(a[2]) or real(*a, **k))
+    memo: dict = {}
+    with _variant("add_rmsnorm", _nudged_norm(target, first, row, margins[first][row])) as sel:
+        fresh = explain_divergences(target, [prompt], [tokens], [got], None, sel)
+        kept = [explain_divergences(target, [prompt], [tokens], [got], None, sel, memo_a=memo)
+                for _ in range(2)]
+        ar = loop_chunks(len(prompt), [1] * (len(prompt) + 7), len(prompt) + 7)
+        other = explain_divergences(target, [prompt], [tokens], [got], None, sel,
+                                    schedule=lambda b, n: {"chunks_a": ar}, memo_a=memo)
+    assert runs == [None, sel] * 2 + [sel] + [None, sel]  # fresh, kept x2 (A once), other
+    assert [r[1] for r in kept[0]] == [r[1] for r in kept[1]] == [r[1] for r in fresh]
+    assert len(memo) == 2 and other[0][0]["explained"] == fresh[0][0]["explained"]
+
+
 def test_logit_margin_is_the_argmax_gap_over_its_one_sigma_scale():
     target, prompt, tokens, trace, _ = _case()
     row = len(prompt) + 2  # predicts tokens[3]

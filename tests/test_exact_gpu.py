@@ -61,6 +61,7 @@ def pair(request):
 _AR: dict = {}  # (model, C) -> optimized AR tokens, shared by the DDTree cases
 _AR_MARGINS: dict = {}  # (model, C) -> reference_margins of those tokens, shared alike
 _AR_TRACES: dict = {}  # (model, C) -> {(request, position): the AR loop's routing trace}
+_AR_FORCED: dict = {}  # (model, C) -> the AR side's teacher-forced traces (check's memo_a)
 
 
 def _kernels(preset: str = "optimized"):
@@ -99,7 +100,8 @@ def _ar_margins(name, target, C):
 
 
 def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
-             steps_b=None, budget=None, drafter=None, margins=None, ar_traces=None):
+             steps_b=None, budget=None, drafter=None, margins=None, ar_traces=None,
+             memo_a=None):
     """Print each divergence's explanation (first routing flip, router margin: workbench/dist/
     check.py explain_divergence), then apply the pass rule (check_explained).
 
@@ -110,8 +112,8 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
     A divergence the replay does not reproduce gets the real loops' routing trace as a second
     witness (check.explain_in_real_loops): AR vs DDTree under one selection, and the kernel AR
     loop vs the reference AR loop (vs_reference). margins: reference_margins of (prompts, ref)
-    when the caller has them (_ar_margins); ar_traces: the AR loop's traces kept across budgets
-    (explain_in_real_loops)."""
+    when the caller has them (_ar_margins); ar_traces and memo_a: the AR side's real-loop and
+    teacher-forced traces kept across budgets (explain_in_real_loops, explain_divergences)."""
     from workbench.dist.check import (
         check_explained,
         explain_divergences,
@@ -138,7 +140,8 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
 
     reports = []
     try:  # a failed explanation explains nothing: only reference ties can pass then
-        reports = explain_divergences(target, prompts, ref, got, kernels_a, kernels_b, schedule)
+        reports = explain_divergences(target, prompts, ref, got, kernels_a, kernels_b, schedule,
+                                      memo_a=memo_a)
         for _, line in reports:
             print(f"{what}: {line}")
     except Exception as e:
@@ -191,7 +194,8 @@ def test_ddtree_equals_ar_under_optimized_graphs(pair, C, budget):
         _explain(target, prompts, ar, dd.tokens, f"{name} C={C} DDTree-{budget} vs AR",
                  kernels_a=_kernels(), steps_b=dd, budget=budget, drafter=drafter,
                  margins=_ar_margins(name, target, C),
-                 ar_traces=_AR_TRACES.setdefault((name, C), {}))
+                 ar_traces=_AR_TRACES.setdefault((name, C), {}),
+                 memo_a=_AR_FORCED.setdefault((name, C), {}))
     # where a plan's device time goes (the loops, or the divergences' explanations)
     print(f"{name} C={C} DDTree-{budget}: loops {t1 - t0:.1f} s, explanations "
           f"{time.perf_counter() - t1:.1f} s")

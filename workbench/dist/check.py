@@ -257,7 +257,8 @@ def logit_margin(target, x) -> dict:
 def first_discrete_divergence(target, prompt, tokens, kernels_a=None, kernels_b=None,
                               position: int | None = None, chunks_a=None, chunks_b=None,
                               pad_a: int | None = None, pad_b: int | None = None,
-                              batch_a: int = 1, batch_b: int = 1) -> dict:
+                              batch_a: int = 1, batch_b: int = 1,
+                              memo_a: dict | None = None) -> dict:
     """Where do runs A and B first route differently, teacher-forced on the same tokens?
 
     prompt + tokens[:position + 1] (the reference's tokens through the divergence position,
@@ -274,11 +275,19 @@ def first_discrete_divergence(target, prompt, tokens, kernels_a=None, kernels_b=
     pair's gap on B's input: < 0 when B's input crossed it), router_margin_rel_b (B's own),
     hidden_diff (max abs), hidden_rel (rms rel.), router_ok_a/b (the run's ids are the
     reference rule's on its own input)}], hidden {layer: {max_abs, max_rel}}.
+    memo_a: a dict the caller keeps for one (target, kernels_a): run A's routing traces by
+    (sequence, schedule), read and filled here (run A, an AR loop's schedule, is the same for
+    every DDTree budget compared against it; only run B changes).
     """
     P = len(prompt)
     n = len(tokens) - 1 if position is None else position
     seq = list(prompt) + list(tokens[: n + 1])
-    ta = routing_trace(target, seq, kernels_a, chunks_a, pad_a, batch_a)
+    key = (tuple(seq), None if chunks_a is None else tuple(chunks_a), pad_a, batch_a)
+    ta = None if memo_a is None else memo_a.get(key)
+    if ta is None:
+        ta = routing_trace(target, seq, kernels_a, chunks_a, pad_a, batch_a)
+        if memo_a is not None:
+            memo_a[key] = ta
     tb = routing_trace(target, seq, kernels_b, chunks_b, pad_b, batch_b)
     row = P - 1 + n
     la, lb = ta["logits"][row], tb["logits"][row]
@@ -408,17 +417,18 @@ def check_explained(ref_tokens, got_tokens, margins, reports, tie: float = TIE_M
 
 
 def explain_divergences(target, prompts, ref_tokens, got_tokens, kernels_a=None, kernels_b=None,
-                        schedule=None) -> list[tuple[dict, str]]:
+                        schedule=None, memo_a: dict | None = None) -> list[tuple[dict, str]]:
     """explain_divergence for the first divergence of every divergent request.
 
     schedule(request, position) -> {"chunks_a", "chunks_b", "pad_a", "pad_b", "batch_a",
-    "batch_b"} (any subset; default: one forward of one request per run)."""
+    "batch_b"} (any subset; default: one forward of one request per run). memo_a: run A's
+    traces kept across calls with the same target and kernels_a (first_discrete_divergence)."""
     found = divergences(ref_tokens, got_tokens, [[float("nan")] * len(r) for r in ref_tokens])
     out = []
     for d in found:
         b, n = d["request"], min(d["position"], len(ref_tokens[d["request"]]) - 1)
         rep, line = explain_divergence(target, prompts[b], ref_tokens[b], kernels_a, kernels_b,
-                                       n, **(schedule(b, n) if schedule else {}))
+                                       n, memo_a=memo_a, **(schedule(b, n) if schedule else {}))
         rep["request"] = b
         out.append((rep, f"request {b}: {line}"))
     return out
