@@ -16,8 +16,11 @@ With the position- and batch-invariant kernels (kernels="invariant": int4_moe tr
 tree_mla triton_v6) DDTree must emit AR's tokens exactly, with no tie rule at all (the
 DESIGN.md §7 stretch): test_ddtree_bitwise_ar_under_invariant_kernels.
 EXACT_KERNELS="op=variant,..." replaces those ops of the preset (a candidate kernel, e.g.
-`EXACT_KERNELS=int4_moe=triton_v6`). GPU only (`pytest -m gpu tests/test_exact_gpu.py`; ~3-4
-min on an H200, most of it the float64 reference loop and margins at Kimi widths).
+`EXACT_KERNELS=int4_moe=triton_v6`). GPU only (`pytest -m gpu tests/test_exact_gpu.py`). Its
+cost is the divergences' explanations at Kimi widths more than the loops: the trained pair's
+part ~205 s on an H200 (session 39), `small`'s C 1 / 8 part more than 560 s and ~150 s a C 8
+budget on an H100 (session 42), so device plans run it in parts (`-k "small-8-32 or ..."`);
+each (model, C) computes its AR side's margins and traces once for all six budgets.
 """
 
 from __future__ import annotations
