@@ -89,14 +89,24 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = Norm(D)
         self.rope = drafter_rope(cfg)
-        # None here; a tensor-parallel shard (workbench/dist/drafter.py) holds D/w of fc's
-        # output rows and sets this to the all-gather that reassembles [.., D]
-        self.fc_gather = None
+
+    # None here; a tensor-parallel shard (workbench/dist/drafter.py) holds D/w of fc's output
+    # rows and gives the all-gather that reassembles [.., D]
+    fc_gather = None
 
     def fc_out(self, h: torch.Tensor) -> torch.Tensor:
         """fc's whole output [.., D] from this module's fc GEMM `h` (`materialize` and the
         kernels' materialise call it between the GEMM and the hidden norm)."""
         return h if self.fc_gather is None else self.fc_gather(h)
+
+    def o_proj_out(self, layer: DrafterLayer, o: torch.Tensor) -> torch.Tensor:
+        """The attention's output projection in forward_block: o [B, S, Hq d] bf16 ->
+        [B, S, D] (a tensor-parallel shard overrides it: its heads' part, summed over ranks)."""
+        return ops.get("linear")(o, layer.self_attn.o_proj.weight)
+
+    def mlp_out(self, layer: DrafterLayer, h: torch.Tensor) -> torch.Tensor:
+        """The layer's MLP in forward_block: h [B, S, D] -> [B, S, D] (overridden alike)."""
+        return layer.mlp(h)
 
     @property
     def device(self) -> torch.device:
@@ -215,8 +225,9 @@ class DFlashDrafter(nn.Module):
                                         cache.k[li, i:i + step, :Tc], cache.v[li, i:i + step, :Tc],
                                         ctx_ok[i:i + step], mask[i:i + step])
                            for i in range(0, max(B, 1), step)])  # [B, S, Hkv, G, d]
-            x = x + linear(o.to(x.dtype).reshape(B, S, Hq * d), at.o_proj.weight)
-            x = x + layer.mlp(rmsnorm(x, layer.post_attention_layernorm.weight, c.rms_norm_eps))
+            x = x + self.o_proj_out(layer, o.to(x.dtype).reshape(B, S, Hq * d))
+            x = x + self.mlp_out(layer, rmsnorm(x, layer.post_attention_layernorm.weight,
+                                                c.rms_norm_eps))
         return rmsnorm(x, self.norm.weight, c.rms_norm_eps)
 
 
@@ -289,10 +300,11 @@ def drafter_state(cfg: DrafterConfig, seed: int = 0, device="cpu") -> dict:
     return st
 
 
-def empty_drafter(cfg: DrafterConfig, device="cpu") -> DFlashDrafter:
-    """A drafter with uninitialised bf16 parameters (allocated without a first fill)."""
+def empty_drafter(cfg: DrafterConfig, device="cpu", cls=None) -> DFlashDrafter:
+    """A drafter with uninitialised bf16 parameters (allocated without a first fill); cls: a
+    DFlashDrafter subclass to make instead (workbench/dist/drafter.py's shard)."""
     with torch.device("meta"):
-        model = DFlashDrafter(cfg)
+        model = (cls or DFlashDrafter)(cfg)
     return model.to_empty(device=device).eval()
 
 

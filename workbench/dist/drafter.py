@@ -34,17 +34,18 @@ head_dim, D hidden, F MLP width (local: F/w), L draft depth.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
 from workbench import ops
-from workbench.reference.drafter import ATTN_CHUNK_BYTES, DFlashDrafter, empty_drafter
+from workbench.reference.drafter import DFlashDrafter, empty_drafter
 from workbench.reference.model import Linear
 
 from .comm import Comm
 from .layout import Layout, LayoutError
 from .model import SwiGLUShard, row_parallel
-from .vocab import DistDrafter, block_ids
+from .vocab import DistDrafter
 
 DRAFTER_LAYOUTS = ("replicated", "tp")
 
@@ -72,17 +73,18 @@ def drafter_heads(dcfg, lay: Layout) -> tuple[tuple[int, int], tuple[int, int]]:
     return q, kv
 
 
-def shard_drafter(drafter: DFlashDrafter, lay: Layout) -> DFlashDrafter:
-    """This rank's drafter: a DFlashDrafter of the local head counts and width (so the
-    reference's materialize, cache and K/V code and the kernels' block body run on it
-    unchanged) whose fc, o_proj and mlp are the TP modules above; weights copied from
-    `drafter`. Its fc_gather is unset: the caller joins it to a comm (TPDistDrafter)."""
+def shard_drafter(drafter: DFlashDrafter, lay: Layout) -> DrafterShard:
+    """This rank's drafter: a DrafterShard of the local head counts and width (so the
+    reference's forward_block, materialize, cache and K/V code and the kernels' block body run
+    on it unchanged) whose fc, o_proj and mlp are the TP modules above; weights copied from
+    `drafter`. Its comm is unset: the caller joins it to one (TPDistDrafter)."""
     c = drafter.cfg
     (q0, q1), (k0, k1) = drafter_heads(c, lay)
     w, d, D, F = lay.world, c.head_dim, c.hidden_size, c.intermediate_size
     local = dataclasses.replace(c, num_heads=q1 - q0, num_kv_heads=k1 - k0,
                                 intermediate_size=F // w)
-    out = empty_drafter(local, drafter.device)
+    out = empty_drafter(local, drafter.device, cls=DrafterShard)
+    out.exact = lay.exact
     build = torch.device(drafter.device)  # the TP modules straight on the drafter's device
     f0, f1 = lay.rank * F // w, (lay.rank + 1) * F // w
     d0, d1 = lay.rank * D // w, (lay.rank + 1) * D // w
@@ -117,74 +119,48 @@ def shard_drafter(drafter: DFlashDrafter, lay: Layout) -> DFlashDrafter:
     return out.eval()
 
 
-def tp_forward_block(shard: DFlashDrafter, cache, ids: torch.Tensor, start: torch.Tensor,
-                     target, comm: Comm, exact: bool) -> torch.Tensor:
-    """DFlashDrafter.forward_block on this rank's heads and width, line for line, with the
-    o_proj and MLP outputs summed over ranks (engine) or gathered whole (exact): the final-normed
-    hidden [B, S, D] bf16, the same on every rank."""
-    c = shard.cfg
-    B, S = ids.shape
-    Hq, Hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
-    dev = ids.device
-    P = start.to(dev, torch.long).view(B, 1)
-    Tc = int(P.max()) if B else 0  # host sync, as the reference's
-    qpos = P + torch.arange(S, device=dev)  # [B, S]
-    kpos = torch.arange(Tc, device=dev).view(1, Tc)
-    ctx_ok = kpos < P  # [B, Tc]
-    linear, rmsnorm = ops.get("linear"), ops.get("rmsnorm")
-    x = target.embed(ids)  # [B, S, D]
-    for li, layer in enumerate(shard.layers):
-        at = layer.self_attn
-        a = rmsnorm(x, layer.input_layernorm.weight, c.rms_norm_eps)
-        q = linear(a, at.q_proj.weight).unflatten(-1, (Hq, d))  # [B, S, Hq/w, d]
-        q = shard.rope.apply(rmsnorm(q, at.q_norm.weight, c.rms_norm_eps), qpos)
-        kb, vb = shard._kv(layer, a, qpos)  # [B, S, Hkv/w, d]
-        mask = torch.cat([shard._mask(layer, qpos, kpos, ctx_ok, False),
-                          shard._mask(layer, qpos, qpos, torch.ones_like(qpos, dtype=torch.bool),
-                                      True)], 2)  # [B, S, Tc+S]
-        per_req = 8 * (Tc + S) * (4 * Hkv * d + 2 * Hq * S)
-        step = max(1, min(B, ATTN_CHUNK_BYTES // max(1, per_req)))
-        o = torch.cat([shard._attend(q[i:i + step], kb[i:i + step], vb[i:i + step],
-                                     cache.k[li, i:i + step, :Tc], cache.v[li, i:i + step, :Tc],
-                                     ctx_ok[i:i + step], mask[i:i + step])
-                       for i in range(0, max(B, 1), step)])  # [B, S, Hkv/w, G, d]
-        o = o.to(x.dtype).reshape(B, S, Hq * d)  # bf16, as the reference rounds
-        if exact:  # all heads' outputs in head order (rank r holds q heads r Hq/w ..)
-            o = comm.all_gather_cat(o, -1)
-        x = x + row_parallel(o, at.o_proj.weight, x.dtype, comm, exact)
-        x = x + layer.mlp(rmsnorm(x, layer.post_attention_layernorm.weight, c.rms_norm_eps),
-                          comm)
-    return rmsnorm(x, shard.norm.weight, c.rms_norm_eps)
+class DrafterShard(DFlashDrafter):
+    """A rank's drafter (`shard_drafter`): DFlashDrafter's forward_block and materialize on
+    this rank's heads and width, with fc's output columns all-gathered (fc_gather) and the
+    o_proj and MLP outputs summed over ranks (engine) or gathered whole (exact). `comm` is
+    unset (no collectives) until TPDistDrafter joins the shard to its target's."""
+
+    comm: Comm | None = None
+    exact: bool = True
+
+    @property
+    def fc_gather(self):
+        comm = self.comm
+        return None if comm is None else (lambda h: comm.all_gather_cat(h, -1))
+
+    def o_proj_out(self, layer, o):
+        if self.exact:  # all heads' outputs in head order (rank r holds q heads r Hq/w ..)
+            o = self.comm.all_gather_cat(o, -1)
+        return row_parallel(o, layer.self_attn.o_proj.weight, o.dtype, self.comm, self.exact)
+
+    def mlp_out(self, layer, h):
+        return layer.mlp(h, self.comm)
 
 
 class TPDistDrafter(DistDrafter):
     """DistDrafter on a tensor-parallel shard (`shard_drafter`): the same loop interface
     (new_cache, materialize, draft_override), this rank's heads in its cache, two collectives
-    a drafter layer. `drafter` is the shard (its bytes are what a rank reads: emulate's
-    floors); `full_cfg` the unsharded config."""
+    a drafter layer and one a commit. `drafter` is the shard (its bytes are what a rank reads:
+    emulate's floors); `full_cfg` the unsharded config."""
 
     def __init__(self, drafter: DFlashDrafter, target, lay: Layout):
         super().__init__(shard_drafter(drafter, lay), target)
         self.full_cfg, self.exact = drafter.cfg, lay.exact
-        comm = target.comm  # fc's D/w output columns of the committed rows, gathered whole
-        self.drafter.fc_gather = lambda h: comm.all_gather_cat(h, -1)
+        self.drafter.comm = target.comm
 
-    def draft_override(self, drafter, target, cache, bonus, start, k):
-        """(logprobs fp32 [B, L, k], global ids int64 [B, L, k]), as the `drafter` op."""
-        from .vocab import dist_topk_logprobs
-
-        comm = target.comm
-        with target.log("draft"):
-            body = tp_block_body(self.exact)
-            if body is None:
-                z = tp_forward_block(self.drafter, cache, block_ids(self.cfg, bonus), start,
-                                     target, comm, self.exact)[:, 1:]  # [B, L, D]
-            else:  # engine: the kernel's block body, its row-parallel outputs all-reduced
-                z = body(self.drafter, target, cache, bonus, start,
-                         reduce=lambda r: comm.all_reduce(r)).view(
-                    bonus.shape[0], self.cfg.depth, -1)
-            local = ops.get("lm_head")(z, target.lm_head_shard.weight)  # [B, L, V/w]
-            return dist_topk_logprobs(local, target.vocab_start, k, comm)
+    def _body(self):
+        """The kernel's block body with its row-parallel outputs all-reduced (engine), or
+        None: the shard's own forward_block."""
+        body = tp_block_body(self.exact)
+        if body is None:
+            return None
+        comm = self.target.comm
+        return functools.partial(body, reduce=lambda r: comm.all_reduce(r))
 
 
 def tp_block_body(exact: bool):

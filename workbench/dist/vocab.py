@@ -92,10 +92,14 @@ class DistDrafter:
         with self.target.log("draft"):
             ops.get("drafter_materialize")(self.drafter, cache, target_hidden, positions, count)
 
+    def _body(self):
+        """The selected variant's block body, or None: the drafter's own forward_block."""
+        return block_body()
+
     def draft_override(self, drafter, target, cache, bonus, start, k):
         """(logprobs fp32 [B, L, k], global ids int64 [B, L, k]), as the `drafter` op."""
         with target.log("draft"):
-            body = block_body()
+            body = self._body()
             if body is None:
                 z = self.drafter.forward_block(cache, block_ids(self.cfg, bonus), start,
                                                target)[:, 1:]  # [B, L, D]
