@@ -114,8 +114,8 @@ pd.DataFrame([
 # at K2.6 size its layers and fc are ~7 GB that each rank reads on every draft. With
 # `drafter_layout="tp"` (`workbench/dist/drafter.py`) a rank holds 1/8 of its q heads, MLP
 # width and fc outputs (its 2 KV heads replicated over 4 ranks each here), the o_proj / down
-# outputs are reduced across ranks and fc's gathered: the exact layout drafts what the replicated drafter drafts, so the
-# trees, walks and accepted lengths are the same.
+# outputs are reduced across ranks and fc's gathered: the exact layout drafts what the
+# replicated drafter drafts, so the trees, walks and accepted lengths are the same.
 
 # %%
 dflash = {}

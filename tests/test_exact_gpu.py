@@ -62,9 +62,7 @@ def pair(request):
 
 
 _AR: dict = {}  # (model, C) -> optimized AR tokens, shared by the DDTree cases
-_AR_MARGINS: dict = {}  # (model, C) -> reference_margins of those tokens, shared alike
-_AR_TRACES: dict = {}  # (model, C) -> {(request, position): the AR loop's routing trace}
-_AR_FORCED: dict = {}  # (model, C) -> the AR side's teacher-forced traces (check's memo_a)
+_AR_SIDE: dict = {}  # (model, C) -> _explain's keywords for that AR run (_ar_side)
 
 
 def _kernels(preset: str = "optimized"):
@@ -89,17 +87,20 @@ def _optimized_ar(name, target, C):
     return _AR[(name, C)]
 
 
-def _ar_margins(name, target, C):
-    """The reference's top-2 margins along the optimized AR tokens of (name, C), computed once:
-    every budget's DDTree case compares against the same AR tokens, and the margins are one
-    float64 reference forward a request at Kimi widths (C of them), the same each time."""
+def _ar_side(name, target, C) -> dict:
+    """What explaining a divergence from the optimized AR run of (name, C) needs of that run,
+    made once for every budget's DDTree case: the reference's top-2 margins along its tokens
+    (one float64 reference forward a request at Kimi widths, C of them) and the dicts that keep
+    its real-loop routing traces (ar_traces) and teacher-forced traces (memo_a) as they are
+    made."""
     from workbench.dist.check import reference_margins
 
-    if (name, C) not in _AR_MARGINS:
+    if (name, C) not in _AR_SIDE:
         prompts, ar = _optimized_ar(name, target, C)
         with torch.no_grad():
-            _AR_MARGINS[(name, C)] = reference_margins(target, prompts, ar)
-    return _AR_MARGINS[(name, C)]
+            margins = reference_margins(target, prompts, ar)
+        _AR_SIDE[(name, C)] = {"margins": margins, "ar_traces": {}, "memo_a": {}}
+    return _AR_SIDE[(name, C)]
 
 
 def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
@@ -115,7 +116,7 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
     A divergence the replay does not reproduce gets the real loops' routing trace as a second
     witness (check.explain_in_real_loops): AR vs DDTree under one selection, and the kernel AR
     loop vs the reference AR loop (vs_reference). margins: reference_margins of (prompts, ref)
-    when the caller has them (_ar_margins); ar_traces and memo_a: the AR side's real-loop and
+    when the caller has them (_ar_side); ar_traces and memo_a: the AR side's real-loop and
     teacher-forced traces kept across budgets (explain_in_real_loops, explain_divergences)."""
     from workbench.dist.check import (
         check_explained,
@@ -196,9 +197,7 @@ def test_ddtree_equals_ar_under_optimized_graphs(pair, C, budget):
     if dd.tokens != ar:  # (_explain returns at once on equal tokens; the margins cost)
         _explain(target, prompts, ar, dd.tokens, f"{name} C={C} DDTree-{budget} vs AR",
                  kernels_a=_kernels(), steps_b=dd, budget=budget, drafter=drafter,
-                 margins=_ar_margins(name, target, C),
-                 ar_traces=_AR_TRACES.setdefault((name, C), {}),
-                 memo_a=_AR_FORCED.setdefault((name, C), {}))
+                 **_ar_side(name, target, C))
     # where a plan's device time goes (the loops, or the divergences' explanations)
     print(f"{name} C={C} DDTree-{budget}: loops {t1 - t0:.1f} s, explanations "
           f"{time.perf_counter() - t1:.1f} s")
