@@ -104,7 +104,7 @@ Versions (README.md has the design and the version log), each with the contract 
     triton_v34 v33's split only where the op's hint sizes the grid (an EP rank), v32's tiles
                without a hint (v32's bits without a hint; H200, session 24 ABBA: the EP8 C 8
                AR step 9.17 / 9.17 vs 9.35 / 9.36 ms, C 1 DDTree-8 11.43 / 11.40 vs 11.53 /
-               11.54, T 1 on 384 experts 78.0 vs 77.9 µs; BEST from session 24)
+               11.54, T 1 on 384 experts 78.0 vs 77.9 µs; BEST sessions 24-42, then PORTABLE)
     cuda_v1    the expert GEMMs in CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed
                through a per-warp cp.async ring in the A fragments' order (mma_layout: an exact
                one-time repack), the exact dequant (H200: 42 GPU tests passed; REAL T 1 81.9 µs,
@@ -182,7 +182,9 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v15   cuda_v14, but cuda_v5 exactly on an EP rank's hinted calls expecting under 3 E
                slots (H200, sessions 37-38 EP8 emulation, graph-replayed ms a step: the
                cut takes the faster of cuda_v5 / cuda_v14 at every C 1-32 x budget 8-64
-               measured, C 32 DDTree-64 130.66 vs cuda_v5's 155.44; ENGINE from session 38)
+               measured, C 32 DDTree-64 130.66 vs cuda_v5's 155.44; ENGINE from session 38;
+               `small`'s exact suite passed whole, sessions 41-43, memcheck / racecheck clean:
+               BEST from session 43)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -192,7 +194,13 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
-# triton_v34 from session 24 (v32's tiles and bits without a hint; v33's twice-split gate/up on
+# cuda_v15 from session 43 (ENGINE's since session 38; the trained token-exact suite 21 of 21
+# with the cuda_v14 launches it runs unhinted, session 39; `small`'s exact suite passed whole:
+# AR at C 1 / 8 / 32 and DDTree 1..128 at each C, sessions 41-43 on an H200 and an H100, each
+# divergence a reference tie or an explained near-tie; compute-sanitizer memcheck EDGE + REAL
+# and racecheck EDGE clean, session 43; traces/gpu/session43); needs CUDA + cupy, so PORTABLE
+# (triton_v34) where it cannot run;
+# triton_v34 in session 24 (v32's tiles and bits without a hint; v33's twice-split gate/up on
 # an EP rank's hinted calls: the EP8 C 8 AR step 9.175 / 9.169 ms against v32's 9.347 / 9.355,
 # C 1 DDTree-8 11.428 / 11.399 against 11.531 / 11.543 in one ABBA call, the other step
 # configurations within the runs' spread, T 1 on 384 experts 78.0 vs 77.9 µs);
@@ -213,7 +221,7 @@ _MOD = "workbench.kernels.int4_moe"
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "triton_v34"
+BEST = "cuda_v15"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
@@ -231,10 +239,11 @@ BEST = "triton_v34"
 # below, so C 8 DDTree-32 and C 32 DDTree-8 now take cuda_v14's 35.90 / 41.00); GPU tests 25
 # passed; the BEST candidate from session 39: the trained token-exact suite with cuda_v14 (whose
 # unhinted launches it runs) 21 of 21 under the real-loop witness (traces/gpu/session39 call 1);
-# small's exact suite with it not yet run (plan session39_d), so not BEST yet
+# BEST from session 43
 ENGINE = "cuda_v15"
 # what a preset selects where its version cannot run here (cuda_v15 without CUDA or cupy: the
-# CPU tests, the CPU demo): BEST
+# CPU tests, the CPU demo): triton_v34, the fastest version that runs everywhere (BEST sessions
+# 24-42)
 PORTABLE = "triton_v34"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
