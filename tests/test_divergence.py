@@ -189,6 +189,17 @@ def test_explain_divergences_names_each_divergent_request():
     assert out[0][1].startswith("request 1: ")
     # the nudged row feeds position 6 only if it precedes it
     assert out[0][0]["explained"] == (row <= len(prompt) + 5)
+    # requests=: only those (the ones another witness left unexplained) are replayed
+    got2 = list(tokens)
+    got2[3] = (got2[3] + 1) % target.cfg.vocab_size
+    with _variant("add_rmsnorm", _nudged_norm(target, first, row, margins[first][row])) as sel:
+        both = explain_divergences(target, [prompt] * 3, [tokens] * 3, [tokens, got, got2],
+                                   None, sel)
+        only = explain_divergences(target, [prompt] * 3, [tokens] * 3, [tokens, got, got2],
+                                   None, sel, requests=[2])
+    assert [(r["request"], r["position"]) for r, _ in both] == [(1, 6), (2, 3)]
+    assert [(r["request"], r["position"]) for r, _ in only] == [(2, 3)]
+    assert only[0][1] == both[1][1]
 
 
 def test_run_a_traces_are_kept_across_calls(monkeypatch):

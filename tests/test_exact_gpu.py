@@ -19,8 +19,12 @@ EXACT_KERNELS="op=variant,..." replaces those ops of the preset (a candidate ker
 `EXACT_KERNELS=int4_moe=triton_v6`). GPU only (`pytest -m gpu tests/test_exact_gpu.py`). Its
 cost is the divergences' explanations at Kimi widths more than the loops: the trained pair's
 part ~205 s on an H200 (session 39), `small`'s C 1 / 8 part more than 560 s and ~150 s a C 8
-budget on an H100 (session 42), so device plans run it in parts (`-k "small-8-32 or ..."`);
-each (model, C) computes its AR side's margins and traces once for all six budgets.
+budget on an H100 (session 42), `small`'s C 32 DDTree cases 5-16 s of loops and 124-256 s of
+explanations each, 6-15 divergences a case (session 43, H100), so device plans run it in parts
+(`-k "small-8-32 or ..."`); each (model, C) computes its AR side's margins and traces once for
+all six budgets, and from session 43 a case's real-loop traces run first, one AR and one DDTree
+loop for all its divergent requests, the per-request teacher-forced replay only where they
+leave one unexplained (_explain).
 """
 
 from __future__ import annotations
@@ -109,18 +113,27 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
     """Print each divergence's explanation (first routing flip, router margin: workbench/dist/
     check.py explain_divergence), then apply the pass rule (check_explained).
 
-    The teacher-forced pair replays each request on its loop's schedule, repeated C times (the
-    loop's row counts): run A (ref) as one forward of one request under the reference ops
-    (batch-invariant), or on the AR loop's steps; run B (got) on the AR loop's steps, or with
-    steps_b (a DDTree GenerateResult) on its accepted rows per step, padded to budget + 1.
-    A divergence the replay does not reproduce gets the real loops' routing trace as a second
-    witness (check.explain_in_real_loops): AR vs DDTree under one selection, and the kernel AR
-    loop vs the reference AR loop (vs_reference). margins: reference_margins of (prompts, ref)
-    when the caller has them (_ar_side); ar_traces and memo_a: the AR side's real-loop and
-    teacher-forced traces kept across budgets (explain_in_real_loops, explain_divergences)."""
+    Two witnesses, the stronger and cheaper first. The real loops' routing trace
+    (check.explain_in_real_loops: AR vs DDTree under one selection, or the kernel AR loop vs
+    the reference AR loop) traces every divergent request of the batch in one loop a side.
+    The teacher-forced pair then runs only for the divergences the trace left unexplained or
+    unreproduced (never for reference ties, which pass anyway): it replays each request on its
+    loop's schedule, repeated C times (the loop's row counts): run A (ref) as one forward of one
+    request under the reference ops (batch-invariant), or on the AR loop's steps; run B (got)
+    on the AR loop's steps, or with steps_b (a DDTree GenerateResult) on its accepted rows per
+    step, padded to budget + 1; a pair that explains and reproduces replaces the trace's
+    report. A divergence passes when either witness explains and reproduces it (sessions
+    42-43, teacher-forced pair first: of the 73 divergences of `small`'s C 8 DDTree-128 and C 32
+    cases the pair passed 14, the trace the other 59). margins:
+    reference_margins of (prompts, ref) when the caller has them (_ar_side); ar_traces and
+    memo_a: the AR side's real-loop and teacher-forced traces kept across budgets
+    (explain_in_real_loops, explain_divergences)."""
     from workbench.dist.check import (
+        TIE_MARGIN,
         check_explained,
+        divergences,
         explain_divergences,
+        explain_in_real_loops,
         loop_chunks,
         reference_margins,
         request_steps,
@@ -143,33 +156,36 @@ def _explain(target, prompts, ref, got, what, kernels_a=None, kernels_b=None,
                 "batch_a": 1 if kernels_a is None else len(prompts), "batch_b": len(prompts)}
 
     reports = []
-    try:  # a failed explanation explains nothing: only reference ties can pass then
-        reports = explain_divergences(target, prompts, ref, got, kernels_a, kernels_b, schedule,
-                                      memo_a=memo_a)
-        for _, line in reports:
-            print(f"{what}: {line}")
-    except Exception as e:
-        print(f"{what}: explanation failed: {type(e).__name__}: {e}")
-    new = None
     if drafter is not None and kernels_a == kernels_b:  # AR vs DDTree under one selection
-        from workbench.dist.check import explain_in_real_loops
-
-        new = explain_in_real_loops(target, drafter, prompts, ref, got, reports, budget,
-                                    kernels_b, NEW, margins=margins, ar_traces=ar_traces)
+        reports = explain_in_real_loops(target, drafter, prompts, ref, got, [], budget,
+                                        kernels_b, NEW, margins=margins, ar_traces=ar_traces)
     elif kernels_a is None and budget is None:  # the kernel AR loop vs the reference AR loop
         # why: a batch-variant int4_moe's bits follow the call's slots an expert (cuda_v11 /
         # v14's hot bands), so a one-request replay may not meet the real batch's router
         # near-tie (session 37: trained C 8, layer 1, rel margin 0.0008, not reproduced); the
         # traced real loops of both runs are the stronger witness, under the same rule
-        from workbench.dist.check import explain_in_real_loops
-
-        new = explain_in_real_loops(target, None, prompts, ref, got, reports, None, kernels_b,
-                                    NEW, margins=margins, vs_reference=True)
-    if new is not None:
-        for rep_line in new:
-            if rep_line not in reports:
-                print(f"{what}: {rep_line[1]}")
-        reports = new
+        reports = explain_in_real_loops(target, None, prompts, ref, got, [], None, kernels_b,
+                                        NEW, margins=margins, vs_reference=True)
+    for _, line in reports:
+        print(f"{what}: {line}")
+    done = {rep["request"] for rep, _ in reports if rep.get("explained") and rep.get("reproduced")}
+    rest = [d["request"] for d in divergences(ref, got, margins)
+            if d["margin"] >= TIE_MARGIN and d["request"] not in done]
+    teacher = []
+    if rest:
+        try:  # a failed explanation explains nothing: the trace's report stands
+            teacher = explain_divergences(target, prompts, ref, got, kernels_a, kernels_b,
+                                          schedule, memo_a=memo_a, requests=rest)
+        except Exception as e:
+            print(f"{what}: explanation failed: {type(e).__name__}: {e}")
+    at = {rep["request"]: k for k, (rep, _) in enumerate(reports)}
+    for rep, line in teacher:
+        print(f"{what}: {line}")
+        k = at.get(rep["request"])
+        if k is None:
+            reports.append((rep, line))
+        elif rep.get("explained") and rep.get("reproduced"):
+            reports[k] = (rep, line)
     found = check_explained(ref, got, margins, reports)  # raises on any other divergence
     print(f"{what}: {len(found)} divergence(s), each a reference tie or an explained near-tie: "
           + "; ".join(f"request {d['request']} position {d['position']}: {d['why']}"

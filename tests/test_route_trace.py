@@ -85,10 +85,11 @@ def test_ddtree_rows_map_to_the_ar_rows(setup):
     # the same step's root row (node 0) is another row of the sequence: it differs
     r = rows[0]
     s, n = dd.where[r]
-    n_pre = len(rec.final) - len(res.steps)
-    root = rec.moe[(n_pre + s) * len(dd.layers)][1][0]
+    got = rec.of[2]
+    n_pre = len(got.final) - len(res.steps)
+    root = got.moe[(n_pre + s) * len(dd.layers)][1][0].float()
     assert not torch.equal(root, ar.hidden[first][r])
-    path = rec.walks[s]["path"]
+    path = got.walks[s]["path"]
     path[path.index(n)] = 0  # a wrong path: the root where node n was accepted
     with pytest.raises(RuntimeError, match=r"step \d+ node 0 .* expected"):
         build_trace(rec, res, prompts[2], NEW - 1)
@@ -232,9 +233,9 @@ def test_an_ar_trace_serves_every_budget(setup, monkeypatch):
 
     target, prompts, seqs = setup
     ar, dd = trace_pair(target, _drafter(setup), prompts, 1, NEW - 1, NEW, BUDGET)
-    runs = []
-    real_run = rt.trace_run
-    monkeypatch.setattr(rt, "trace_run", lambda *a, **k: runs.append(a[6]) or real_run(*a, **k))
+    runs = []  # each traced loop's budget
+    real_loop = rt._traced_loop
+    monkeypatch.setattr(rt, "_traced_loop", lambda *a, **k: runs.append(a[5]) or real_loop(*a, **k))
     ar2, dd2 = trace_pair(target, _drafter(setup), prompts, 1, NEW - 1, NEW, BUDGET,
                           ar_trace=ar)
     assert ar2 is ar and runs == [BUDGET]  # the DDTree loop only
@@ -262,6 +263,51 @@ def test_an_ar_trace_serves_every_budget(setup, monkeypatch):
     assert runs == [None, BUDGET, BUDGET + 2]  # AR once, then each budget's DDTree loop
     assert [r["request"] for r, _ in first] == [r["request"] for r, _ in second] == [0]
     assert not first[0][0]["reproduced"] and "not reproduced" in first[0][1]
+
+
+def test_one_loop_a_side_traces_every_watched_request(setup, monkeypatch):
+    """The exact suite's C 32 cases have 6-15 divergent requests: trace_pairs records all of
+    them in one AR and one DDTree loop, each trace equal to that request's own trace_pair;
+    a request whose rows cannot map (here: a position past a stop token) fails alone."""
+    import workbench.route_trace as rt
+    from workbench.route_trace import trace_pairs
+
+    target, prompts, seqs = setup
+    runs = []
+    real_loop = rt._traced_loop
+    monkeypatch.setattr(rt, "_traced_loop", lambda *a, **k: runs.append(a[5]) or real_loop(*a, **k))
+    watch = {2: NEW - 2, 0: NEW - 1, 1: 2}
+    cache: dict = {}
+    pairs = trace_pairs(target, _drafter(setup), prompts, watch, NEW, BUDGET, ar_traces=cache)
+    assert runs == [None, BUDGET] and sorted(pairs) == [0, 1, 2]
+    assert sorted(cache) == sorted(watch.items())
+    for b, n in watch.items():
+        one = trace_pair(target, _drafter(setup), prompts, b, n, NEW, BUDGET)
+        for got, want in zip(pairs[b], one):
+            assert (got.mode, got.request, got.position, got.where, got.seq) == (
+                want.mode, b, n, want.where, want.seq)
+            for i in want.layers:
+                assert torch.equal(got.hidden[i], want.hidden[i])
+                assert torch.equal(got.ids[i], want.ids[i])
+            assert torch.equal(got.final, want.final) and torch.equal(got.top2, want.top2)
+            assert got.hidden[want.layers[0]].dtype == torch.float32
+    runs.clear()
+    again = trace_pairs(target, _drafter(setup), prompts, watch, NEW, BUDGET, ar_traces=cache)
+    assert runs == [BUDGET] and all(again[b][0] is cache[(b, n)] for b, n in watch.items())
+
+    stop = seqs[1][len(prompts[1]) + 1]  # request 1's second token stops it
+    ok = [b for b in (0, 2) if stop not in seqs[b][len(prompts[b]):len(prompts[b]) + 4]]
+    failed: dict = {}
+    out = trace_pairs(target, _drafter(setup), prompts, {1: 3, **{b: 3 for b in ok}}, NEW,
+                      BUDGET, stop_tokens=[stop], failed=failed)
+    assert list(failed) == [1] and isinstance(failed[1], ValueError)
+    assert "position: expected < 2" in str(failed[1]) and sorted(out) == ok
+    with pytest.raises(ValueError, match="position: expected < 2"):
+        trace_pairs(target, _drafter(setup), prompts, {1: 3}, NEW, BUDGET, stop_tokens=[stop])
+    with pytest.raises(ValueError, match="request: expected one of the recorded requests"):
+        with recording(target, (0, 1), C) as rec:
+            res = generate(target, None, prompts, 2)
+        build_trace(rec, res, prompts[0], 1)
 
 
 def test_replay_drafter_restarts_its_draws_every_loop(setup):

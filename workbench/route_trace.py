@@ -14,7 +14,8 @@ batch's row count), so it misses a divergence that needs the real batch's numeri
 requests' rows in int4_moe's tiles, the verify batch's row count, the cache's length). Here
 nothing is replayed: while `generate` runs (eager, cuda_graph=False) the registry hook
 (registry.wrapping, as workbench.shadow uses it) wraps `moe_route` (the MoE input rows and the
-chosen ids of the watched request, per MoE layer), the target's final `rmsnorm` (its input) and
+chosen ids of the watched requests, per MoE layer: trace_runs / trace_pairs watch several
+(request, position) in one loop, as the exact suite does for every divergent request), the target's final `rmsnorm` (its input) and
 the `lm_head` call right after it (the loop's own logits: argmax and top-2), and `tree_walk`
 (each DDTree step's accepted path, tree tokens, positions and choices). After the run the rows
 that carried the request's sequence are picked: every prompt row (prefill, which is the same
@@ -98,16 +99,24 @@ class RouteTrace:
 
 
 @dataclass
-class _Recorder:
-    """The registry hook: keeps the watched request's rows of every call, on the CPU."""
+class _Rows:
+    """One watched request's rows of every recorded call, on the CPU (the calls' dtypes)."""
 
-    target: object
-    request: int
-    batch: int
     moe: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     final: list[torch.Tensor] = field(default_factory=list)
     logits: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     walks: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _Recorder:
+    """The registry hook: keeps the watched requests' rows of every call (`of[request]`), one
+    device-to-host copy a call for all of them."""
+
+    target: object
+    requests: tuple[int, ...]
+    batch: int
+    of: dict[int, _Rows] = field(init=False)
     _after_final_norm: bool = False
 
     def __post_init__(self):
@@ -117,10 +126,15 @@ class _Recorder:
         self.gates = {id(lyr.mlp.gate.weight): int(k) for k, lyr in m.layers.items()
                       if lyr.is_moe}
         self.norm_w = m.norm.weight
+        self.of = {b: _Rows() for b in self.requests}
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """The request's rows of a call's tensor: [B * N, F] or [B, N, F] -> [N, F]."""
-        return x.reshape(self.batch, -1, x.shape[-1])[self.request]
+        """The requests' rows of a call's tensor: [B * N, F] or [B, N, F] -> [requests, N, F]."""
+        return x.reshape(self.batch, -1, x.shape[-1])[list(self.requests)]
+
+    def _keep(self, field_name: str, *per_request: torch.Tensor, head=()) -> None:
+        for k, b in enumerate(self.requests):  # views of one host copy, request k's slice
+            getattr(self.of[b], field_name).append((*head, *(t[k] for t in per_request)))
 
     def wrap(self, name: str, fn):
         if name not in ("moe_route", "rmsnorm", "lm_head", "tree_walk"):
@@ -133,34 +147,40 @@ class _Recorder:
             out = fn(*args, **kwargs)
             if name == "moe_route" and id(args[1]) in self.gates:
                 h, ids = args[0], out[0]  # [B*N, D], [B*N, K]
-                self.moe.append((self.gates[id(args[1])], self._rows(h).float().cpu(),
-                                 self._rows(ids).cpu()))
+                self._keep("moe", self._rows(h).cpu(), self._rows(ids).cpu(),
+                           head=(self.gates[id(args[1])],))
             elif name == "rmsnorm" and args[1] is self.norm_w:
-                self.final.append(self._rows(args[0]).float().cpu())  # [N, D]
+                for b, x in zip(self.requests, self._rows(args[0]).cpu()):  # [N, D] each
+                    self.of[b].final.append(x)
                 self._after_final_norm = True
             elif name == "lm_head" and self._after_final_norm:  # model.logits: norm, then head
                 self._after_final_norm = False
-                lg = self._rows(out).float()  # [N, V]
+                lg = self._rows(out)  # [requests, N, V]; fp32 values are exact: ranks kept
                 top = lg.topk(2, -1)
-                self.logits.append((lg.argmax(-1).cpu(), top.values.cpu(), top.indices.cpu()))
+                self._keep("logits", lg.argmax(-1).cpu(), top.values.float().cpu(),
+                           top.indices.cpu())
             elif name == "tree_walk":
                 tree, choice = args[0], args[1]
-                acc_idx, acc_len = out[0], out[1]
-                b = self.request
-                self.walks.append({"path": acc_idx[b, : int(acc_len[b])].tolist(),
-                                   "tokens": tree.tokens[b].tolist(),
-                                   "positions": tree.positions[b].tolist(),
-                                   "choice": choice[b].tolist()})
+                acc_idx, acc_len = out[0].cpu(), out[1].cpu()
+                tokens, positions, choice = (tree.tokens.cpu(), tree.positions.cpu(),
+                                             choice.cpu())
+                for b in self.requests:
+                    self.of[b].walks.append({"path": acc_idx[b, : int(acc_len[b])].tolist(),
+                                             "tokens": tokens[b].tolist(),
+                                             "positions": positions[b].tolist(),
+                                             "choice": choice[b].tolist()})
             return out
 
         return traced
 
 
 @contextlib.contextmanager
-def recording(target, request: int, batch: int) -> Iterator[_Recorder]:
+def recording(target, requests, batch: int) -> Iterator[_Recorder]:
     """While active, the target's moe_route / final rmsnorm / lm_head and the loop's tree_walk
-    calls are recorded for `request` of a `batch`-request run (another shadow keeps working)."""
-    rec = _Recorder(target, request, batch)
+    calls are recorded for `requests` (an int or several) of a `batch`-request run (another
+    shadow keeps working); rec.of[request] holds one request's rows."""
+    reqs = (requests,) if isinstance(requests, int) else tuple(requests)
+    rec = _Recorder(target, reqs, batch)
     with registry.wrapping(rec.wrap):
         yield rec
 
@@ -174,25 +194,35 @@ def _check_request(request: int, position: int, prompts, max_new_tokens: int) ->
                          f"(max_new_tokens), got {position!r}")
 
 
-def build_trace(rec: _Recorder, result, prompt: list[int], position: int) -> RouteTrace:
-    """The rows of the request's sequence picked from the recorder's calls (module docstring)."""
+def build_trace(rec: _Recorder, result, prompt: list[int], position: int,
+                request: int | None = None) -> RouteTrace:
+    """The rows of the request's sequence picked from the recorder's calls (module docstring);
+    request: which of the recorded requests (None: the only one)."""
     from workbench.generate import PREFILL_CHUNK
 
-    target, b = rec.target, rec.request
+    if request is None:
+        if len(rec.requests) != 1:
+            raise ValueError(f"request: expected one of the recorded requests {rec.requests}, "
+                             "got None")
+        request = rec.requests[0]
+    if request not in rec.of:
+        raise ValueError(f"request: expected one of the recorded requests {rec.requests}, got "
+                         f"{request!r}")
+    target, b, got = rec.target, request, rec.of[request]
     toks = result.tokens[b]
     if position >= len(toks):
         raise ValueError(f"position: expected < {len(toks)} (tokens generated for request {b} "
                          f"in the {result.mode} loop), got {position}")
     layers = sorted(set(rec.gates.values()))
     nl = len(layers)
-    if len(rec.moe) % nl or len(rec.final) * nl != len(rec.moe):
-        raise RuntimeError(f"route trace: {len(rec.moe)} moe_route calls, {len(rec.final)} "
+    if len(got.moe) % nl or len(got.final) * nl != len(got.moe):
+        raise RuntimeError(f"route trace: {len(got.moe)} moe_route calls, {len(got.final)} "
                            f"final norms for {nl} MoE layers: not whole target forwards")
-    fwd = [rec.moe[f * nl:(f + 1) * nl] for f in range(len(rec.final))]
+    fwd = [got.moe[f * nl:(f + 1) * nl] for f in range(len(got.final))]
     n_pre = len(fwd) - len(result.steps)  # one target forward per decode step, after prefill
     ddtree = result.mode != "ar"
-    if ddtree and len(rec.walks) != len(result.steps):
-        raise RuntimeError(f"route trace: {len(rec.walks)} tree walks for {len(result.steps)} "
+    if ddtree and len(got.walks) != len(result.steps):
+        raise RuntimeError(f"route trace: {len(got.walks)} tree walks for {len(result.steps)} "
                            "steps")
     P, seq = len(prompt), list(prompt) + list(toks)
     where, src = [], []  # (step, row) labels; (forward, row in it)
@@ -208,9 +238,9 @@ def build_trace(rec: _Recorder, result, prompt: list[int], position: int) -> Rou
             s = step_of(result, b, q)
             emitted = 1 + sum(st["accepted"][b] for st in result.steps[:s])
             d = q - emitted
-            n = rec.walks[s]["path"][d] if ddtree else 0
+            n = got.walks[s]["path"][d] if ddtree else 0
             if ddtree:
-                w = rec.walks[s]
+                w = got.walks[s]
                 if (w["tokens"][n], w["positions"][n], w["choice"][n]) != (seq[r], r, seq[r + 1]):
                     raise RuntimeError(
                         f"route trace: step {s} node {n} (depth {d}) holds token "
@@ -225,11 +255,11 @@ def build_trace(rec: _Recorder, result, prompt: list[int], position: int) -> Rou
         return torch.stack([per(f)[n] for f, n in src])
 
     ids = {i: pick(lambda f, j=j: fwd[f][j][2]) for j, i in enumerate(layers)}
-    hidden = {i: pick(lambda f, j=j: fwd[f][j][1]) for j, i in enumerate(layers)}
+    hidden = {i: pick(lambda f, j=j: fwd[f][j][1]).float() for j, i in enumerate(layers)}
     for j, i in enumerate(layers):  # the recorder's forward grouping must be layer-ordered
         if any(fwd[f][j][0] != i for f in range(len(fwd))):
             raise RuntimeError(f"route trace: moe_route calls out of layer order at layer {i}")
-    argmax = pick(lambda f: rec.logits[f][0])
+    argmax = pick(lambda f: got.logits[f][0])
     for r in range(P - 1, R):  # greedy: each predicting row's argmax is the emitted token
         if int(argmax[r]) != seq[r + 1]:
             raise RuntimeError(f"route trace ({result.mode}): row {r} at {where[r]} has argmax "
@@ -237,7 +267,7 @@ def build_trace(rec: _Recorder, result, prompt: list[int], position: int) -> Rou
     K = target.cfg.n_experts_per_tok
     rm = {i: [router_margin(hidden[i][r], target.model.layers[str(i)].mlp, K) for r in range(R)]
           for i in layers}
-    final = pick(lambda f: rec.final[f])
+    final = pick(lambda f: got.final[f]).float()
     return RouteTrace(
         mode=result.mode, request=b, position=position, prompt_len=P, seq=seq[: R + 1],
         tokens=list(toks), where=where, layers=layers, ids=ids, hidden=hidden,
@@ -247,28 +277,113 @@ def build_trace(rec: _Recorder, result, prompt: list[int], position: int) -> Rou
                     for i in layers},
         ref_ids={i: torch.tensor([m["ids"] for m in rm[i]]) for i in layers},
         pair={i: torch.tensor([m["pair"] for m in rm[i]]) for i in layers},
-        final=final, argmax=argmax, top2=pick(lambda f: rec.logits[f][1]),
-        top2_ids=pick(lambda f: rec.logits[f][2]),
+        final=final, argmax=argmax, top2=pick(lambda f: got.logits[f][1]),
+        top2_ids=pick(lambda f: got.logits[f][2]),
         logit_margin_rel=logit_margin(target, final[R - 1])["margin_rel"])
 
 
 @torch.no_grad()
+def _traced_loop(target, drafter, prompts, watch: dict[int, int], max_new_tokens: int,
+                 budget: int | None, kernels, progress: bool, stop_tokens
+                 ) -> dict[int, RouteTrace | Exception]:
+    """ONE real loop traced at every watched (request: position); a request whose rows do not
+    map (build_trace's RuntimeError / ValueError) gets its exception instead of a trace."""
+    from workbench.generate import generate
+
+    for b, n in watch.items():
+        _check_request(b, n, prompts, max_new_tokens)
+    with recording(target, tuple(watch), len(prompts)) as rec:
+        res = generate(target, drafter if budget else None, prompts, max_new_tokens,
+                       budget=budget, kernels=kernels, cuda_graph=False, progress=progress,
+                       stop_tokens=stop_tokens)
+    out: dict[int, RouteTrace | Exception] = {}
+    for b, n in watch.items():
+        try:
+            out[b] = build_trace(rec, res, list(prompts[b]), n, request=b)
+        except (RuntimeError, ValueError) as e:
+            out[b] = e
+    return out
+
+
+def trace_runs(target, drafter, prompts, watch: dict[int, int], max_new_tokens: int,
+               budget: int | None = None, kernels=None, progress: bool = False,
+               stop_tokens=None) -> dict[int, RouteTrace]:
+    """trace_run at several {request: position} of the same loop: the loop runs once (what a
+    batch with many divergent requests costs the exact suite), the first failure raised."""
+    out = _traced_loop(target, drafter, prompts, watch, max_new_tokens, budget, kernels,
+                       progress, stop_tokens)
+    for t in out.values():
+        if isinstance(t, Exception):
+            raise t
+    return out
+
+
 def trace_run(target, drafter, prompts, request: int, position: int, max_new_tokens: int,
               budget: int | None = None, kernels=None, progress: bool = False,
               stop_tokens=None) -> RouteTrace:
     """One real greedy loop (AR when budget is None, else DDTree), eager, traced at
     (request, position); position indexes the request's emitted tokens, 0-based."""
-    from workbench.generate import generate
-
-    _check_request(request, position, prompts, max_new_tokens)
-    with recording(target, request, len(prompts)) as rec:
-        res = generate(target, drafter if budget else None, prompts, max_new_tokens,
-                       budget=budget, kernels=kernels, cuda_graph=False, progress=progress,
-                       stop_tokens=stop_tokens)
-    return build_trace(rec, res, list(prompts[request]), position)
+    return trace_runs(target, drafter, prompts, {request: position}, max_new_tokens, budget,
+                      kernels, progress, stop_tokens)[request]
 
 
 _SAME = object()
+
+
+def trace_pairs(target, drafter, prompts, watch: dict[int, int], max_new_tokens: int,
+                budget: int | None, kernels=None, progress: bool = False, stop_tokens=None,
+                kernels_a=_SAME, ar_traces: dict | None = None, failed: dict | None = None
+                ) -> dict[int, tuple[RouteTrace, RouteTrace]]:
+    """{request: (AR trace, DDTree trace)} at every watched {request: position}, each loop run
+    once for all of them (trace_pair's runs and kernels). ar_traces: {(request, position): run
+    A's trace} from earlier calls with the same target, prompts, max_new_tokens, stop tokens
+    and run-A kernels, read and filled here (run A, an AR loop, does not depend on the budget:
+    the exact suite compares six budgets against one AR run), so run A runs only for the
+    watched pairs it lacks, and not at all when it has them. failed: where given, a request
+    whose trace fails (its rows do not map, or a loop raises) is left out and its exception
+    kept there (failed[request]) instead of raised."""
+    for b, n in watch.items():  # before either loop runs
+        _check_request(b, n, prompts, max_new_tokens)
+    if budget is None and kernels_a is _SAME:
+        raise ValueError("budget: expected a DDTree budget for the DDTree run, got None")
+    ar_traces = {} if ar_traces is None else ar_traces
+    for (b, n), tr in ar_traces.items():
+        if watch.get(b) != n:
+            continue
+        got = (tr.mode, tr.request, tr.position, tr.seq[:len(prompts[b])])
+        want = ("ar", b, n, list(prompts[b]))
+        if got != want:
+            raise ValueError(f"ar_trace: expected the AR trace of request {b} position {n} "
+                             f"(mode, request, position, prompt {want}), got {got}")
+
+    def loop(todo, drafter_, budget_, kernels_):
+        if not todo:
+            return {}
+        try:
+            return _traced_loop(target, drafter_, prompts, todo, max_new_tokens, budget_,
+                                kernels_, progress, stop_tokens)
+        except Exception as e:  # noqa: BLE001 (kept per request where the caller asks)
+            if failed is None:
+                raise
+            return {b: e for b in todo}
+
+    new_a = loop({b: n for b, n in watch.items() if (b, n) not in ar_traces}, None, None,
+                 kernels if kernels_a is _SAME else kernels_a)
+    for b, tr in new_a.items():
+        if not isinstance(tr, Exception):
+            ar_traces[(b, watch[b])] = tr
+    dd = loop(dict(watch), drafter, budget, kernels)
+    out = {}
+    for b, n in watch.items():
+        pair = (ar_traces.get((b, n), new_a.get(b)), dd[b])
+        bad = next((t for t in pair if isinstance(t, Exception)), None)
+        if bad is None:
+            out[b] = pair
+        elif failed is None:
+            raise bad
+        else:
+            failed[b] = bad
+    return out
 
 
 def trace_pair(target, drafter, prompts, request: int, position: int, max_new_tokens: int,
@@ -281,23 +396,9 @@ def trace_pair(target, drafter, prompts, request: int, position: int, max_new_to
     ar_trace: run A's trace from an earlier call with the same target, prompts, request,
     position, max_new_tokens, stop tokens and run-A kernels (an AR loop does not depend on the
     budget: the exact suite compares six budgets against one AR run); it is not run again."""
-    _check_request(request, position, prompts, max_new_tokens)  # before either loop runs
-    if budget is None and kernels_a is _SAME:
-        raise ValueError("budget: expected a DDTree budget for the DDTree run, got None")
-    if ar_trace is not None:
-        got = (ar_trace.mode, ar_trace.request, ar_trace.position, ar_trace.seq[:len(prompts[
-            request])])
-        want = ("ar", request, position, list(prompts[request]))
-        if got != want:
-            raise ValueError(f"ar_trace: expected the AR trace of request {request} position "
-                             f"{position} (mode, request, position, prompt {want}), got {got}")
-        ar = ar_trace
-    else:
-        ar = trace_run(target, None, prompts, request, position, max_new_tokens, None,
-                       kernels if kernels_a is _SAME else kernels_a, progress, stop_tokens)
-    dd = trace_run(target, drafter, prompts, request, position, max_new_tokens, budget,
-                   kernels, progress, stop_tokens)
-    return ar, dd
+    known = {} if ar_trace is None else {(request, position): ar_trace}  # checked there
+    return trace_pairs(target, drafter, prompts, {request: position}, max_new_tokens, budget,
+                       kernels, progress, stop_tokens, kernels_a, known)[request]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

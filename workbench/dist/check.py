@@ -417,13 +417,17 @@ def check_explained(ref_tokens, got_tokens, margins, reports, tie: float = TIE_M
 
 
 def explain_divergences(target, prompts, ref_tokens, got_tokens, kernels_a=None, kernels_b=None,
-                        schedule=None, memo_a: dict | None = None) -> list[tuple[dict, str]]:
-    """explain_divergence for the first divergence of every divergent request.
+                        schedule=None, memo_a: dict | None = None, requests=None
+                        ) -> list[tuple[dict, str]]:
+    """explain_divergence for the first divergence of every divergent request (of `requests`
+    only, where given: those another witness left unexplained).
 
     schedule(request, position) -> {"chunks_a", "chunks_b", "pad_a", "pad_b", "batch_a",
     "batch_b"} (any subset; default: one forward of one request per run). memo_a: run A's
     traces kept across calls with the same target and kernels_a (first_discrete_divergence)."""
     found = divergences(ref_tokens, got_tokens, [[float("nan")] * len(r) for r in ref_tokens])
+    if requests is not None:
+        found = [d for d in found if d["request"] in set(requests)]
     out = []
     for d in found:
         b, n = d["request"], min(d["position"], len(ref_tokens[d["request"]]) - 1)
@@ -439,12 +443,15 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
                           vs_reference: bool = False, ar_traces: dict | None = None
                           ) -> list[tuple[dict, str]]:
     """For AR (ref) vs DDTree (got) runs under the same kernels: every divergence that is no
-    reference tie and whose teacher-forced pair does not reproduce it gets a second, stronger
-    witness, the routing trace of the REAL loops (workbench.route_trace: the same prompts, batch,
-    budget and kernels, eager, recording every MoE router of the rows that feed the position).
-    That trace's report replaces the teacher-forced one when the traced loops emit the runs'
-    tokens up to and including the position (so it watched the divergence itself, not a
-    neighbour); its verdict applies check_explained's rule unchanged (explained AND reproduced).
+    reference tie and that `reports` does not already explain and reproduce (the teacher-forced
+    pair's, where the caller ran it; [] for none) gets the stronger witness, the routing trace
+    of the REAL loops (workbench.route_trace: the same prompts, batch, budget and kernels,
+    eager, recording every MoE router of the rows that feed the position). All of them are
+    traced together: one AR loop and one DDTree loop for every divergent request of the batch
+    (route_trace.trace_pairs), not a pair of loops each. A trace's report replaces the one in
+    `reports` (and marks itself reproduced only when the traced loops emit the runs' tokens up
+    to and including the position: it watched the divergence itself, not a neighbour); its
+    verdict applies check_explained's rule unchanged (explained AND reproduced).
     Why: the teacher-forced pair replays one request, so a flip that needs the batch's own
     numerics (other requests' rows in a kernel's tiles) is invisible to it (H200, session 6:
     trained C = 32 budget 64 request 21 position 9, a layer-4 router near-tie in the real loops).
@@ -455,11 +462,12 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
     loop, each in its real batch (trace_pair's kernels_a=None). ar_traces: a dict the caller
     keeps for one (target, prompts, run-A kernels), {(request, position): run A's trace}: read
     and filled here, so later calls (other budgets against the same AR run) trace only run B."""
-    from workbench.route_trace import compare_traces, trace_pair
+    from workbench.route_trace import compare_traces, trace_pairs
 
     margins = margins or [[float("inf")] * len(r) for r in ref_tokens]
     by_req = {rep["request"]: i for i, (rep, _) in enumerate(reports)}
     out = list(reports)
+    watch = {}  # request -> position: traced together, one loop a side for all of them
     for d in divergences(ref_tokens, got_tokens, margins):
         b, n = d["request"], d["position"]
         i = by_req.get(b)
@@ -468,13 +476,20 @@ def explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, repo
             continue
         if n >= min(len(ref_tokens[b]), len(got_tokens[b])):
             continue  # a length difference, no token to trace
+        watch[b] = n
+    failed: dict = {}
+    try:
+        pairs = trace_pairs(target, drafter, prompts, watch, max_new_tokens, budget,
+                            kernels=kernels, **({"kernels_a": None} if vs_reference else {}),
+                            ar_traces=ar_traces, failed=failed) if watch else {}
+    except Exception as e:  # bad arguments: every watched trace fails alike
+        pairs, failed = {}, dict.fromkeys(watch, e)
+    for b, n in watch.items():
+        i = by_req.get(b)
         try:
-            a_tr, b_tr = trace_pair(target, drafter, prompts, b, n, max_new_tokens, budget,
-                                    kernels=kernels,
-                                    **({"kernels_a": None} if vs_reference else {}),
-                                    ar_trace=None if ar_traces is None else ar_traces.get((b, n)))
-            if ar_traces is not None:
-                ar_traces[(b, n)] = a_tr
+            if b in failed:
+                raise failed[b]
+            a_tr, b_tr = pairs[b]
             rep, _table, line = compare_traces(
                 a_tr, b_tr, target,
                 names=("reference", "kernel") if vs_reference else ("AR", "DDTree"))
