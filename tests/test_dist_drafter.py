@@ -177,6 +177,21 @@ def test_layouts_the_tp_drafter_cannot_split_are_refused_by_name():
                       drafter_layout="sharded")
 
 
+def test_drafter_layouts_are_checked_in_one_place():
+    from workbench.dist.drafter import check_drafter_layouts
+
+    assert check_drafter_layouts("tp") == ("tp",)
+    assert check_drafter_layouts(("replicated", "tp"), several=True) == ("replicated", "tp")
+    assert check_drafter_layouts("replicated", several=True) == ("replicated",)
+    with pytest.raises(ValueError, match=r"expected one of \('replicated', 'tp'\), got "
+                                         r"\('replicated', 'tp'\)"):
+        check_drafter_layouts(("replicated", "tp"))  # the loop runs one layout
+    with pytest.raises(ValueError, match=r"or a tuple of them, got \(\)"):
+        check_drafter_layouts((), several=True)
+    with pytest.raises(ValueError, match=r"got \('tp', 8\)"):
+        check_drafter_layouts(("tp", 8), several=True)
+
+
 def test_tp_block_body_is_the_kernels_or_an_error_never_the_reference_in_disguise():
     assert tp_block_body(exact=True) is None and tp_block_body(exact=False) is None  # reference
     with ops.use(drafter="triton_v2"):

@@ -90,10 +90,9 @@ def _device_of_group():
 
 def _drafter(kind, target, cfg, replay, hit_prob, replay_seed, seed, device, checkpoint,
              layout="replicated"):
-    from .drafter import DRAFTER_LAYOUTS, make_dist_drafter
+    from .drafter import check_drafter_layouts, make_dist_drafter
 
-    if layout not in DRAFTER_LAYOUTS:  # before any weights are made
-        raise ValueError(f"drafter_layout: expected one of {DRAFTER_LAYOUTS}, got {layout!r}")
+    check_drafter_layouts(layout)  # before any weights are made
 
     if kind == "replay":
         from workbench.replay import ReplayDrafter

@@ -50,6 +50,17 @@ from .vocab import DistDrafter
 DRAFTER_LAYOUTS = ("replicated", "tp")
 
 
+def check_drafter_layouts(layout, several: bool = False) -> tuple[str, ...]:
+    """`layout` as a tuple of DRAFTER_LAYOUTS names, or ValueError naming the argument, what it
+    takes and what it got (the dist loop's and the emulation's one check, before any weights
+    are made); several: a tuple of names is accepted too (emulate times each)."""
+    names = (layout,) if isinstance(layout, str) or not several else tuple(layout)
+    if not names or any(not isinstance(d, str) or d not in DRAFTER_LAYOUTS for d in names):
+        raise ValueError(f"drafter_layout: expected one of {DRAFTER_LAYOUTS}"
+                         + (" or a tuple of them" if several else "") + f", got {layout!r}")
+    return names
+
+
 def drafter_heads(dcfg, lay: Layout) -> tuple[tuple[int, int], tuple[int, int]]:
     """This rank's (q heads, KV heads) ranges; LayoutError naming the field that does not
     divide."""
@@ -188,6 +199,5 @@ def make_dist_drafter(drafter: DFlashDrafter, target, layout: str = "replicated"
     """The loop's drafter for `target` (a DistKimiModel) under `layout` (DRAFTER_LAYOUTS)."""
     if layout == "replicated":
         return DistDrafter(drafter, target)
-    if layout == "tp":
-        return TPDistDrafter(drafter, target, target.layout)
-    raise ValueError(f"drafter_layout: expected one of {DRAFTER_LAYOUTS}, got {layout!r}")
+    check_drafter_layouts(layout)
+    return TPDistDrafter(drafter, target, target.layout)

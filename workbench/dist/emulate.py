@@ -507,12 +507,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     times each DDTree configuration with each, on one rank model (rows say which)."""
     from workbench.reference.drafter import build_drafter
 
-    from .drafter import DRAFTER_LAYOUTS, make_dist_drafter
+    from .drafter import check_drafter_layouts, make_dist_drafter
 
-    dlays = (drafter_layout,) if isinstance(drafter_layout, str) else tuple(drafter_layout)
-    if not dlays or any(d not in DRAFTER_LAYOUTS for d in dlays):
-        raise ValueError(f"drafter_layout: expected one of {DRAFTER_LAYOUTS} or a tuple of "
-                         f"them, got {drafter_layout!r}")
+    dlays = check_drafter_layouts(drafter_layout, several=True)
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
