@@ -519,8 +519,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
         full = build_drafter(model.cfg, seed=seed, device=device)
         drafters = {d: make_dist_drafter(full, model, d) for d in dlays}  # tp: copies slices
         del full
-        for C, b, dlay in ((C, b, d) for C in batches for b in budgets
-                           for d in (dlays if b is not None else dlays[:1])):
+        for C, b, dlay in ((c, bud, d) for c in batches for bud in budgets
+                           for d in (dlays if bud is not None else dlays[:1])):
             drafter = drafters[dlay]
             with ops.use(kernels), op_activations(torch.bfloat16), \
                     moe_dispatch(ep_dispatch), side_stream(shared_stream), \
