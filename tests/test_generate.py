@@ -161,12 +161,23 @@ def test_gpu_engine_preset_graph_equals_eager(tiny_gpu_pair, budget):
 @pytest.mark.gpu
 @pytest.mark.parametrize("budget", [8, 128])
 def test_gpu_cuda_graph_ddtree_equals_ar(tiny_gpu_pair, budget):
+    """DDTree under graphs emits AR's tokens, under the exact suite's rule: the optimized
+    preset's int4_moe (cuda_v15 from session 43) is not batch-invariant (its hot bands and bf16
+    h follow the call's slots an expert, and a DDTree-128 verify of 3 requests is 1548 slots on
+    tiny's 16 experts), so a divergence passes only as a reference tie or an explained,
+    reproduced near-tie of the real loops (check.assert_tokens_explained); bitwise AR == DDTree
+    is the invariant preset's claim (tests/test_exact_gpu.py)."""
+    from workbench import ops
+    from workbench.dist.check import assert_tokens_explained
+
     target, drafter = tiny_gpu_pair
     ar = generate(target, None, GPU_PROMPTS, max_new_tokens=20, kernels="optimized",
                   cuda_graph=True)
     dd = generate(target, drafter, GPU_PROMPTS, max_new_tokens=20, budget=budget,
                   kernels="optimized", cuda_graph=True)
-    assert dd.tokens == ar.tokens
+    assert all(len(t) == 20 for t in dd.tokens)
+    assert_tokens_explained(target, drafter, GPU_PROMPTS, ar.tokens, dd.tokens, budget,
+                            ops.resolve_selection("optimized"), 20)
 
 
 @pytest.mark.gpu

@@ -1629,18 +1629,10 @@ def _assert_tokens(target, prompts, ref_tokens, got_tokens, drafter=None, budget
     reproduces it. The real batch matters: a request's rows share int4_moe's launch (its K
     splits follow T) with the other requests' and the padding rows of prefill, which a
     one-request replay would not."""
-    from workbench.dist.check import check_explained, explain_in_real_loops, reference_margins
+    from workbench.dist.check import assert_tokens_explained
 
-    if got_tokens == ref_tokens:
-        return
-    margins = reference_margins(target, prompts, ref_tokens)
-    reports = explain_in_real_loops(target, drafter, prompts, ref_tokens, got_tokens, [], budget,
-                                    {"int4_moe": _best_here()}, len(ref_tokens[0]),
-                                    margins=margins,
-                                    vs_reference=True)
-    for _, line in reports:
-        print(line)
-    check_explained(ref_tokens, got_tokens, margins, reports)
+    assert_tokens_explained(target, drafter, prompts, ref_tokens, got_tokens, budget,
+                            {"int4_moe": _best_here()}, len(ref_tokens[0]), vs_reference=True)
 
 
 @pytest.mark.slow  # > 20 s in the interpreter: scheduled first (conftest)

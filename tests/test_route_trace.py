@@ -387,3 +387,23 @@ def test_exact_rule_takes_a_real_loop_witness_only_when_it_watched_the_divergenc
     margins[1][pos] = 0.001  # a reference tie passes anyway: no trace is run for it
     assert explain_in_real_loops(target, _drafter(setup), prompts, ar, forged, [], BUDGET, None,
                                  NEW, margins=margins) == []
+
+
+def test_assert_tokens_explained_is_the_exact_rule_in_one_call(setup):
+    """check.assert_tokens_explained (tests/test_generate.py's DDTree == AR under graphs, the
+    int4_moe decode-loop test): equal tokens pass at once; a forged divergence the real loops
+    do not emit is traced, logged and rejected."""
+    from workbench.dist.check import assert_tokens_explained
+
+    target, prompts, _ = setup
+    ar = generate(target, None, prompts, NEW).tokens
+    assert assert_tokens_explained(target, _drafter(setup), prompts, ar, ar, BUDGET, None,
+                                   NEW) == []
+    forged = [list(t) for t in ar]
+    forged[2][1] = (forged[2][1] + 1) % target.cfg.vocab_size
+    lines = []
+    with pytest.raises(AssertionError, match="request 2 position 1"):
+        assert_tokens_explained(target, _drafter(setup), prompts, ar, forged, BUDGET, None, NEW,
+                                log=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("request 2: real-loop trace") \
+        and "not reproduced" in lines[0]
