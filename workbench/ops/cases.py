@@ -64,6 +64,9 @@ def tolerance(op: str, output: str, dtype: torch.dtype, case: Case | None = None
     d = case.dims if case is not None else {}
     m, n = {
         "rmsnorm": (0, d.get("D", 1)), "linear": (0, d.get("D", 1)), "lm_head": (0, d.get("D", 1)),
+        # the same norm after an add (session 43's CI: a fresh seed's fp32 case missed the
+        # (0, 1) default by a hair, 2 ulps of 4.2 against 1.8: the D-long sum of squares)
+        "add_rmsnorm": (0, d.get("D", 1)),
         "moe_route": (0, d.get("D", 1)),
         # the engine's path rounds the gate and up GEMM outputs and SiLU(gate) * up to bf16
         # before the down GEMM: 3 (m 1 until session 11's CI: a fresh seed's strided-x case
