@@ -10,21 +10,21 @@ and chose on the rows that feed that position, in the AR loop and in the DDTree 
         --max-new-tokens 12 --device cuda --route-trace 21:9 --csv route_trace.csv
 
 Why: check.explain_divergence replays one request teacher-forced (the request repeated to the
-batch's row count), so it misses a divergence that needs the real batch's numerics (other
-requests' rows in int4_moe's tiles, the verify batch's row count, the cache's length). Here
-nothing is replayed: while `generate` runs (eager, cuda_graph=False) the registry hook
-(registry.wrapping, as workbench.shadow uses it) wraps `moe_route` (the MoE input rows and the
-chosen ids of the watched requests, per MoE layer: trace_runs / trace_pairs watch several
-(request, position) in one loop, as the exact suite does for every divergent request), the target's final `rmsnorm` (its input) and
-the `lm_head` call right after it (the loop's own logits: argmax and top-2), and `tree_walk`
-(each DDTree step's accepted path, tree tokens, positions and choices). After the run the rows
-that carried the request's sequence are picked: every prompt row (prefill, which is the same
-in both loops but in a cache of another length) and, per emitted position q <= position, the
-row that predicted it: AR step q-1's only row; in DDTree the step that emitted q (shadow.step_of)
-and the accepted path's node at depth q - E (E tokens emitted before that step; the root, node
-0, holds the last emitted token and predicts token E). The mapping checks itself: each traced
-DDTree node must hold token seq[r] at position r, and every predicting row's argmax must be the
-emitted token (greedy), else RuntimeError.
+batch's row count), so it misses a divergence that needs the real batch's numerics (other requests'
+rows in int4_moe's tiles, the verify batch's row count, the cache's length). Here nothing is
+replayed: while `generate` runs (eager, cuda_graph=False) the registry hook (registry.wrapping, as
+workbench.shadow uses it) wraps `moe_route` (the MoE input rows and the chosen ids of the watched
+requests, per MoE layer: trace_runs / trace_pairs watch several (request, position) in one loop, as
+the exact suite does for every divergent request), the target's final `rmsnorm` (its input) and the
+`lm_head` call right after it (the loop's own logits: argmax and top-2), and `tree_walk` (each
+DDTree step's accepted path, tree tokens, positions and choices). After the run the rows that
+carried the request's sequence are picked: every prompt row (prefill, which is the same in both
+loops but in a cache of another length) and, per emitted position q <= position, the row that
+predicted it: AR step q-1's only row; in DDTree the step that emitted q (shadow.step_of) and the
+accepted path's node at depth q - E (E tokens emitted before that step; the root, node 0, holds the
+last emitted token and predicts token E). The mapping checks itself: each traced DDTree node must
+hold token seq[r] at position r, and every predicting row's argmax must be the emitted token
+(greedy), else RuntimeError.
 The comparison is check.py's, on the loops' own inputs: K-th vs (K+1)-th router gap and its
 relative size (check.router_margin, on each loop's MoE input row), MoE-input relative L2
 difference (hidden_rel), the first MoE layer (layer-major, over the request's rows up to the
