@@ -427,7 +427,8 @@ def explain_divergences(target, prompts, ref_tokens, got_tokens, kernels_a=None,
     traces kept across calls with the same target and kernels_a (first_discrete_divergence)."""
     found = divergences(ref_tokens, got_tokens, [[float("nan")] * len(r) for r in ref_tokens])
     if requests is not None:
-        found = [d for d in found if d["request"] in set(requests)]
+        wanted = set(requests)
+        found = [d for d in found if d["request"] in wanted]
     out = []
     for d in found:
         b, n = d["request"], min(d["position"], len(ref_tokens[d["request"]]) - 1)

@@ -161,13 +161,13 @@ class TPDistDrafter(DistDrafter):
 
     def __init__(self, drafter: DFlashDrafter, target, lay: Layout):
         super().__init__(shard_drafter(drafter, lay), target)
-        self.full_cfg, self.exact = drafter.cfg, lay.exact
+        self.full_cfg = drafter.cfg
         self.drafter.comm = target.comm
 
     def _body(self):
         """The kernel's block body with its row-parallel outputs all-reduced (engine), or
         None: the shard's own forward_block."""
-        body = tp_block_body(self.exact)
+        body = tp_block_body(self.drafter.exact)  # the shard's layout (shard_drafter)
         if body is None:
             return None
         comm = self.target.comm
