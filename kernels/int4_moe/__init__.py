@@ -185,6 +185,10 @@ Versions (README.md has the design and the version log), each with the contract 
                measured, C 32 DDTree-64 130.66 vs cuda_v5's 155.44; ENGINE from session 38;
                `small`'s exact suite passed whole, sessions 41-43, memcheck / racecheck clean:
                BEST from session 43)
+    cuda_v16   cuda_v15 with, on unhinted calls between one token and 8 E slots, BN 64 (the
+               down GEMM's column tile, 128) and PF1 4 (the gate/up L2 prefetch; none) (H100,
+               session 44: the knobs' sweep T 9 577.8 -> 566.1 µs (BN 64), T 33 1602.8 ->
+               1581.4 (PF1 4), T 128 3005.1 -> 2975.5 (PF1 4); REAL bench: see the README)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -251,7 +255,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 16)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 17)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -305,6 +309,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v15"): ("cuda_v14, but cuda_v5 exactly on an EP rank's hinted calls "
                                "expecting fewer than 3 E slots (where cuda_v14's hot launch "
                                "finds few experts past 8 slots)", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v16"): ("cuda_v15 with, on unhinted calls of 2 tokens to 8 E slots, the "
+                               "down GEMM on 64-column tiles and the gate/up CTAs asking L2 "
+                               "for their weight slice 4 chunk pairs ahead", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "
