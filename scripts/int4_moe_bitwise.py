@@ -1,0 +1,58 @@
+"""Whether two int4_moe versions give the same bits at Kimi's REAL shapes (384 experts, top-8,
+D 7168, I 2048), uniform and skewed routing, on fresh random inputs a T; NaN-poisoning is the
+versions' own (each call allocates its output). Exit 1 when any case differs.
+
+    python3 scripts/int4_moe_bitwise.py --a cuda_v16 --b cuda_v15 [--T 1,9,33,128,512]
+
+Why: a version that changes only tiling knobs (cuda_v16's BN / PF1) can inherit the token-exact
+evidence of the version it is bitwise, if and only if the bits match at every shape the loops
+reach; this says which shapes match and, where not, by how much."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import torch
+
+
+def _op(name: str):
+    mod = importlib.import_module(f"workbench.kernels.int4_moe.{name}")
+    return getattr(mod, "int4_moe_cuda", None) or mod.int4_moe_triton
+
+
+def main(argv=None) -> int:
+    from workbench.ops.cases import _experts, _Rand
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a", required=True, help="a version file's name, e.g. cuda_v16")
+    p.add_argument("--b", required=True, help="the version to compare with, e.g. cuda_v15")
+    p.add_argument("--T", default="1,9,17,33,65,128,512")
+    p.add_argument("--seed", type=int, default=4600)
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("int4_moe_bitwise: needs a CUDA device (the versions compared are GPU-only)")
+    fa, fb = _op(a.a), _op(a.b)
+    E, D, I, K = 384, 7168, 2048, 8
+    ex = _experts(_Rand(a.seed, "cuda"), E, D, I)
+    differ = 0
+    for T in map(int, a.T.split(",")):
+        for skew in (0.0, 1.2):
+            r = _Rand(a.seed + T + int(skew * 10), "cuda")
+            ids = r.zipf(E, K, T, skew) if skew else r.distinct(E, K, T)
+            x, w = r.normal(T, D), r.uniform(T, K) + 0.05
+            ya, yb = fa(x, ids, w, ex), fb(x, ids, w, ex)
+            same = torch.equal(ya, yb)
+            differ += not same
+            diff = (ya.float() - yb.float()).abs()
+            print(f"T {T:<4} {'skewed' if skew else 'uniform':<8} {'bitwise' if same else 'DIFFER'}"
+                  f"  max |a - b| {diff.max().item():.3g}, elements differing "
+                  f"{int((ya != yb).sum())} of {ya.numel()}, NaN {bool(ya.isnan().any())}",
+                  flush=True)
+    print(f"{a.a} vs {a.b}: {'bitwise at every case' if not differ else f'{differ} case(s) differ'}")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
