@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def _op(name: str):
