@@ -225,7 +225,11 @@ _MOD = "workbench.kernels.int4_moe"
 # v24's); triton_v24 from session 20 (H200: v22's bits at T 1-65 uniform and skewed and under graph
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
-BEST = "cuda_v15"
+# cuda_v16 from session 44: cuda_v15's bits at every REAL shape (T 1-512, uniform and skewed:
+# scripts/int4_moe_bitwise.py, H100), so cuda_v15's token-exact evidence holds for it; memcheck
+# EDGE + REAL 0 errors, racecheck EDGE 0 hazards; REAL bench 3.5-6.5 % faster than cuda_v15 at
+# T 9-128 (traces/gpu/session44)
+BEST = "cuda_v16"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
