@@ -9,7 +9,9 @@ Per configuration (mode AR | DDTree budget, C concurrent requests of a `ctx`-tok
   * tau (tokens per step per request, bonus incl.) and distinct routed experts per MoE layer
     per step, both measured from the loop (`GenerateResult` steps); with --acceptance the
     walk is ACCEPTANCE REPLAY (workbench/acceptance.py): mode "ddtree-replay", lengths drawn
-    from the trace, tokens not the target's — labelled in every row;
+    from the trace, tokens not the target's — labelled in every row; tau_cap, the mean
+    tokens the trees' deepest paths allowed (a draw is cut there: shallow trees replay a
+    lower tau than the trace's);
   * each phase's floor = max(bytes / copy bandwidth, FLOPs / peak) from what the phase must
     touch (below), and tokens/s = C * tau / step time measured and predicted from the floors.
 
@@ -219,6 +221,10 @@ def bench_config(target, drafter, budget: int | None, C: int, ctx: int = 32, ste
            "steps": len(eager)}
     acc = [a for s in eager for a, live in zip(s["accepted"], s["active"]) if live]
     row["tau"] = sum(acc) / max(len(acc), 1)
+    # replay: what the trees' deepest paths allowed (a draw past it is cut there), so a replay
+    # tau under the trace's mean reads as shallow trees, not as a broken replay
+    cap = [m for s in eager for m, live in zip(s.get("max_accept") or (), s["active"]) if live]
+    row["tau_cap"] = sum(cap) / len(cap) if cap else float("nan")
     row["experts_per_layer"] = statistics.mean(s["distinct_experts_mean"] for s in eager)
     names = [p for p in PHASES if any(p in d for d in phase_ms)]
     for p in PHASES:
