@@ -2,7 +2,7 @@
 8 E slots (T 2-383 on 384 experts): the down GEMM's 64-column tiles (BN 64, cuda_v14's 128)
 and the gate/up CTAs asking L2 for their weight slice 4 chunk pairs ahead (PF1 4, none).
 
-Why (H100 80GB, session 44 call 7, traces/gpu/session44, `python -m
+Why (H100 80GB, session 44 call 6, traces/gpu/session44, `python -m
 workbench.kernels.int4_moe.cuda_v15 --T 9,33,128 --rounds 2 --cfgs "base;BN=64;PF1=2;PF1=4;..."
 --by-kernel`, medians of 2, graph-replayed µs): the REAL bench of call 1 put cuda_v15 at 0.97-0.99x
 Humming at uniform T 9-128, and by kernel the gate/up GEMM (cuda_v1.cu) already streams at
