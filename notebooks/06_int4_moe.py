@@ -129,13 +129,14 @@ for name, (ids, w) in routes.items():
 pd.DataFrame(rows)
 
 # %% [markdown]
-# ## Bandwidth vs T on the H200
+# ## Bandwidth vs T against the floor and the peers, one run
 # Effective GB/s on touched-expert bytes against the copy-bandwidth floor and the peers, from
 # `traces/int4_moe.csv` (written by `python -m workbench bench int4_moe --shapes real
-# --variants ... --peers humming` on the H200), uniform routing on the left and the bench's
-# skewed routing (Zipf 1.2) on the right, where the hot experts' tiles of triton_v16 pay: each
-# variant's and peer's latest run (the file keeps every run), the BEST version drawn thick.
-# Without that file the plot shows the floor only.
+# --variants ... --peers humming` on the GPU), uniform routing on the left and the bench's
+# skewed routing (Zipf 1.2) on the right. The rows are those of ONE run: the BEST version's
+# latest REAL run (its command, within the hour it started), so every line was measured on the
+# same card beside the others (the file keeps every run, from H200s and H100s alike); the BEST
+# version drawn thick, the card in the title. Without that file the plot shows the H200's floor.
 
 # %%
 from workbench.kernels.int4_moe import BEST
@@ -145,11 +146,15 @@ bench = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
 for ax, routing in zip(axes, ("uniform", "skewed")):
     if not bench.empty:
-        sel = bench[(bench["ok"] != False) & (bench["device"] != "cpu")  # noqa: E712
-                    & bench["case"].str.endswith(routing)].copy()
+        real = bench[(bench["ok"] != False) & (bench["device"] != "cpu")  # noqa: E712
+                     & bench["case"].str.contains("E=384")]
+        mine = real[real["variant"] == BEST]
+        last = (mine if not mine.empty else real).sort_values("timestamp").iloc[-1]
+        run = real[(real["command"] == last["command"]) & (real["gpu"] == last["gpu"])
+                   & (real["timestamp"].str[:13] == last["timestamp"][:13])]
+        sel = run[run["case"].str.endswith(routing)].copy()
         sel["T"] = sel["case"].str.extract(r"T=(\d+)").astype(int)
-        latest = sel.groupby("variant")["timestamp"].transform("max")
-        sel = sel[sel["timestamp"].str[:13] == latest.str[:13]]  # each one's last run (hour)
+        ax.set_title(f"{routing} routing, {last['gpu']}", fontsize=9)
         for variant, grp in sel.groupby("variant"):
             if variant == "reference":
                 continue
@@ -159,9 +164,9 @@ for ax, routing in zip(axes, ("uniform", "skewed")):
     else:
         ts = [1, 9, 17, 33, 65, 128, 512]
         ax.plot(ts, [4260.0] * len(ts), label="floor: measured H200 copy bandwidth")
+        ax.set_title(f"{routing} routing", fontsize=9)
     ax.set_xscale("log")
     ax.set_xlabel("T tokens")
-    ax.set_title(f"{routing} routing", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
 axes[0].set_ylabel("GB/s on touched-expert bytes")
 
