@@ -4,14 +4,16 @@ and the gate/up CTAs asking L2 for their weight slice 4 chunk pairs ahead (PF1 4
 
 Why (H100 80GB, session 44 call 6, traces/gpu/session44, `python -m
 workbench.kernels.int4_moe.cuda_v15 --T 9,33,128 --rounds 2 --cfgs "base;BN=64;PF1=2;PF1=4;..."
---by-kernel`, medians of 2, graph-replayed µs): the REAL bench of call 1 put cuda_v15 at 0.97-0.99x
-Humming at uniform T 9-128, and by kernel the gate/up GEMM (cuda_v1.cu) already streams at
-~102 % of the copy floor's share (T 65: 1526 µs) while the Triton down GEMM sits at ~97.5 %
-(798.5 µs). BN 64 took T 9 577.8 -> **566.1** and T 33 1617.1 -> **1594.1**; PF1 4 took T 33
-1602.8 -> **1581.4** and T 128 3005.1 -> **2975.5** (PF1 2 2970.4; every round under every
-base round); U1 (stages ahead), RW1, the down GEMM's stages did not pay. At T 512 (8 E slots) session 37
-measured BN 64 slower (H200), so the rule stops there; T 1 keeps cuda_v9's path's knobs (BN
-64 already; PF1 unmeasured there), and an EP rank's hinted calls keep cuda_v15's choice.
+--by-kernel`, medians of 2, graph-replayed µs): the REAL bench of call 1 put cuda_v15 at
+0.97-0.99x Humming at uniform T 9-128, and by kernel the gate/up GEMM (cuda_v1.cu) already
+streams at ~102 % of the copy floor's share (T 65: 1526 µs) while the Triton down GEMM sits at
+~97.5 % (798.5 µs). BN 64 took T 9 577.8 -> **566.1** and T 33 1617.1 -> **1594.1**; PF1 4
+took T 33 1602.8 -> **1581.4** and T 128 3005.1 -> **2975.5** (PF1 2 2970.4; every round under
+every base round); U1 (stages ahead), RW1, the down GEMM's stages did not pay. At T 512 (8 E
+slots) session 37 measured BN 64 slower (H200), so the rule stops there; T 1 keeps cuda_v9's
+path's knobs (BN 64 already; PF1 unmeasured there), and an EP rank's hinted calls keep
+cuda_v15's choice. Call 7's REAL bench: 3.5-6.5 % under cuda_v15 at T 9-128, and call 8 found
+cuda_v16's outputs cuda_v15's bits at every REAL shape.
 
 What: cuda_v15's dispatch (cuda_v5 on small hinted calls) and cuda_v14's launches on this
 file's `tiles` elsewhere; the knobs change where weights are asked for and the down GEMM's
