@@ -1,8 +1,10 @@
 """Whether two int4_moe versions give the same bits at Kimi's REAL shapes (384 experts, top-8,
-D 7168, I 2048), uniform and skewed routing, on fresh random inputs a T; NaN-poisoning is the
-versions' own (each call allocates its output). Exit 1 when any case differs.
+D 7168, I 2048; `small`'s MoE too) or at other widths, uniform and skewed routing, on fresh
+random inputs a T; NaN-poisoning is the versions' own (each call allocates its output). Exit 1
+when any case differs.
 
     python3 scripts/int4_moe_bitwise.py --a cuda_v16 --b cuda_v15 [--T 1,9,33,128,512]
+        [--E 32 --K 4 --D 256 --I 128]   (the trained pair's MoE)
 
 Why: a version that changes only tiling knobs (cuda_v16's BN / PF1) can inherit the token-exact
 evidence of the version it is bitwise, if and only if the bits match at every shape the loops
@@ -33,11 +35,15 @@ def main(argv=None) -> int:
     p.add_argument("--b", required=True, help="the version to compare with, e.g. cuda_v15")
     p.add_argument("--T", default="1,9,17,33,65,128,512")
     p.add_argument("--seed", type=int, default=4600)
+    p.add_argument("--E", type=int, default=384, help="routed experts")
+    p.add_argument("--K", type=int, default=8, help="experts a token")
+    p.add_argument("--D", type=int, default=7168, help="hidden size")
+    p.add_argument("--I", type=int, default=2048, help="an expert's intermediate size")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("int4_moe_bitwise: needs a CUDA device (the versions compared are GPU-only)")
     fa, fb = _op(a.a), _op(a.b)
-    E, D, I, K = 384, 7168, 2048, 8
+    E, D, I, K = a.E, a.D, a.I, a.K
     ex = _experts(_Rand(a.seed, "cuda"), E, D, I)
     differ = 0
     for T in map(int, a.T.split(",")):
