@@ -226,7 +226,8 @@ _MOD = "workbench.kernels.int4_moe"
 # replay, 18 GPU tests; its one routing launch at 9-64 tokens took 165 µs a C 1 DDTree-16 EP8
 # step against v22's three, 300 µs); v22 before it (session 18)
 # cuda_v16 from session 44: cuda_v15's bits at every REAL shape (T 1-512, uniform and skewed:
-# scripts/int4_moe_bitwise.py, H100), so cuda_v15's token-exact evidence holds for it; memcheck
+# scripts/int4_moe_bitwise.py, H100), so `small`'s exact suite holds for it as cuda_v15's (the
+# trained pair's widths and suite under it: plan session45_a); memcheck
 # EDGE + REAL 0 errors, racecheck EDGE 0 hazards; REAL bench 3.5-6.5 % faster than cuda_v15 at
 # T 9-128 (traces/gpu/session44)
 BEST = "cuda_v16"
