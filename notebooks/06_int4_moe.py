@@ -143,15 +143,16 @@ from workbench.kernels.int4_moe import BEST
 
 csv = Path(workbench.__file__).resolve().parents[1] / "traces" / "int4_moe.csv"
 bench = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+if not bench.empty:  # the run: the BEST version's latest REAL bench, all its rows
+    real = bench[(bench["ok"] != False) & (bench["device"] != "cpu")  # noqa: E712
+                 & bench["case"].str.contains("E=384")]
+    mine = real[real["variant"] == BEST]
+    last = (mine if not mine.empty else real).sort_values("timestamp").iloc[-1]
+    run = real[(real["command"] == last["command"]) & (real["gpu"] == last["gpu"])
+               & (real["timestamp"].str[:13] == last["timestamp"][:13])]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
 for ax, routing in zip(axes, ("uniform", "skewed")):
     if not bench.empty:
-        real = bench[(bench["ok"] != False) & (bench["device"] != "cpu")  # noqa: E712
-                     & bench["case"].str.contains("E=384")]
-        mine = real[real["variant"] == BEST]
-        last = (mine if not mine.empty else real).sort_values("timestamp").iloc[-1]
-        run = real[(real["command"] == last["command"]) & (real["gpu"] == last["gpu"])
-                   & (real["timestamp"].str[:13] == last["timestamp"][:13])]
         sel = run[run["case"].str.endswith(routing)].copy()
         sel["T"] = sel["case"].str.extract(r"T=(\d+)").astype(int)
         ax.set_title(f"{routing} routing, {last['gpu']}", fontsize=9)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import cuda_v10, cuda_v12, cuda_v14, cuda_v15
+from . import cuda_v5, cuda_v10, cuda_v12, cuda_v14, cuda_v15
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 STREAM = {"BN": 64, "PF1": 4}  # unhinted, K < T K < 8 E: narrower down tiles, L2 asked ahead
@@ -49,9 +49,8 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     """The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v5 on cuda_v15's small
     hinted calls, else cuda_v14's op on this file's tiles (cfg overrides them)."""
     if cuda_v15.small_hinted(expected_slots, cuda_v15.num_experts(experts)):
-        return cuda_v15.cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts,
-                                              validate=validate, cfg=cfg,
-                                              expected_slots=expected_slots)
+        return cuda_v5.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                     cfg=cfg, expected_slots=expected_slots)
     return cuda_v10.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                   cfg=cfg, expected_slots=expected_slots, tiles_for=tiles,
                                   hot_for=cuda_v12.launch_bands)
