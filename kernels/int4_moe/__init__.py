@@ -189,6 +189,10 @@ Versions (README.md has the design and the version log), each with the contract 
                down GEMM's column tile, 128) and PF1 4 (the gate/up L2 prefetch; none) (H100,
                session 44: the knobs' sweep T 9 577.8 -> 566.1 µs (BN 64), T 33 1602.8 ->
                1581.4 (PF1 4), T 128 3005.1 -> 2975.5 (PF1 4); REAL bench: see the README)
+    cuda_v17   cuda_v16 with, on an EP rank's small hinted calls (cuda_v5's path), BN 64 from
+               hints over E / 2 slots and PF1 4 from E (H100, session 45: rank 0 of EP8,
+               hint 33 272.5 -> 265.5 µs, 65 375.0 -> 362.9, 136 425.3 -> 415.3; hint 17 and
+               unhinted calls cuda_v16's launches)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -317,6 +321,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v16"): ("cuda_v15 with, on unhinted calls of 2 tokens to 8 E slots, the "
                                "down GEMM on 64-column tiles and the gate/up CTAs asking L2 "
                                "for their weight slice 4 chunk pairs ahead", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v17"): ("cuda_v16 with, on an EP rank's small hinted calls, the down "
+                               "GEMM on 64-column tiles from hints over E / 2 slots and the "
+                               "gate/up L2 prefetch 4 chunk pairs ahead from E", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "
