@@ -234,7 +234,13 @@ _MOD = "workbench.kernels.int4_moe"
 # trained pair's widths and suite under it: plan session45_a); memcheck
 # EDGE + REAL 0 errors, racecheck EDGE 0 hazards; REAL bench 3.5-6.5 % faster than cuda_v15 at
 # T 9-128 (traces/gpu/session44)
-BEST = "cuda_v16"
+# cuda_v17 from session 45: cuda_v16's launches on unhinted calls (its REAL bench, its bits at
+# every REAL shape and the trained pair's widths, the trained exact suite 21 passed under it,
+# session 45 call 1), BN 64 / PF1 4 on an EP rank's small hinted calls: cuda_v16's bits at EP8
+# hints 17-264 (scripts/int4_moe_bitwise.py --ep 8), 26 GPU tests, memcheck EDGE + REAL 0
+# errors, rank 0 of EP8 at hints 33 / 65 / 136 237.2 / 366.2 / 395.9 µs against cuda_v16's
+# 241.5 / 384.0 / 403.3 (H100, traces/gpu/session45 call 4)
+BEST = "cuda_v17"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
