@@ -193,6 +193,10 @@ Versions (README.md has the design and the version log), each with the contract 
                hints over E / 2 slots and PF1 4 from E (H100, session 45: rank 0 of EP8,
                hint 33 272.5 -> 265.5 µs, 65 375.0 -> 362.9, 136 425.3 -> 415.3; hint 17 and
                unhinted calls cuda_v16's launches)
+    cuda_v18   cuda_v17 with the gate/up GEMM's K in 4 parts a unit (KW1 4, RW1 1) on small
+               hinted calls of E / 3 to 5 E / 2 slots (H100, session 45: rank 0 of EP8, hint
+               17 over four draws 1.0-6.0 % faster, 33 / 65 / 100 1.2-2.5 %; not cuda_v17's
+               bits there: the gate/up K association)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -270,7 +274,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 18)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 19)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -330,6 +334,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v17"): ("cuda_v16 with, on an EP rank's small hinted calls, the down "
                                "GEMM on 64-column tiles from hints over E / 2 slots and the "
                                "gate/up L2 prefetch 4 chunk pairs ahead from E", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v18"): ("cuda_v17 with the gate/up GEMM's K in 4 parts a unit on an EP "
+                               "rank's small hinted calls of E / 3 to 5 E / 2 slots (more warps "
+                               "on each active expert's stream)", ("cuda", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "
