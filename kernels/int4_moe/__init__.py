@@ -243,8 +243,15 @@ _MOD = "workbench.kernels.int4_moe"
 # session 45 call 1), BN 64 / PF1 4 on an EP rank's small hinted calls: cuda_v16's bits at EP8
 # hints 17-264 (scripts/int4_moe_bitwise.py --ep 8), 26 GPU tests, memcheck EDGE + REAL 0
 # errors, rank 0 of EP8 at hints 33 / 65 / 136 237.2 / 366.2 / 395.9 µs against cuda_v16's
-# 241.5 / 384.0 / 403.3 (H100, traces/gpu/session45 call 4)
-BEST = "cuda_v17"
+# 241.5 / 384.0 / 403.3 (H100, traces/gpu/session45 call 4); cuda_v18 from session 45 too:
+# cuda_v17 with 4 gate/up K parts on small hinted calls of E / 3 to 5 E / 2 slots (the EP8 C 1
+# DDTree-16 verify's hint 17 among them): against cuda_v17 in one call hint 17 174.3 -> 170.0 and
+# 127.8 -> 118.8 µs (two draws), 33 283.0 -> 275.8, 100 395.9 -> 389.6, 65 310.6 / 311.9, 136
+# (outside the rule) the same; 26 GPU tests (cuda_v5's bits at its knobs, the reference's
+# tolerance: not cuda_v17's bits on those calls, the gate/up K association), memcheck 0 errors
+# (call 8); its unhinted calls are cuda_v16's launches and bits, so the exact suites' evidence
+# holds there; an EP rank's hinted calls run only in the dist engine
+BEST = "cuda_v18"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
