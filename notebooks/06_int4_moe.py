@@ -136,7 +136,10 @@ pd.DataFrame(rows)
 # skewed routing (Zipf 1.2) on the right. The rows are those of ONE run: the BEST version's
 # latest REAL run (its command, within the hour it started), so every line was measured on the
 # same card beside the others (the file keeps every run, from H200s and H100s alike); the BEST
-# version drawn thick, the card in the title. Without that file the plot shows the H200's floor.
+# version drawn thick, the card in the title. A BEST whose changes reach only an EP rank's hinted
+# calls (cuda_v17, cuda_v18: the REAL bench's unhinted calls run cuda_v16's launches) has no
+# REAL run of its own: the latest REAL run stands in, its versions named in the legend. Without
+# that file the plot shows the H200's floor.
 
 # %%
 from workbench.kernels.int4_moe import BEST

@@ -162,7 +162,7 @@ def test_gpu_engine_preset_graph_equals_eager(tiny_gpu_pair, budget):
 @pytest.mark.parametrize("budget", [8, 128])
 def test_gpu_cuda_graph_ddtree_equals_ar(tiny_gpu_pair, budget):
     """DDTree under graphs emits AR's tokens, under the exact suite's rule: the optimized
-    preset's int4_moe (cuda_v15 / v16 / v17 from sessions 43 / 44 / 45) is not batch-invariant
+    preset's int4_moe (cuda_v15 / v16 / v18 from sessions 43 / 44 / 45) is not batch-invariant
     (its hot bands and bf16 h follow the call's slots an expert, and a DDTree-128 verify of 3
     requests is 1548 slots on tiny's 16 experts), so a divergence passes only as a reference
     tie or an explained, reproduced near-tie of the real loops (check.assert_tokens_explained);
