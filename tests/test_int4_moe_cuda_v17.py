@@ -1,5 +1,6 @@
 """int4_moe cuda_v17 (cuda_v16 with BN 64 from hints over E / 2 and PF1 4 from hints of E on an
-EP rank's small hinted calls): the rule and the dispatch on the CPU; on the GPU the op against
+EP rank's small hinted calls): the rule and the dispatch (cuda_v18's too: cuda_v17's `on_tiles`)
+on the CPU; on the GPU the op against
 cuda_v5's launches at the rule's knobs (their bits), eager and graph-replayed, and the
 reference. The shared suites (EDGE, REAL, EP8, graph replay) run it from
 tests/test_int4_moe_cuda.py's CUDA_VERSIONS."""
@@ -10,7 +11,7 @@ import pytest
 import torch
 from test_int4_moe_cuda_v10 import _close, _routing
 
-from workbench.kernels.int4_moe import cuda_v4, cuda_v5, cuda_v15, cuda_v16, cuda_v17
+from workbench.kernels.int4_moe import cuda_v4, cuda_v5, cuda_v15, cuda_v16, cuda_v17, cuda_v18
 
 KIMI = dict(K=8, D=7168, I=2048)
 
@@ -40,57 +41,53 @@ def test_v17_knobs_only_on_small_hinted_calls_past_half_an_expert_a_slot():
     assert c17["BN"] == 64 and c5["BN"] == 128 and c17["PF1"] == 4
 
 
-@pytest.mark.parametrize("hint, want", [(17, "cuda_v4"), (65, "cuda_v4"), (544, "cuda_v16"),
-                                        (None, "cuda_v16")])
-def test_v17_dispatches_by_hint(monkeypatch, hint, want):
-    # why: small hinted calls reach cuda_v5's launches (cuda_v4's op) on cuda_v17's tiles, the
-    # rest cuda_v16's op; the call's cfg and hint pass through unchanged
+@pytest.mark.parametrize("version", [cuda_v17, cuda_v18], ids=["cuda_v17", "cuda_v18"])
+@pytest.mark.parametrize("hint, want", [(17, "cuda_v4"), (65, "cuda_v4"), (136, "cuda_v4"),
+                                        (544, "cuda_v16"), (None, "cuda_v16")])
+def test_v17_dispatches_by_hint(monkeypatch, version, hint, want):
+    # why: small hinted calls reach cuda_v5's launches (cuda_v4's op) on the version's own
+    # tiles, the rest cuda_v16's op; the call's cfg and hint pass through unchanged (cuda_v18
+    # is cuda_v17's `on_tiles` on its tiles)
     seen = []
     for name, mod in (("cuda_v4", cuda_v4), ("cuda_v16", cuda_v16)):
         monkeypatch.setattr(mod, "int4_moe_cuda",
                             lambda *a, _n=name, **kw: seen.append((_n, a, kw)) or _n)
     ex = (torch.empty(48, 1, 1, dtype=torch.int32),) * 6
-    assert cuda_v17.int4_moe_cuda("x", "ids", "w", ex, cfg={"KS2": 1},
-                                  expected_slots=hint) == want
+    assert version.int4_moe_cuda("x", "ids", "w", ex, cfg={"KS2": 1},
+                                 expected_slots=hint) == want
     (name, args, kw), = seen
     assert args == ("x", "ids", "w", ex)
     assert kw["cfg"] == {"KS2": 1} and kw["expected_slots"] == hint
     if name == "cuda_v4":
-        assert kw["tiles_for"] is cuda_v17.tiles
+        assert kw["tiles_for"] is version.tiles
     assert cuda_v15.small_hinted(hint, 48) is (name == "cuda_v4")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("T, skew", [(17, 0.0), (33, 0.0), (65, 1.2), (136, 0.0), (264, 0.0)])
-def test_v17_is_cuda_v5_at_its_knobs_on_an_ep8_rank_gpu(real_experts, T, skew):
-    # why: an EP8 rank's call (48 of 384 experts, -1 elsewhere) with the loop's hint: under 3 E
-    # cuda_v5's launches at the rule's knobs, bit for bit (and cuda_v16's bits where the knobs
-    # change no arithmetic), eager and graph-replayed on a new routing, within the reference's
-    # tolerance; from 3 E cuda_v16's own bits
-    x, ids, w, ex = _routing(real_experts, T, skew, 4700 + T)
+def ep8_rank_matches(version, real_experts, T, skew, seed, knobs, same=None):
+    """An EP8 rank's call (48 of 384 experts, -1 elsewhere) with the emulation's hint, ceil(T K
+    / 8) = T slots: `version` against cuda_v5's launches at `knobs` (None: cuda_v16's op, for
+    hints past cuda_v15's cut) bit for bit, eager and graph-replayed on a new routing (NaN-filled
+    output first), and against the reference's tolerance; `same`: another op whose bits the
+    eager call must also give."""
+    x, ids, w, ex = _routing(real_experts, T, skew, seed)
     here = torch.where(ids < 48, ids, torch.full_like(ids, -1))
     ex48 = type(ex)(*(t[:48] for t in ex))
-    hint = T  # the emulation's hint: ceil(T K / 8) = T slots a rank
-    small = cuda_v15.small_hinted(hint, 48)
 
     def want():
-        if not small:
-            return cuda_v16.int4_moe_cuda(x, here, w, ex48, expected_slots=hint)
-        return cuda_v5.int4_moe_cuda(x, here, w, ex48, expected_slots=hint,
-                                     cfg=cuda_v17.hinted_knobs(48, hint) or None)
+        if knobs is None:
+            return cuda_v16.int4_moe_cuda(x, here, w, ex48, expected_slots=T)
+        return cuda_v5.int4_moe_cuda(x, here, w, ex48, expected_slots=T, cfg=knobs or None)
 
-    a = cuda_v17.int4_moe_cuda(x, here, w, ex48, expected_slots=hint)
+    a = version.int4_moe_cuda(x, here, w, ex48, expected_slots=T)
     assert torch.equal(a, want())
-    assert torch.equal(a, cuda_v16.int4_moe_cuda(x, here, w, ex48, expected_slots=hint))
+    if same is not None:
+        assert torch.equal(a, same(x, here, w, ex48, expected_slots=T))
     _close(a, x, here, w, ex48)
-
-    def capture():
-        return cuda_v17.int4_moe_cuda(x, here, w, ex48, expected_slots=hint)
 
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = capture()
-    x2, ids2, w2, _ = _routing(real_experts, T, skew, 4800 + T)  # a new routing
+        out = version.int4_moe_cuda(x, here, w, ex48, expected_slots=T)
+    x2, ids2, w2, _ = _routing(real_experts, T, skew, seed + 100)  # a new routing
     x.copy_(x2)
     here.copy_(torch.where(ids2 < 48, ids2, torch.full_like(ids2, -1)))
     w.copy_(w2)
@@ -98,3 +95,15 @@ def test_v17_is_cuda_v5_at_its_knobs_on_an_ep8_rank_gpu(real_experts, T, skew):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want())
+    _close(out, x, here, w, ex48)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, skew", [(17, 0.0), (33, 0.0), (65, 1.2), (136, 0.0), (264, 0.0)])
+def test_v17_is_cuda_v5_at_its_knobs_on_an_ep8_rank_gpu(real_experts, T, skew):
+    # why: under 3 E slots cuda_v5's launches at the rule's knobs, which change no arithmetic:
+    # cuda_v16's bits too; from 3 E cuda_v16's own op
+    small = cuda_v15.small_hinted(T, 48)
+    ep8_rank_matches(cuda_v17, real_experts, T, skew, 4700 + T,
+                     cuda_v17.hinted_knobs(48, T) if small else None,
+                     same=cuda_v16.int4_moe_cuda)

@@ -50,27 +50,38 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return cuda_v16.tiles(T, K, E, D, I, slots)
 
 
-def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
-                  validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None) -> Tensor:
-    """The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v5's launches on this
-    file's tiles on cuda_v15's small hinted calls, else cuda_v16's op (cfg overrides the
-    tiles)."""
-    if cuda_v15.small_hinted(expected_slots, cuda_v15.num_experts(experts)):
-        return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
-                                     cfg=cfg, expected_slots=expected_slots, tiles_for=tiles)
-    return cuda_v16.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
-                                  cfg=cfg, expected_slots=expected_slots)
+def on_tiles(tiles_of, default_cfgs: str):
+    """(int4_moe_cuda, _main) of a version that is cuda_v16's op except on cuda_v15's small
+    hinted calls, which run cuda_v5's launches (cuda_v4's op) on `tiles_of` (`tiles`' signature):
+    cuda_v17, cuda_v18."""
+
+    def op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+           validate: bool | None = None, cfg: dict | None = None,
+           expected_slots: int | None = None) -> Tensor:
+        if cuda_v15.small_hinted(expected_slots, cuda_v15.num_experts(experts)):
+            return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                         cfg=cfg, expected_slots=expected_slots,
+                                         tiles_for=tiles_of)
+        return cuda_v16.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                      cfg=cfg, expected_slots=expected_slots)
+
+    op.__name__ = op.__qualname__ = "int4_moe_cuda"
+    op.__doc__ = (f"The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v5's launches "
+                  f"on {tiles_of.__module__}'s tiles on cuda_v15's small hinted calls, else "
+                  f"cuda_v16's op (cfg overrides the tiles).")
+
+    def main(argv=None) -> int:
+        """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI), e.g.
+        `--ep 8 --T 17,33,65,136 --cfgs "v=cuda_v16;base"`."""
+        from .triton_v5 import _main as v5_main
+
+        return v5_main(argv, launcher=op, default_cfgs=default_cfgs)
+
+    return op, main
 
 
-def _main(argv=None) -> int:
-    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v17's op):
-
-        python -m workbench.kernels.int4_moe.cuda_v17 --ep 8 [--T 17,33,65,136]
-            [--cfgs "v=cuda_v16;base"]"""
-    from .triton_v5 import _main as v5_main
-
-    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=cuda_v16;base")
+# the op and its CLI: cuda_v16's op, cuda_v5's launches on this file's tiles on small hinted calls
+int4_moe_cuda, _main = on_tiles(tiles, "v=cuda_v16;base")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,7 @@ invariant). GPU only (cupy). Dimension legend: cuda_v1.cu's and cuda_v10.cu's.
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from . import cuda_v4, cuda_v15, cuda_v17
+from . import cuda_v15, cuda_v17
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 KSPLIT = {"KW1": 4, "RW1": 1}  # small hinted, E / 3 <= hint < 5 E / 2: 4 K parts a unit
@@ -44,27 +42,8 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return c | KSPLIT if ksplit(E, slots) else c
 
 
-def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
-                  validate: bool | None = None, cfg: dict | None = None,
-                  expected_slots: int | None = None) -> Tensor:
-    """The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v5's launches on this
-    file's tiles on cuda_v15's small hinted calls, else cuda_v17's (cuda_v16's) op (cfg
-    overrides the tiles)."""
-    if cuda_v15.small_hinted(expected_slots, cuda_v15.num_experts(experts)):
-        return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
-                                     cfg=cfg, expected_slots=expected_slots, tiles_for=tiles)
-    return cuda_v17.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
-                                  cfg=cfg, expected_slots=expected_slots)
-
-
-def _main(argv=None) -> int:
-    """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI, cuda_v18's op):
-
-        python -m workbench.kernels.int4_moe.cuda_v18 --ep 8 [--T 17,33,65,100]
-            [--cfgs "v=cuda_v17;base"]"""
-    from .triton_v5 import _main as v5_main
-
-    return v5_main(argv, launcher=int4_moe_cuda, default_cfgs="v=cuda_v17;base")
+# the op and its CLI: cuda_v17's dispatch on this file's tiles
+int4_moe_cuda, _main = cuda_v17.on_tiles(tiles, "v=cuda_v17;base")
 
 
 if __name__ == "__main__":
