@@ -1,9 +1,9 @@
 """int4_moe cuda_v17 (cuda_v16 with BN 64 from hints over E / 2 and PF1 4 from hints of E on an
 EP rank's small hinted calls): the rule and the dispatch (cuda_v18's too: cuda_v17's `on_tiles`)
-on the CPU; on the GPU the op against
-cuda_v5's launches at the rule's knobs (their bits), eager and graph-replayed, and the
-reference. The shared suites (EDGE, REAL, EP8, graph replay) run it from
-tests/test_int4_moe_cuda.py's CUDA_VERSIONS."""
+on the CPU; on the GPU the op against cuda_v5's launches at the rule's knobs (their bits), eager
+and graph-replayed, and the reference (`ep8_rank_matches`, cuda_v18's test uses it too). The
+shared suites (EDGE, REAL, EP8, graph replay) run it from tests/test_int4_moe_cuda.py's
+CUDA_VERSIONS."""
 
 from __future__ import annotations
 
