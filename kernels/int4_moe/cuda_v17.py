@@ -16,6 +16,12 @@ more than E / 2 slots (measured at 33 of 48, not at 17), PF1 4 from E (measured 
 it cost 2 % at 33); the cut between them and below 33 is unmeasured. Unhinted calls: cuda_v16's
 exactly (its REAL bench and bits).
 
+Measured (calls 4-5): cuda_v16's bits at EP8 hints 17 / 33 / 48 / 65 / 136 / 143 / 264 and
+unhinted T 1 / 9 / 128 (`scripts/int4_moe_bitwise.py --ep 8`), GPU tests 26 passed, memcheck
+0 errors; A/B against cuda_v16 (3 rounds): hint 17 167.4 / 167.4, 33 237.2 / 241.5, 65 366.2 /
+384.0, 136 395.9 / 403.3 µs. (`on_tiles`, cuda_v18's dispatch too, was factored out after those
+calls: the same dispatch, its GPU tests rerun by plan session46_b.)
+
 What: cuda_v16's dispatch; on small hinted calls cuda_v5's launches on this file's `tiles`
 (cuda_v5's with HINTED's knobs where `hinted_knobs` gives them). The knobs change the down
 GEMM's column tiling and where weights are asked for, not any dot product's K order (the K

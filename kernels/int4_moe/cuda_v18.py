@@ -15,6 +15,11 @@ more warps on each expert's stream. KW1 4 against the rule's parts: hint 17 (fou
 and 136 424.9 -> 427.0. KW1 8 lost at 17 (122.0 against KW1 4's 119.2); KW1 2 at 48 and 136.
 So KW1 4 from E / 3 to 5 E / 2 expected slots; under and over it cuda_v17's tiles.
 
+Measured (call 8, 6ed19dc): against cuda_v17 in one call (3 rounds) hint 17 174.3 -> 170.0 and
+127.8 -> 118.8 µs (two draws), 33 283.0 -> 275.8, 65 310.6 / 311.9, 100 395.9 -> 389.6, 136
+(outside the rule) 425.9 / 426.0; GPU tests 26 passed (cuda_v5's bits at these tiles, the
+reference's tolerance, the shared suites), memcheck EDGE + REAL 0 errors.
+
 What: cuda_v17's dispatch and tiles, with `KSPLIT` added where `ksplit` says. Unlike cuda_v17's
 knobs this changes the gate/up dot products' K association (4 fp32 partials a unit summed in
 part order, as cuda_v1's KW1 > 1 always does): not cuda_v17's bits on those calls, within the
