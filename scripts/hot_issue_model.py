@@ -59,7 +59,7 @@ def loop_mixes(nts=(2, 4, 8), wu=8, st=6) -> dict[int, collections.Counter]:
     return out
 
 
-DEQUANT = ("LOP3", "HADD2", "HMUL2", "SHF", "PRMT")
+DEQUANT = ("LOP3", "HADD2", "HMUL2", "SHF", "PRMT")  # IMAD (shifts and addresses) apart
 
 
 def main(argv=None) -> int:
@@ -85,7 +85,8 @@ def main(argv=None) -> int:
         per_weight[nt] = total / WEIGHTS_AN_ITERATION
         print(f"NT {nt} ({8 * nt}-slot passes): {total} SASS a step of {WEIGHTS_AN_ITERATION} "
               f"weights, {deq} of them dequant ({', '.join(f'{k} {ops[k]}' for k in DEQUANT)}), "
-              f"HMMA {ops['HMMA']}, LDS {ops['LDS']}: {per_weight[nt]:.4f} a weight a pass")
+              f"HMMA {ops['HMMA']}, IMAD {ops['IMAD']}, LDS {ops['LDS']}: {per_weight[nt]:.4f} a "
+              f"weight a pass")
     issue_rate = 4 * a.sms * a.clock_ghz * 1e9  # warp instructions a second, the whole GPU
     for T in map(int, a.T.split(",")):
         for seed in map(int, a.seeds.split(",")):
