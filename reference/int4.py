@@ -10,6 +10,8 @@ The product is rounded to bf16, as compressed-tensors computes it (q.to(bf16) * 
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 GROUP = 32
@@ -43,11 +45,17 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [..., I/8] -> int8 [..., I] in [-8, 7] (logical shifts on the uint32 view)."""
-    u = packed.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(PACK, device=packed.device, dtype=torch.int64) * 4
-    nib = (u.unsqueeze(-1) >> shifts) & 0xF
-    return (nib - 8).to(torch.int8).flatten(-2)
+    """int32 [..., I/8] -> int8 [..., I] in [-8, 7].
+
+    Byte k of a word (little-endian, as every device torch runs on stores it) holds elements
+    2k (low nibble) and 2k + 1 (high nibble), so the words' bytes, low nibble then high, are
+    the elements in order: the format's shifts without widening a word to int64 (session 45:
+    30x faster on the CPU, the same values; the tests' CPU time is mostly this)."""
+    if sys.byteorder != "little":  # the byte view below assumes it; never a silent misread
+        raise RuntimeError(f"unpack_int4: expected a little-endian host, got {sys.byteorder}")
+    b = packed.to(torch.int32).contiguous().view(torch.uint8)  # [..., I/8 * 4]
+    nib = torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)  # [..., I]
+    return nib.to(torch.int8) - 8
 
 
 def dequant_int4_g32(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -56,5 +64,7 @@ def dequant_int4_g32(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if q.shape[-1] != scale.shape[-1] * GROUP:
         raise ValueError(f"scale: expected {q.shape[-1] // GROUP} groups per row for "
                          f"{q.shape[-1]} inputs, got {scale.shape[-1]}")
-    s = scale.repeat_interleave(GROUP, dim=-1)
-    return q.to(torch.bfloat16) * s  # bf16 product, = compressed-tensors
+    # each group's 32 values times its scale (broadcast, not repeated): the bf16 product,
+    # = compressed-tensors
+    w = q.to(torch.bfloat16).unflatten(-1, (-1, GROUP)) * scale.unsqueeze(-1)
+    return w.flatten(-2)
