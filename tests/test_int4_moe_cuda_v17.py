@@ -11,7 +11,16 @@ import pytest
 import torch
 from test_int4_moe_cuda_v10 import _close, _routing
 
-from workbench.kernels.int4_moe import cuda_v4, cuda_v5, cuda_v15, cuda_v16, cuda_v17, cuda_v18
+from workbench.kernels.int4_moe import (
+    cuda_v4,
+    cuda_v5,
+    cuda_v10,
+    cuda_v12,
+    cuda_v15,
+    cuda_v16,
+    cuda_v17,
+    cuda_v18,
+)
 
 KIMI = dict(K=8, D=7168, I=2048)
 
@@ -43,13 +52,14 @@ def test_v17_knobs_only_on_small_hinted_calls_past_half_an_expert_a_slot():
 
 @pytest.mark.parametrize("version", [cuda_v17, cuda_v18], ids=["cuda_v17", "cuda_v18"])
 @pytest.mark.parametrize("hint, want", [(17, "cuda_v4"), (65, "cuda_v4"), (136, "cuda_v4"),
-                                        (544, "cuda_v16"), (None, "cuda_v16")])
+                                        (544, "cuda_v10"), (None, "cuda_v10")])
 def test_v17_dispatches_by_hint(monkeypatch, version, hint, want):
-    # why: small hinted calls reach cuda_v5's launches (cuda_v4's op) on the version's own
-    # tiles, the rest cuda_v16's op; the call's cfg and hint pass through unchanged (cuda_v18
+    # why: small hinted calls reach cuda_v5's launches (cuda_v4's op), the rest cuda_v16's
+    # (cuda_v10's op with cuda_v12's hot bands), both on the version's own tiles, whose
+    # non-small side is cuda_v16's; the call's cfg and hint pass through unchanged (cuda_v18
     # is cuda_v17's `on_tiles` on its tiles)
     seen = []
-    for name, mod in (("cuda_v4", cuda_v4), ("cuda_v16", cuda_v16)):
+    for name, mod in (("cuda_v4", cuda_v4), ("cuda_v10", cuda_v10)):
         monkeypatch.setattr(mod, "int4_moe_cuda",
                             lambda *a, _n=name, **kw: seen.append((_n, a, kw)) or _n)
     ex = (torch.empty(48, 1, 1, dtype=torch.int32),) * 6
@@ -58,8 +68,12 @@ def test_v17_dispatches_by_hint(monkeypatch, version, hint, want):
     (name, args, kw), = seen
     assert args == ("x", "ids", "w", ex)
     assert kw["cfg"] == {"KS2": 1} and kw["expected_slots"] == hint
-    if name == "cuda_v4":
-        assert kw["tiles_for"] is version.tiles
+    assert kw["tiles_for"] is version.tiles
+    if name == "cuda_v10":
+        assert kw["hot_for"] is cuda_v12.launch_bands
+        T = hint or 33
+        assert version.tiles(T, E=48, **KIMI, slots=hint) == cuda_v16.tiles(T, E=48, **KIMI,
+                                                                            slots=hint)
     assert cuda_v15.small_hinted(hint, 48) is (name == "cuda_v4")
 
 

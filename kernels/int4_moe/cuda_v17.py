@@ -22,8 +22,9 @@ unhinted T 1 / 9 / 128 (`scripts/int4_moe_bitwise.py --ep 8`), GPU tests 26 pass
 384.0, 136 395.9 / 403.3 µs. (`on_tiles`, cuda_v18's dispatch too, was factored out after those
 calls: the same dispatch, its GPU tests rerun by plan session46_b.)
 
-What: cuda_v16's dispatch; on small hinted calls cuda_v5's launches on this file's `tiles`
-(cuda_v5's with HINTED's knobs where `hinted_knobs` gives them). The knobs change the down
+What: cuda_v16's dispatch (`on_tiles`); on small hinted calls cuda_v5's launches on this
+file's `tiles` (cuda_v5's with HINTED's knobs where `hinted_knobs` gives them), elsewhere
+cuda_v16's launches on cuda_v16's tiles (this file's rule returns them there). The knobs change the down
 GEMM's column tiling and where weights are asked for, not any dot product's K order (the K
 splits stay cuda_v5's, computed for its 128-column grid). Numerics, graph safety, load step:
 cuda_v5's / cuda_v16's (not batch invariant). GPU only (cupy). Dimension legend: cuda_v1.cu's
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import cuda_v4, cuda_v5, cuda_v15, cuda_v16
+from . import cuda_v4, cuda_v5, cuda_v10, cuda_v12, cuda_v15, cuda_v16
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 HINTED_BN = {"BN": 64}  # small hinted, hint > E / 2: the down GEMM's narrower column tiles
@@ -57,9 +58,11 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 
 def on_tiles(tiles_of, default_cfgs: str):
-    """(int4_moe_cuda, _main) of a version that is cuda_v16's op except on cuda_v15's small
-    hinted calls, which run cuda_v5's launches (cuda_v4's op) on `tiles_of` (`tiles`' signature):
-    cuda_v17, cuda_v18."""
+    """(int4_moe_cuda, _main) of a version that takes cuda_v15's cut on one tile rule
+    `tiles_of` (`tiles`' signature) for both sides: small hinted calls run cuda_v5's launches
+    (cuda_v4's op, no hot launch), the rest cuda_v14's (cuda_v10's op with cuda_v12's hot
+    bands): cuda_v17, cuda_v18. The rule's non-small side is the version's own, so a later
+    rule that changes it is not silently left on cuda_v16's tiles."""
 
     def op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
            validate: bool | None = None, cfg: dict | None = None,
@@ -68,13 +71,14 @@ def on_tiles(tiles_of, default_cfgs: str):
             return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                          cfg=cfg, expected_slots=expected_slots,
                                          tiles_for=tiles_of)
-        return cuda_v16.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
-                                      cfg=cfg, expected_slots=expected_slots)
+        return cuda_v10.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
+                                      cfg=cfg, expected_slots=expected_slots, tiles_for=tiles_of,
+                                      hot_for=cuda_v12.launch_bands)
 
     op.__name__ = op.__qualname__ = "int4_moe_cuda"
-    op.__doc__ = (f"The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v5's launches "
-                  f"on {tiles_of.__module__}'s tiles on cuda_v15's small hinted calls, else "
-                  f"cuda_v16's op (cfg overrides the tiles).")
+    op.__doc__ = (f"The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v15's cut on "
+                  f"{tiles_of.__module__}'s tiles, cuda_v5's launches on small hinted calls, "
+                  f"cuda_v14's elsewhere (cfg overrides the tiles).")
 
     def main(argv=None) -> int:
         """Graph-replayed µs per T x config at Kimi shapes on CUDA (v5's CLI), e.g.
@@ -86,7 +90,7 @@ def on_tiles(tiles_of, default_cfgs: str):
     return op, main
 
 
-# the op and its CLI: cuda_v16's op, cuda_v5's launches on this file's tiles on small hinted calls
+# the op and its CLI: cuda_v15's cut on this file's tiles (cuda_v16's outside small hinted calls)
 int4_moe_cuda, _main = on_tiles(tiles, "v=cuda_v16;base")
 
 
