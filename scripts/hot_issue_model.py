@@ -29,8 +29,6 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-# int4_moe_hot's kernel arguments (tests/test_int4_moe_cuda_v10.py's HOT_SIG)
-HOT_SIG = "u64,u64,u64,u64,u64,u64,u64,u64,u64,int,int,int,int,int,int,int,int,int"
 WEIGHTS_AN_ITERATION = 32 * 128  # a warp's K-loop step: one 32-row unit x one 128-input pair
 
 
@@ -38,6 +36,7 @@ def loop_mixes(nts=(2, 4, 8), wu=8, st=6) -> dict[int, collections.Counter]:
     """{NT: the opcode mix of int4_moe_hot<0, WU, NT, ST, 1>'s K loop at NT n-tiles} (the
     shortest backward-branch range holding 16 NT HMMAs: 16 A fragments a step, NT n-tiles)."""
     from test_int4_moe_cuda import _build_sm90, _mma_loops
+    from test_int4_moe_cuda_v10 import HOT_SIG  # int4_moe_hot's kernel arguments
 
     from workbench.kernels.int4_moe import cuda_v1, cuda_v10
 
