@@ -197,6 +197,12 @@ Versions (README.md has the design and the version log), each with the contract 
                hinted calls of E / 3 to 5 E / 2 slots (H100, session 45: rank 0 of EP8, hint
                17 over four draws 1.0-6.0 % faster, 33 / 65 / 100 1.2-2.5 %; not cuda_v17's
                bits there: the gate/up K association)
+    cuda_v19   cuda_v18 with the hot gate/up launch (cuda_v10.cu's, every version since) on
+               wgmma m64nNk16 with A from the dequantised registers and B (the pass's
+               activations, permuted once a call into the fragments' logical k order) by
+               descriptor from 128-byte-swizzled shared memory; sm_90a through nvcc (session
+               46; the reference's tolerance where hot experts exist, cuda_v18's launches
+               elsewhere)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -281,7 +287,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 19)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 20)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -344,6 +350,10 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v18"): ("cuda_v17 with the gate/up GEMM's K in 4 parts a unit on an EP "
                                "rank's small hinted calls of E / 3 to 5 E / 2 slots (more warps "
                                "on each active expert's stream)", ("cuda", "cupy")),
+    ("int4_moe", "cuda_v19"): ("cuda_v18 with the hot gate/up launch's MMAs on wgmma (sm_90a, "
+                               "built by nvcc): one dequant a k16 step serves a whole pass of "
+                               "slots; the activations permuted once a call into the fragments' "
+                               "logical k order", ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -110,8 +110,9 @@ def ctas_an_sm(mb: int, smem: int) -> int:
 HOT_REGS = {2: 80, 4: 128, 8: 255}
 
 
-def check_hot(c: dict, S: int, E: int) -> None:
-    """The hot knobs in ranges the kernel compiles and fits (names the cfg key)."""
+def check_hot(c: dict, S: int, E: int, smem_pad: int = 0) -> None:
+    """The hot knobs in ranges the kernel compiles and fits (names the cfg key); smem_pad: a
+    later kernel's extra shared memory (cuda_v19's alignment slack)."""
     _require(c["WIDE"] in (0, 1), "cfg['WIDE']", "0 or 1", c["WIDE"])
     _require(not (c["WIDE"] and c.get("IT1")), "cfg['IT1']", "0 with WIDE 1 (the cold "
              "launch leaves the hot experts to the wide one only by expert, ITEMS 0)", c.get("IT1"))
@@ -132,7 +133,7 @@ def check_hot(c: dict, S: int, E: int) -> None:
              f"{c['WNT']} (64 K registers over WMB x 32 WU threads; WNT 8's accumulators need "
              "more than 128)", {"WMB": mb, "WU": c["WU"]})
     items = max_items(S, E, c["WT"], 8 * c["WNT"])
-    _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) <= SMEM_MAX, "cfg",
+    _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) + smem_pad <= SMEM_MAX, "cfg",
              "WU x WST weight rings, the activation ring and the item list within 227 KB",
              {k: c[k] for k in ("WU", "WNT", "WST")})
     _require(S // (8 * c["WNT"]) < 2**16, "x", f"T K < {2**16 * 8 * c['WNT']} slots (16-bit "
@@ -153,28 +154,30 @@ def _kernel(*targs: int):
 
 
 def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-               h: Tensor) -> tuple:
+               h: Tensor, *, kernel=None, smem_pad: int = 0) -> tuple:
     """cuda_v4's `hot` hook: the hot launch (CUDA) writing the hot experts' rows of h, on the
     current stream, or at WS 1 on a side stream forked from it (`workbench.streams.Side` under
     SIDE_KEY at the highest priority, so the block scheduler takes the hot CTAs, whole K a warp:
     the long ones, before the cold launch's when both wait); returns (the cold launch's SKIP
     (WT), 0 where WIDE is 0 or no expert can be hot (S <= WT); the join cuda_v4 calls after the
     cold launch, None where no hot launch is made, a no-op on one stream). Graph-safe: the fork and join are events on the
-    capturing stream, so a capture records both launches as parallel branches."""
+    capturing stream, so a capture records both launches as parallel branches. kernel: a later
+    version's build of the same launch (`_kernel`'s signature and arguments: cuda_v19's
+    wgmma pass) needing smem_pad more bytes of shared memory."""
     import cupy
     import numpy as np
 
-    check_hot(c, p.S, p.E)
+    check_hot(c, p.S, p.E, smem_pad)
     if not c["WIDE"] or p.S <= c["WT"]:
         return 0, None
     wu, nt, st, ht = c["WU"], c["WNT"], c["WST"], c["WT"]
     items = max_items(p.S, p.E, ht, 8 * nt)
     gx = -(-NU1 // wu)
-    smem = smem_bytes(wu, nt, st, items)
+    smem = smem_bytes(wu, nt, st, items) + smem_pad
     mb = min_blocks(c)
     gy = c.get("WY") or max(1, min(ctas_an_sm(mb, smem) * cuda_v1.SMS // gx, items))
     _require(isinstance(gy, int) and gy >= 1, "cfg['WY']", "an int >= 1", gy)
-    fn = _kernel(int(p.D % mma_layout.KALIGN != 0), wu, nt, st, mb)
+    fn = (kernel or _kernel)(int(p.D % mma_layout.KALIGN != 0), wu, nt, st, mb)
     if smem > cuda_v1._SMEM_SET.get(id(fn), 0):
         fn.max_dynamic_shared_size_bytes = smem
         cuda_v1._SMEM_SET[id(fn)] = smem

@@ -46,19 +46,21 @@ def band_knobs(c: dict) -> dict:
 
 
 def launch_bands(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-                 h: Tensor) -> tuple:
+                 h: Tensor, *, launch=None) -> tuple:
     """cuda_v4's `hot` hook: at WB 0 cuda_v10's `launch_hot`; else two of its launches, the
     experts past WB slots on c's hot knobs, then those of WT + 1 .. WB on the band's (WB*),
-    both on WS's stream; returns (the cold launch's SKIP, WT; a join of both)."""
+    both on WS's stream; returns (the cold launch's SKIP, WT; a join of both). launch: a later
+    version's hot launch (`launch_hot`'s signature: cuda_v19's wgmma pass)."""
+    launch = launch or cuda_v10.launch_hot
     wb = c.get("WB", 0)
     if not wb or not c["WIDE"] or p.S <= c["WT"]:
-        return cuda_v10.launch_hot(c, p, xq, w1, s1, NU1, C1, h)
+        return launch(c, p, xq, w1, s1, NU1, C1, h)
     _require(isinstance(wb, int) and wb > c["WT"], "cfg['WB']",
              f"0 or an int > WT ({c['WT']})", wb)
     band = band_knobs(c)
     cuda_v10.check_hot(band, p.S, p.E)  # names the band's knobs before anything launches
-    _, join_hot = cuda_v10.launch_hot(c | {"WT": wb}, p, xq, w1, s1, NU1, C1, h)
-    _, join_band = cuda_v10.launch_hot(band, p, xq, w1, s1, NU1, C1, h)
+    _, join_hot = launch(c | {"WT": wb}, p, xq, w1, s1, NU1, C1, h)
+    _, join_band = launch(band, p, xq, w1, s1, NU1, C1, h)
 
     def join():
         for j in (join_hot, join_band):

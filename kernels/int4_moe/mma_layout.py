@@ -78,6 +78,18 @@ def _scale_index(NU: int, C: int, gate_up: bool, device) -> tuple[Tensor, Tensor
     return row.expand(shape), group.expand(shape)
 
 
+def logical_k_perm(KP: int, device=None) -> Tensor:
+    """int64 [KP]: the input each logical k of the A fragments reads, in the order wgmma walks
+    k (cuda_v19: B from shared memory, k in order). Step s = 2 G + jj of 32-input group G takes
+    logical k 2 t + b and 2 t + 8 + b from inputs 8 t + 4 jj + b and 8 t + 4 jj + 2 + b of G
+    (`_index`'s nibbles), so xp = x[:, perm] puts B's rows where the fragments' columns are:
+    perm[32 G + 16 jj + 8 kc + 2 t + b] = 32 G + 8 t + 4 jj + 2 kc + b."""
+    i = torch.arange(KP, device=device)
+    G, r = i // 32, i % 32
+    jj, kc, t, b = r // 16, (r // 8) % 2, (r // 2) % 4, r % 2
+    return 32 * G + 8 * t + 4 * jj + 2 * kc + b
+
+
 def dims(N: int, KI: int, gate_up: bool) -> tuple[int, int, int]:
     """(NU, C, KP) of an [N, KI] matrix (gate/up: N rows of each of the two)."""
     NU = -(-N // (16 if gate_up else UNIT))

@@ -204,7 +204,8 @@ def resolve_preset(preset: Mapping[str, str]) -> dict[str, str]:
 
 
 def unavailable_reason(needs) -> str | None:
-    """The first unmet need of a variant or a peer ("cuda", "sm90", "triton", a package), or None."""
+    """The first unmet need of a variant or a peer ("cuda", "sm90", "nvcc", "triton", a package),
+    or None."""
     for need in needs:
         reason = _check_need(need)
         if reason:
@@ -224,6 +225,12 @@ def _check_need(need: str) -> str | None:
             return "needs an sm_90 GPU (no CUDA GPU found)"
         cc = torch.cuda.get_device_capability()
         return None if cc == (9, 0) else f"needs sm_90, this GPU is sm_{cc[0]}{cc[1]}"
+    if need == "nvcc":  # kernels built for sm_90a at first use (int4_moe cuda_v19: wgmma)
+        import shutil
+
+        home = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+        return None if shutil.which("nvcc") or os.path.exists(home) else (
+            "needs nvcc (on PATH or in $CUDA_HOME/bin) to build for sm_90a")
     if need == "triton":
         # Triton kernels run on CUDA, or on CPU tensors through the interpreter, which must be
         # switched on before any kernel module is imported (the CLI and tests/conftest do it)
