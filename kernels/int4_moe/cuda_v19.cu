@@ -33,11 +33,11 @@
 // as cuda_v10, fp32 sums inside wgmma (its k16 association is not promised to be mma.sync's:
 // the reference's tolerance, not cuda_v10's bits).
 
-__device__ __forceinline__ u64 desc_sw128(u32 saddr) {
-  // start >> 4 (bits 0-13), LBO 1 (unused by K-major swizzled layouts), SBO 1024 B >> 4 (8 rows
-  // of 128 B), swizzle mode 1 = 128 B (bits 62-63)
-  return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
-}
+// The B descriptor's words. Low: start >> 4 (bits 0-13), LBO 1 (bits 16-29; unused by K-major
+// swizzled layouts). High (a constant): SBO 1024 B >> 4 (8 rows of 128 B), swizzle mode 1 =
+// 128 B (bits 62-63). Only the low word varies, so only it moves to a uniform register a wgmma.
+__device__ __forceinline__ u32 desc_lo(u32 saddr) { return ((saddr & 0x3FFFF) >> 4) | (1u << 16); }
+constexpr u32 DESC_HI = (1024 >> 4) | (1u << 30);
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -49,48 +49,52 @@ __device__ __forceinline__ void fence_async_smem() {
 }
 
 // d (N / 2 fp32: n8 chunk j's four at 4 j) = A (this warp's 16 x 16 bf16 fragment, mma.sync's
-// A layout) x B (16 x N bf16 at desc), + d where acc_in (0 on a pass's first k16 step: no
-// zeroing instruction defines the accumulators inside the wgmma pipeline, which ptxas would
-// serialise, C7515)
+// A layout) x B (16 x N bf16 at the descriptor (dlo, DESC_HI)), + d where acc_in (0 on a pass's
+// first k16 step: no zeroing instruction defines the accumulators inside the wgmma pipeline,
+// which ptxas would serialise, C7515)
 template <int N>
-__device__ __forceinline__ void wgmma_rs(float* d, const u32 (&a)[4], u64 desc, u32 acc_in);
-template <> __device__ __forceinline__ void wgmma_rs<16>(float* d, const u32 (&a)[4], u64 desc, u32 acc_in) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+__device__ __forceinline__ void wgmma_rs(float* d, const u32 (&a)[4], u32 dlo, u32 acc_in);
+template <> __device__ __forceinline__ void wgmma_rs<16>(float* d, const u32 (&a)[4], u32 dlo, u32 acc_in) {
+  asm volatile("{\n.reg .pred p;\n.reg .b64 bd;\nsetp.ne.b32 p, %14, 0;\n"
+               "mov.b64 bd, {%12, %13};\n"
                "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
                "{%0,%1,%2,%3,%4,%5,%6,%7}, "
-               "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}"
+               "{%8,%9,%10,%11}, bd, p, 1, 1, 0;\n}"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                  "+f"(d[6]), "+f"(d[7])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc_in));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(DESC_HI), "r"(acc_in));
 }
-template <> __device__ __forceinline__ void wgmma_rs<32>(float* d, const u32 (&a)[4], u64 desc, u32 acc_in) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+template <> __device__ __forceinline__ void wgmma_rs<32>(float* d, const u32 (&a)[4], u32 dlo, u32 acc_in) {
+  asm volatile("{\n.reg .pred p;\n.reg .b64 bd;\nsetp.ne.b32 p, %22, 0;\n"
+               "mov.b64 bd, {%20, %21};\n"
                "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
                "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-               "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}"
+               "{%16,%17,%18,%19}, bd, p, 1, 1, 0;\n}"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc_in));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(DESC_HI), "r"(acc_in));
 }
-template <> __device__ __forceinline__ void wgmma_rs<64>(float* d, const u32 (&a)[4], u64 desc, u32 acc_in) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+template <> __device__ __forceinline__ void wgmma_rs<64>(float* d, const u32 (&a)[4], u32 dlo, u32 acc_in) {
+  asm volatile("{\n.reg .pred p;\n.reg .b64 bd;\nsetp.ne.b32 p, %38, 0;\n"
+               "mov.b64 bd, {%36, %37};\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
                "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-               "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
+               "{%32,%33,%34,%35}, bd, p, 1, 1, 0;\n}"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
                  "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
                  "+f"(d[30]), "+f"(d[31])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc_in));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(DESC_HI), "r"(acc_in));
 }
-template <> __device__ __forceinline__ void wgmma_rs<128>(float* d, const u32 (&a)[4], u64 desc, u32 acc_in) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+template <> __device__ __forceinline__ void wgmma_rs<128>(float* d, const u32 (&a)[4], u32 dlo, u32 acc_in) {
+  asm volatile("{\n.reg .pred p;\n.reg .b64 bd;\nsetp.ne.b32 p, %70, 0;\n"
+               "mov.b64 bd, {%68, %69};\n"
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
                "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-               "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}"
+               "{%64,%65,%66,%67}, bd, p, 1, 1, 0;\n}"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
                  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
@@ -102,7 +106,7 @@ template <> __device__ __forceinline__ void wgmma_rs<128>(float* d, const u32 (&
                  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
                  "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
                  "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc_in));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(DESC_HI), "r"(acc_in));
 }
 
 // xp [T, KP] bf16 = x [T, ldx] (k_real inputs) in logical-k order, zeros past k_real. A thread
@@ -170,17 +174,17 @@ __device__ __forceinline__ void hot_pass_wg(u64 w_ptr, u64 s_ptr, u64 xp_ptr, co
     xdst[k] = xring + c * (P * 128) + sl * 128 + ((w ^ (sl & 7)) << 4);
     xok[k] = sl < 8 * NTC ? (sl < n ? 1u : 2u) : 0u;  // 0: not read this pass, 2: zeros
   }
+  // A padding warp (u >= NU, only where NU is not a multiple of 4) streams unit 0 of the expert
+  // like the others: its wgmma rows are computed and never stored, and its A stays finite
   auto issue = [&](int p) {
     const int st = p % ST;
-    if (unit_ok) {
-      const u32 dst = wring + st * WST;
+    const u32 dst = wring + st * WST;
 #pragma unroll
-      for (int ch = 0; ch < 2; ++ch)
+    for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
-        for (int i = 0; i < 2; ++i) cp_async16(dst + (ch * 2 + i) * 512, wq + p * 128 + ch * 64 + i * 32);
+      for (int i = 0; i < 2; ++i) cp_async16(dst + (ch * 2 + i) * 512, wq + p * 128 + ch * 64 + i * 32);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) cp_async16(dst + (4 + i) * 512, sq + p * 16 + i * 8);
-    }
+    for (int i = 0; i < 2; ++i) cp_async16(dst + (4 + i) * 512, sq + p * 16 + i * 8);
 #pragma unroll
     for (int k = 0; k < XCP; ++k)
       if (xok[k]) cp_async16_z(xdst[k] + st * XST, xsrc[k] + p * 16, xok[k] == 1u ? 16u : 0u);
@@ -201,8 +205,7 @@ __device__ __forceinline__ void hot_pass_wg(u64 w_ptr, u64 s_ptr, u64 xp_ptr, co
     if (!wg_ok) continue;
     const int st = p % ST;
     const u32 src = wring + st * WST, xs = xring + st * XST;
-    WS cur = lds_pair(src);
-    if (!unit_ok) cur = WS{};  // a padding warp of a real warpgroup: zeros (its rows unused)
+    const WS cur = lds_pair(src);
 #pragma unroll
     for (int ch = 0; ch < 2; ++ch)
 #pragma unroll
@@ -222,7 +225,7 @@ __device__ __forceinline__ void hot_pass_wg(u64 w_ptr, u64 s_ptr, u64 xp_ptr, co
         wg_fence();
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
-          const u64 d = desc_sw128(xs + ch * (P * 128) + (2 * hf + jj) * 32);
+          const u32 d = desc_lo(xs + ch * (P * 128) + (2 * hf + jj) * 32);
 #pragma unroll
           for (int i = 0; i < 2; ++i)
             wgmma_rs<8 * NTC>(&acc[i][0][0], af[i][jj], d, (p | ch | hf | jj) != 0);

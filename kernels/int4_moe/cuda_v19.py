@@ -138,9 +138,10 @@ def xperm(xq: Tensor, k_real: int, KP: int) -> Tensor:
     import numpy as np
 
     T = xq.shape[0]
-    _require(xq.dtype == torch.bfloat16 and xq.stride(1) == 1 and xq.stride(0) % 8 == 0, "x",
-             "bf16 rows with unit stride and a row stride a multiple of 8",
-             (xq.dtype, xq.stride()))
+    _require(xq.dtype == torch.bfloat16 and xq.stride(1) == 1 and xq.stride(0) % 8 == 0
+             and xq.data_ptr() % 16 == 0, "x", "bf16 rows with unit stride, a row stride a "
+             "multiple of 8 and a 16-byte aligned start (16-byte loads)",
+             (xq.dtype, xq.stride(), xq.data_ptr() % 16))
     xp = torch.empty(T, KP, dtype=torch.bfloat16, device=xq.device)
     n = T * (KP // 32)
     if n:
