@@ -75,17 +75,18 @@ def test_v19_kernel_source_wraps_each_config_once():
 
 
 def _k_loops(fn_sass: str) -> list[list[str]]:
-    """The innermost K loops of one kernel's SASS: backward-branch ranges holding one pair's
-    16 HGMMAs (4 scale groups x 2 k16 steps x gate / up)."""
+    """The K loops of one kernel's SASS: innermost backward-branch ranges holding one pair's 16
+    HGMMAs (4 scale groups x 2 k16 steps x gate / up)."""
     ins = [(int(a, 16), i) for a, i in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", fn_sass)]
-    loops = []
+    ranges = []
     for a, i in ins:
         m = re.search(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", i)
         if m and int(m.group(1), 16) < a:
-            body = [x for b, x in ins if int(m.group(1), 16) <= b <= a]
-            if sum("HGMMA" in x for x in body) == 16:
-                loops.append(body)
-    return loops
+            ranges.append((int(m.group(1), 16), a))
+    inner = [(lo, hi) for lo, hi in ranges  # holding no other loop
+             if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in ranges)]
+    bodies = [[x for b, x in ins if lo <= b <= hi] for lo, hi in inner]
+    return [body for body in bodies if sum("HGMMA" in x for x in body) == 16]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
