@@ -74,9 +74,9 @@ def test_v19_kernel_source_wraps_each_config_once():
     assert "hot_wg_body<4, 2, 3>(" in src
 
 
-def _k_loops(fn_sass: str) -> list[list[str]]:
-    """The K loops of one kernel's SASS: innermost backward-branch ranges holding one pair's 16
-    HGMMAs (4 scale groups x 2 k16 steps x gate / up)."""
+def _k_loops(fn_sass: str, per_pair: int = 16) -> list[list[str]]:
+    """The K loops of one kernel's SASS: innermost backward-branch ranges holding one pair's
+    per_pair HGMMAs (4 scale groups x 2 k16 steps x gate / up; cuda_v20: one tile a warp, 8)."""
     ins = [(int(a, 16), i) for a, i in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", fn_sass)]
     ranges = []
     for a, i in ins:
@@ -86,7 +86,7 @@ def _k_loops(fn_sass: str) -> list[list[str]]:
     inner = [(lo, hi) for lo, hi in ranges  # holding no other loop
              if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in ranges)]
     bodies = [[x for b, x in ins if lo <= b <= hi] for lo, hi in inner]
-    return [body for body in bodies if sum("HGMMA" in x for x in body) == 16]
+    return [body for body in bodies if sum("HGMMA" in x for x in body) == per_pair]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")

@@ -203,6 +203,9 @@ Versions (README.md has the design and the version log), each with the contract 
                descriptor from 128-byte-swizzled shared memory; sm_90a through nvcc (session
                46; the reference's tolerance where hot experts exist, cuda_v18's launches
                elsewhere)
+    cuda_v20   cuda_v19 with the main hot launch's row unit on two warps (gate tile, up
+               tile: one tile's accumulators a thread), so its wgmma passes take 128 slots;
+               gate and up meet in shared memory for the epilogue (session 46)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -287,7 +290,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 20)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 21)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
@@ -354,6 +357,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                                "built by nvcc): one dequant a k16 step serves a whole pass of "
                                "slots; the activations permuted once a call into the fragments' "
                                "logical k order", ("sm90", "cupy", "nvcc")),
+    ("int4_moe", "cuda_v20"): ("cuda_v19 with the main hot launch's unit on two warps (gate "
+                               "tile, up tile): 64 accumulators a thread at 128-slot wgmma "
+                               "passes, gate and up met in shared memory", ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -154,7 +154,8 @@ def _kernel(*targs: int):
 
 
 def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-               h: Tensor, *, kernel=None, smem_pad: int = 0) -> tuple:
+               h: Tensor, *, kernel=None, smem_pad: int = 0, warps_a_unit: int = 1,
+               check=None) -> tuple:
     """cuda_v4's `hot` hook: the hot launch (CUDA) writing the hot experts' rows of h, on the
     current stream, or at WS 1 on a side stream forked from it (`workbench.streams.Side` under
     SIDE_KEY at the highest priority, so the block scheduler takes the hot CTAs, whole K a warp:
@@ -163,11 +164,12 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     cold launch, None where no hot launch is made, a no-op on one stream). Graph-safe: the fork and join are events on the
     capturing stream, so a capture records both launches as parallel branches. kernel: a later
     version's build of the same launch (`_kernel`'s signature and arguments: cuda_v19's
-    wgmma pass) needing smem_pad more bytes of shared memory."""
+    wgmma pass) needing smem_pad more bytes of shared memory, warps_a_unit warps a row unit
+    (cuda_v20: 2) and its own knob check (`check_hot`'s signature)."""
     import cupy
     import numpy as np
 
-    check_hot(c, p.S, p.E, smem_pad)
+    (check or check_hot)(c, p.S, p.E, smem_pad)
     if not c["WIDE"] or p.S <= c["WT"]:
         return 0, None
     wu, nt, st, ht = c["WU"], c["WNT"], c["WST"], c["WT"]
@@ -189,7 +191,7 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
 
     def launch():
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            fn((gx, gy), (32 * wu,), conv, shared_mem=smem)
+            fn((gx, gy), (32 * wu * warps_a_unit,), conv, shared_mem=smem)
 
     side.run(launch)
     return ht, side.join

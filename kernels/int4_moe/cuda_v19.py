@@ -55,18 +55,20 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return cuda_v18.tiles(T, K, E, D, I, slots) | WG_DEFAULTS
 
 
-def kernel_name(wu: int, nt: int, st: int, mb: int) -> str:
-    return f"int4_moe_hot_wg_{wu}_{nt}_{st}_{mb}"
+def kernel_name(wu: int, nt: int, st: int, mb: int, prefix: str = "int4_moe_hot_wg") -> str:
+    return f"{prefix}_{wu}_{nt}_{st}_{mb}"
 
 
-def source(configs=()) -> str:
-    """cuda_v1.cu + cuda_v10.cu + cuda_v19.cu and one extern "C" kernel a (WU, NT, ST, MB) of
-    `configs` (__launch_bounds__(32 WU, MB) around hot_wg_body)."""
-    code = "".join(open(p).read() + "\n" for p in (cuda_v1._SRC, cuda_v10._SRC, _SRC))
+def source(configs=(), *, files=(), body: str = "hot_wg_body", threads_a_unit: int = 32,
+           prefix: str = "int4_moe_hot_wg") -> str:
+    """cuda_v1.cu + cuda_v10.cu + cuda_v19.cu (+ a later version's `files`) and one extern "C"
+    kernel a (WU, NT, ST, MB) of `configs`: __launch_bounds__(threads_a_unit WU, MB) around
+    `body`<WU, NT, ST> with int4_moe_hot's arguments."""
+    code = "".join(open(p).read() + "\n" for p in (cuda_v1._SRC, cuda_v10._SRC, _SRC, *files))
     for wu, nt, st, mb in configs:
-        code += (f'extern "C" __global__ void __launch_bounds__({32 * wu}, {mb}) '
-                 f"{kernel_name(wu, nt, st, mb)}({HOT_ARGS}) {{\n"
-                 f"  hot_wg_body<{wu}, {nt}, {st}>(w_ptr, s_ptr, x_ptr, slots_ptr, act_e_ptr, "
+        code += (f'extern "C" __global__ void __launch_bounds__({threads_a_unit * wu}, {mb}) '
+                 f"{kernel_name(wu, nt, st, mb, prefix)}({HOT_ARGS}) {{\n"
+                 f"  {body}<{wu}, {nt}, {st}>(w_ptr, s_ptr, x_ptr, slots_ptr, act_e_ptr, "
                  "act_start_ptr, act_cnt_ptr, n_act_ptr, h_ptr, topk, NU, C, ldx, k_real, ldo, "
                  "ht, hi, max_items);\n}\n")
     return code
@@ -161,16 +163,18 @@ def launch_hot_wg(c: dict, p, xp: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: 
 
 
 def launch_bands_wg(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-                    h: Tensor) -> tuple:
+                    h: Tensor, *, launch=None) -> tuple:
     """cuda_v4's `hot` hook: at WG 0, or where no expert can be hot, cuda_v12's
     `launch_bands`; else xp = `xperm`(xq) on the current stream, then cuda_v12's bands on
-    cuda_v19.cu's kernel; the join returned also releases xp (after the hot launches)."""
+    cuda_v19.cu's kernel (or a later version's `launch`, `launch_hot_wg`'s signature: cuda_v20);
+    the join returned also releases xp (after the hot launches)."""
     wg = c.get("WG", 1)
     _require(wg in (0, 1), "cfg['WG']", "0 or 1", wg)
     if not wg or not c["WIDE"] or p.S <= c["WT"]:
         return cuda_v12.launch_bands(c, p, xq, w1, s1, NU1, C1, h)
     xp = xperm(xq, p.D, C1 * mma_layout.CHUNK)
-    ht, join = cuda_v12.launch_bands(c, p, xp, w1, s1, NU1, C1, h, launch=launch_hot_wg)
+    ht, join = cuda_v12.launch_bands(c, p, xp, w1, s1, NU1, C1, h,
+                                     launch=launch or launch_hot_wg)
     held = [xp]
 
     def join_wg():
