@@ -57,6 +57,7 @@ def _module(configs: tuple):
     return cupy.RawModule(path=cuda_v19.build_cubin(source(configs))[0])
 
 
+@functools.cache  # one Function object a build: cuda_v1._SMEM_SET keys them by id()
 def _kernel_gs(kpad: int, wu: int, nt: int, st: int, mb: int):
     """cuda_v10's `_kernel` signature (KPAD unused: xp holds zeros past k_real)."""
     return _module(((wu, nt, st, mb),)).get_function(cuda_v19.kernel_name(wu, nt, st, mb, PREFIX))
