@@ -29,10 +29,10 @@ def test_v20_tiles_are_v19s_with_the_two_warp_unit_launch():
             k: c19[k] for k in ("WU", "WNT", "WST")}  # the band and GS 0 keep cuda_v19's
 
 
-@pytest.mark.parametrize("bad, match", [({"GU": 8}, r"cfg\['GU'\]"), ({"GNT": 32}, r"cfg\['GNT'\]"),
-                                        ({"GST": 9}, r"cfg\['GST'\]"),
-                                        ({"GMB": 2}, r"cfg\['GMB'\]"),
-                                        ({"GST": 8}, r"227 KB")])
+@pytest.mark.parametrize("bad, match", [({"SU": 8}, r"cfg\['SU'\]"), ({"SNT": 32}, r"cfg\['SNT'\]"),
+                                        ({"SST": 9}, r"cfg\['SST'\]"),
+                                        ({"SMB": 2}, r"cfg\['SMB'\]"),
+                                        ({"SST": 8}, r"227 KB")])
 def test_v20_knobs_refused_by_name(bad, match):
     c = cuda_v20.tiles(128, **KIMI) | bad
     c = c | {w: c[g] for g, w in cuda_v20.GS_KEYS.items()}
@@ -80,8 +80,8 @@ def test_v20_hot_kernel_builds_for_sm90a_with_wgmma_and_no_local_memory_in_its_l
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{}, {"WT": 0}, {"GNT": 8, "GST": 5}, {"GU": 2, "GMB": 2},
-                                 {"WS": 0}, {"GST": 2}],
+@pytest.mark.parametrize("cfg", [{}, {"WT": 0}, {"SNT": 8, "SST": 5}, {"SU": 2, "SMB": 2},
+                                 {"WS": 0}, {"SST": 2}],
                          ids=lambda c: ",".join(f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("T, skew", [(17, 1.2), (65, 1.2), (128, 0.0), (128, 1.2), (512, 0.0),
                                      (512, 1.2)])

@@ -11,7 +11,7 @@ hottest experts (up to ~119 slots) in one pass each.
 
 What: cuda_v19's op and dispatch with `launch_bands_gs` as the hot hook: at GS 1 (default) the
 main hot launch (experts past WT, or past WB where cuda_v12's band runs) on cuda_v20.cu's
-kernel at GS_DEFAULTS' form (knobs GU / GNT / GST / GMB, cuda_v10's WU / WNT / WST / WMB for
+kernel at GS_DEFAULTS' form (knobs SU / SNT / SST / SMB, cuda_v10's WU / WNT / WST / WMB for
 this launch: 4 units = 8 warps a CTA, 128-slot passes, 4 stages, one CTA an SM); cuda_v12's
 band launch (9-16 slots, WNT 2) stays on cuda_v19.cu's kernel and knobs. GS 0: cuda_v19's
 launches and bits. The cost this form pays: a CTA covers 64 weight
@@ -33,8 +33,10 @@ from . import cuda_v10, cuda_v17, cuda_v19
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
-GS_DEFAULTS = {"GS": 1, "GU": 4, "GNT": 16, "GST": 4, "GMB": 1}
-GS_KEYS = {"GU": "WU", "GNT": "WNT", "GST": "WST", "GMB": "WMB"}  # as cuda_v10's knobs
+GS_DEFAULTS = {"GS": 1, "SU": 4, "SNT": 16, "SST": 4, "SMB": 1}
+# read as cuda_v10's knobs by this launch ("S" for split; cuda_v8's KNOBS hold a "GU", which
+# cuda_v10's op drops from cfg: session 46 call 3 found a G-named form silently at default)
+GS_KEYS = {"SU": "WU", "SNT": "WNT", "SST": "WST", "SMB": "WMB"}
 _SRC = os.path.join(os.path.dirname(__file__), "cuda_v20.cu")
 PREFIX = "int4_moe_hot_gs"
 
@@ -64,21 +66,21 @@ def _kernel_gs(kpad: int, wu: int, nt: int, st: int, mb: int):
 
 
 def check_gs(c: dict, S: int, E: int, smem_pad: int = 0) -> None:
-    """cuda_v20.cu's knobs (GU / GNT / GST / GMB, read as WU / WNT / WST / WMB) in ranges it
+    """cuda_v20.cu's knobs (SU / SNT / SST / SMB, read as WU / WNT / WST / WMB) in ranges it
     compiles and fits (names the cfg key)."""
     wu, nt, mb = c["WU"], c["WNT"], c.get("WMB", 1)
-    _require(wu in (2, 4), "cfg['GU']", "2 or 4 with GS 1 (two warps a unit, whole warpgroups)",
+    _require(wu in (2, 4), "cfg['SU']", "2 or 4 with GS 1 (two warps a unit, whole warpgroups)",
              wu)
-    _require(nt in (2, 4, 8, 16) and 8 * nt * 16 % (64 * wu) == 0, "cfg['GNT']",
-             "2, 4, 8 or 16 with 128 GNT a multiple of 64 GU", {"GNT": nt, "GU": wu})
-    _require(c["WST"] in range(2, 9), "cfg['GST']", "2 .. 8", c["WST"])
-    _require(mb in range(1, 5) and wu * mb <= 4, "cfg['GMB']", "1 .. 4 with GU x GMB <= 4 "
-             "(the 128-slot build needs ~250 registers a thread)", {"GMB": mb, "GU": wu})
+    _require(nt in (2, 4, 8, 16) and 8 * nt * 16 % (64 * wu) == 0, "cfg['SNT']",
+             "2, 4, 8 or 16 with 128 SNT a multiple of 64 SU", {"SNT": nt, "SU": wu})
+    _require(c["WST"] in range(2, 9), "cfg['SST']", "2 .. 8", c["WST"])
+    _require(mb in range(1, 5) and wu * mb <= 4, "cfg['SMB']", "1 .. 4 with SU x SMB <= 4 "
+             "(the 128-slot build needs ~250 registers a thread)", {"SMB": mb, "SU": wu})
     _require(c.get("WS", 0) in (0, 1), "cfg['WS']", "0 or 1", c.get("WS"))
     items = cuda_v10.max_items(S, E, c["WT"], 8 * nt)
     _require(cuda_v10.smem_bytes(wu, nt, c["WST"], items) + smem_pad <= cuda_v10.SMEM_MAX,
-             "cfg", "GU x GST weight rings, the activation ring and the item list within 227 KB",
-             {"GU": wu, "GNT": nt, "GST": c["WST"]})
+             "cfg", "SU x SST weight rings, the activation ring and the item list within 227 KB",
+             {"SU": wu, "SNT": nt, "SST": c["WST"]})
     _require(S // (8 * nt) < 2**16, "x", f"T K < {2**16 * 8 * nt} slots (16-bit passes in the "
              "item list)", S)
     _require(E < 2**15, "experts", "fewer than 32768 experts (15-bit indices in the item list)",
