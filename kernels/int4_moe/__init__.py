@@ -202,10 +202,13 @@ Versions (README.md has the design and the version log), each with the contract 
                activations, permuted once a call into the fragments' logical k order) by
                descriptor from 128-byte-swizzled shared memory; sm_90a through nvcc (session
                46; the reference's tolerance where hot experts exist, cuda_v18's launches
-               elsewhere)
+               elsewhere; the hot launch 286.1 vs 324.8 µs at skewed T 128, H200, the op
+               unmoved: it runs beside the cold launch)
     cuda_v20   cuda_v19 with the main hot launch's row unit on two warps (gate tile, up
                tile: one tile's accumulators a thread), so its wgmma passes take 128 slots;
-               gate and up meet in shared memory for the epilogue (session 46)
+               gate and up meet in shared memory for the epilogue (session 46: the hot
+               launch 339.8 µs at skewed T 128, slower than cuda_v19's: the 128-slot
+               activation stage against 64 weight rows a CTA)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.

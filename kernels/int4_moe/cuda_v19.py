@@ -23,6 +23,12 @@ k16 association PTX does not promise to be mma.sync's: the reference's tolerance
 cuda_v18's bits, on calls with hot experts; calls without are cuda_v18's launches. Graph-safe:
 xp is allocated from shapes and held until the hot launches are joined. GPU only (cupy, nvcc).
 Dimension legend: cuda_v1.cu's, cuda_v10.cu's and cuda_v19.cu's.
+
+Measured (session 46, traces/gpu/session46): GPU tests and the shared suites pass (H100); the
+hot launch 286.1 µs against cuda_v18's 324.8 at skewed T 128 (H200, `--by-kernel`), but the op
+within the rounds of cuda_v18 (H100: skewed T 65 / 128 / 512 1419.4 / 1966.8 / 3774.4 vs 1416.9
+/ 1971.1 / 3813.7 µs; uniform T 128 / 512 1-2 % slower): the hot launch runs beside the ~1020 µs
+cold launch (WS 1), which with the down GEMM makes the op. Not BEST.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ read from L2 by each of the 32 CTA columns): whether L2 feeds that is the GPU's 
 Numerics: cuda_v19's (the same A fragments and B; the wgmma's N differs): the reference's
 tolerance. Graph-safe, load step, nvcc build: cuda_v19's. GPU only (cupy, nvcc). Dimension
 legend: cuda_v1.cu's, cuda_v10.cu's, cuda_v19.cu's and cuda_v20.cu's.
+
+Measured (session 46, traces/gpu/session46): the shared suites pass (H100); the hot launch
+339.8 µs against cuda_v19's 286.1 and cuda_v18's 324.8 at skewed T 128 (H200, `--by-kernel`):
+the activation side of the trade lost; the op within the rounds of cuda_v18 (H100). Not BEST.
 """
 
 from __future__ import annotations
