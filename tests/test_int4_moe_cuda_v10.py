@@ -183,10 +183,9 @@ def test_v10_hot_forms_match_reference_gpu(real_experts, T, skew, cfg):
     _close(cuda_v10.int4_moe_cuda(x, ids, w, ex, cfg=cfg), x, ids, w, ex)
 
 
-@pytest.mark.gpu
-def test_v10_every_expert_hot_on_edge_cases_gpu():
-    # why: WT 0 sends every expert to the hot launch: K padding (D 32 / 64 / 96), one expert
-    # holding every token (the others' NaN scales never read), K = E, -1 slots, strided x
+def every_expert_hot_on_edge_cases(version) -> None:
+    """`version`'s op at WT 0 (every expert on its hot launch) on the EDGE cases of seeds 0 / 1
+    against the reference (the duplicate-id case raises, tested elsewhere)."""
     from workbench.ops.cases import int4_moe_cases
 
     for seed in (0, 1):
@@ -194,7 +193,14 @@ def test_v10_every_expert_hot_on_edge_cases_gpu():
             if "duplicate" in c.label:
                 continue
             x, ids, w, ex = c.args
-            _close(cuda_v10.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}), x, ids, w, ex)
+            _close(version.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}), x, ids, w, ex)
+
+
+@pytest.mark.gpu
+def test_v10_every_expert_hot_on_edge_cases_gpu():
+    # why: WT 0 sends every expert to the hot launch: K padding (D 32 / 64 / 96), one expert
+    # holding every token (the others' NaN scales never read), K = E, -1 slots, strided x
+    every_expert_hot_on_edge_cases(cuda_v10)
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import torch
-from test_int4_moe_cuda_v10 import _close, _routing
+from test_int4_moe_cuda_v10 import _close, _routing, every_expert_hot_on_edge_cases
 
 from workbench.kernels.int4_moe import cuda_v18, cuda_v19, mma_layout
 
@@ -155,14 +155,7 @@ def test_v19_every_expert_hot_on_edge_cases_gpu():
     # why: WT 0 sends every expert through the wgmma launch: K padding (the permute's zeros),
     # one expert holding every token, K = E, -1 slots, strided x, a warpgroup with padding
     # units (small I)
-    from workbench.ops.cases import int4_moe_cases
-
-    for seed in (0, 1):
-        for c in int4_moe_cases("edge", seed, device="cuda"):
-            if "duplicate" in c.label:
-                continue
-            x, ids, w, ex = c.args
-            _close(cuda_v19.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}), x, ids, w, ex)
+    every_expert_hot_on_edge_cases(cuda_v19)
 
 
 @pytest.mark.gpu
@@ -173,12 +166,16 @@ def test_v19_wg_off_is_cuda_v18_gpu(real_experts, T, skew):
                        cuda_v18.int4_moe_cuda(x, ids, w, ex))
 
 
+def columns_and_streams_change_no_bit(version, real_experts, T: int, seed: int) -> None:
+    """An item is one CTA's whole K, so neither how the hot items spread over CTA columns (WY)
+    nor the side stream (WS) may change a bit of `version`'s op (skewed routing)."""
+    x, ids, w, ex = _routing(real_experts, T, 1.2, seed)
+    a = version.int4_moe_cuda(x, ids, w, ex)
+    for cfg in ({"WY": 1}, {"WY": 3}, {"WS": 0}):
+        assert torch.equal(a, version.int4_moe_cuda(x, ids, w, ex, cfg=cfg)), cfg
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", (65, 512))
 def test_v19_cta_columns_and_streams_change_no_bit_gpu(real_experts, T):
-    # why: an item is one CTA's whole K, so neither how items spread over CTA columns (WY) nor
-    # the side stream (WS) can change a bit
-    x, ids, w, ex = _routing(real_experts, T, 1.2, 2100 + T)
-    a = cuda_v19.int4_moe_cuda(x, ids, w, ex)
-    for cfg in ({"WY": 1}, {"WY": 3}, {"WS": 0}):
-        assert torch.equal(a, cuda_v19.int4_moe_cuda(x, ids, w, ex, cfg=cfg)), cfg
+    columns_and_streams_change_no_bit(cuda_v19, real_experts, T, 2100 + T)

@@ -13,8 +13,8 @@ import types
 
 import pytest
 import torch
-from test_int4_moe_cuda_v10 import _close, _routing
-from test_int4_moe_cuda_v19 import _k_loops
+from test_int4_moe_cuda_v10 import _close, _routing, every_expert_hot_on_edge_cases
+from test_int4_moe_cuda_v19 import _k_loops, columns_and_streams_change_no_bit
 
 from workbench.kernels.int4_moe import cuda_v19, cuda_v20
 
@@ -94,14 +94,7 @@ def test_v20_hot_forms_match_reference_gpu(real_experts, T, skew, cfg):
 def test_v20_every_expert_hot_on_edge_cases_gpu():
     # why: WT 0 sends every expert through the two-warp launch: K padding, one expert holding
     # every token, K = E, -1 slots, strided x, padding units (small I)
-    from workbench.ops.cases import int4_moe_cases
-
-    for seed in (0, 1):
-        for c in int4_moe_cases("edge", seed, device="cuda"):
-            if "duplicate" in c.label:
-                continue
-            x, ids, w, ex = c.args
-            _close(cuda_v20.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}), x, ids, w, ex)
+    every_expert_hot_on_edge_cases(cuda_v20)
 
 
 @pytest.mark.gpu
@@ -115,7 +108,4 @@ def test_v20_gs_off_is_cuda_v19_gpu(real_experts, T, skew):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", (65, 512))
 def test_v20_cta_columns_and_streams_change_no_bit_gpu(real_experts, T):
-    x, ids, w, ex = _routing(real_experts, T, 1.2, 2400 + T)
-    a = cuda_v20.int4_moe_cuda(x, ids, w, ex)
-    for cfg in ({"WY": 1}, {"WY": 3}, {"WS": 0}):
-        assert torch.equal(a, cuda_v20.int4_moe_cuda(x, ids, w, ex, cfg=cfg)), cfg
+    columns_and_streams_change_no_bit(cuda_v20, real_experts, T, 2400 + T)
