@@ -133,6 +133,11 @@ def _kernel_wg(kpad: int, wu: int, nt: int, st: int, mb: int):
     return _module(((wu, nt, st, mb),)).get_function(kernel_name(wu, nt, st, mb))
 
 
+@functools.cache
+def _xperm_kernel():
+    return _module(()).get_function("int4_moe_xperm")
+
+
 def xperm_reference(x: Tensor, k_real: int, KP: int) -> Tensor:
     """The CPU twin of `int4_moe_xperm`: x [T, >= k_real] -> xp [T, KP] = x[:, perm] with zeros
     past k_real (perm: mma_layout.logical_k_perm)."""
@@ -154,7 +159,7 @@ def xperm(xq: Tensor, k_real: int, KP: int) -> Tensor:
     xp = torch.empty(T, KP, dtype=torch.bfloat16, device=xq.device)
     n = T * (KP // 32)
     if n:
-        fn = _module(()).get_function("int4_moe_xperm")
+        fn = _xperm_kernel()
         args = (np.uint64(xq.data_ptr()), np.uint64(xp.data_ptr()), np.int32(T),
                 np.int32(xq.stride(0)), np.int32(k_real), np.int32(KP))
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
