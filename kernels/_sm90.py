@@ -1,4 +1,5 @@
-"""What every kernel folder's `sm90.py` shares: ptxas's verdict on a kernel compiled for sm_90a.
+"""What every kernel folder's `sm90.py` shares: ptxas's verdict on a kernel compiled for sm_90a,
+and where nvcc is (the CUDA C++ kernels built for sm_90a: int4_moe cuda_v19 / v20).
 
 The folders compile their Triton kernels for Hopper on a CPU box (`triton.compile(...,
 target=GPUTarget("cuda", 90, 32))`, DESIGN.md §10) and hand the PTX here: ptxas (shipped with
@@ -9,8 +10,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
+
+
+def nvcc_path() -> str | None:
+    """The nvcc on PATH, else $CUDA_HOME/bin's (default /usr/local/cuda), else None."""
+    path = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"),
+                                                "bin", "nvcc")
+    return path if os.path.exists(path) else None
 
 
 def ptxas_stats(ptx: str) -> tuple[str, str]:

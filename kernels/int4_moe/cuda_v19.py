@@ -36,13 +36,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 
 import torch
 from torch import Tensor
 
+from .._sm90 import nvcc_path
 from . import cuda_v1, cuda_v10, cuda_v12, cuda_v17, cuda_v18, mma_layout
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
@@ -81,12 +81,12 @@ def source(configs=(), *, files=(), body: str = "hot_wg_body", threads_a_unit: i
 
 
 def nvcc() -> str:
-    """The nvcc to build with: PATH's, else $CUDA_HOME/bin's (a clear error where neither)."""
-    path = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"),
-                                                "bin", "nvcc")
-    if not os.path.exists(path):
+    """The nvcc to build with (`_sm90.nvcc_path`; a clear error where there is none)."""
+    path = nvcc_path()
+    if path is None:
         raise RuntimeError("int4_moe cuda_v19: expected nvcc (CUDA 12.0+, sm_90a) on PATH or in "
-                           f"$CUDA_HOME/bin, got none (looked for {path})")
+                           f"$CUDA_HOME/bin ({os.environ.get('CUDA_HOME', '/usr/local/cuda')}), "
+                           "got none")
     return path
 
 

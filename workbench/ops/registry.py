@@ -226,10 +226,9 @@ def _check_need(need: str) -> str | None:
         cc = torch.cuda.get_device_capability()
         return None if cc == (9, 0) else f"needs sm_90, this GPU is sm_{cc[0]}{cc[1]}"
     if need == "nvcc":  # kernels built for sm_90a at first use (int4_moe cuda_v19: wgmma)
-        import shutil
+        from workbench.kernels._sm90 import nvcc_path
 
-        home = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-        return None if shutil.which("nvcc") or os.path.exists(home) else (
+        return None if nvcc_path() else (
             "needs nvcc (on PATH or in $CUDA_HOME/bin) to build for sm_90a")
     if need == "triton":
         # Triton kernels run on CUDA, or on CPU tensors through the interpreter, which must be
