@@ -121,21 +121,23 @@ def build_cubin(code: str, extra: tuple[str, ...] = ()) -> tuple[str, str]:
 
 
 @functools.cache
-def _module(configs: tuple):
+def module(code: str):
+    """The loaded cupy module of `code`'s sm_90a build (one a source: cuda_v19's and cuda_v20's
+    configurations and the permute kernel)."""
     import cupy
 
-    return cupy.RawModule(path=build_cubin(source(configs))[0])
+    return cupy.RawModule(path=build_cubin(code)[0])
 
 
 @functools.cache  # one Function object a build: cuda_v1._SMEM_SET keys them by id()
 def _kernel_wg(kpad: int, wu: int, nt: int, st: int, mb: int):
     """cuda_v10's `_kernel` signature (KPAD unused: xp holds zeros past k_real)."""
-    return _module(((wu, nt, st, mb),)).get_function(kernel_name(wu, nt, st, mb))
+    return module(source(((wu, nt, st, mb),))).get_function(kernel_name(wu, nt, st, mb))
 
 
 @functools.cache
 def _xperm_kernel():
-    return _module(()).get_function("int4_moe_xperm")
+    return module(source()).get_function("int4_moe_xperm")
 
 
 def xperm_reference(x: Tensor, k_real: int, KP: int) -> Tensor:

@@ -56,17 +56,11 @@ def source(configs=()) -> str:
                            prefix=PREFIX)
 
 
-@functools.cache
-def _module(configs: tuple):
-    import cupy
-
-    return cupy.RawModule(path=cuda_v19.build_cubin(source(configs))[0])
-
-
 @functools.cache  # one Function object a build: cuda_v1._SMEM_SET keys them by id()
 def _kernel_gs(kpad: int, wu: int, nt: int, st: int, mb: int):
     """cuda_v10's `_kernel` signature (KPAD unused: xp holds zeros past k_real)."""
-    return _module(((wu, nt, st, mb),)).get_function(cuda_v19.kernel_name(wu, nt, st, mb, PREFIX))
+    return cuda_v19.module(source(((wu, nt, st, mb),))).get_function(
+        cuda_v19.kernel_name(wu, nt, st, mb, PREFIX))
 
 
 def check_gs(c: dict, S: int, E: int, smem_pad: int = 0) -> None:
