@@ -110,32 +110,41 @@ def ctas_an_sm(mb: int, smem: int) -> int:
 HOT_REGS = {2: 80, 4: 128, 8: 255}
 
 
-def check_hot(c: dict, S: int, E: int, smem_pad: int = 0) -> None:
-    """The hot knobs in ranges the kernel compiles and fits (names the cfg key); smem_pad: a
-    later kernel's extra shared memory (cuda_v19's alignment slack)."""
-    _require(c["WIDE"] in (0, 1), "cfg['WIDE']", "0 or 1", c["WIDE"])
-    _require(not (c["WIDE"] and c.get("IT1")), "cfg['IT1']", "0 with WIDE 1 (the cold "
-             "launch leaves the hot experts to the wide one only by expert, ITEMS 0)", c.get("IT1"))
-    _require(isinstance(c["WT"], int) and 0 <= c["WT"] < 2**15, "cfg['WT']",
-             "an int in [0, 32768)", c["WT"])
+def check_shape(c: dict) -> None:
+    """This kernel's CTA-shape knobs (WU, WNT, WST, WMB) in ranges it compiles and fits."""
     _require(c["WU"] in (4, 8), "cfg['WU']", "4 or 8", c["WU"])
     _require(c["WNT"] in (2, 4, 8) and 8 * c["WNT"] * 16 % (32 * c["WU"]) == 0, "cfg['WNT']",
              "2, 4 or 8 with 128 WNT a multiple of 32 WU (the pass's activation words "
              "split over the threads)", {"WNT": c["WNT"], "WU": c["WU"]})
     _require(c["WST"] in range(2, 9), "cfg['WST']", "2 .. 8", c["WST"])
-    _require(c.get("WS", 0) in (0, 1), "cfg['WS']", "0 or 1", c.get("WS"))
-    _require(c.get("WHI") is None or (isinstance(c["WHI"], int) and c["WHI"] > c["WT"]),
-             "cfg['WHI']", f"None or an int > WT ({c['WT']}): the band's top slot count",
-             c.get("WHI"))
     mb = c.get("WMB", 1)
     _require(mb in range(1, 9) and min(255, 65536 // (32 * c["WU"] * mb)) >= HOT_REGS[c["WNT"]],
              "cfg['WMB']", f"1 .. 8 with {HOT_REGS[c['WNT']]} registers a thread left at WNT "
              f"{c['WNT']} (64 K registers over WMB x 32 WU threads; WNT 8's accumulators need "
              "more than 128)", {"WMB": mb, "WU": c["WU"]})
+
+
+def check_hot(c: dict, S: int, E: int, smem_pad: int = 0, shape=None,
+              names: dict | None = None) -> None:
+    """The hot knobs in ranges the kernel compiles and fits (names the cfg key); smem_pad: a
+    later kernel's extra shared memory (cuda_v19's alignment slack); shape: a later kernel's
+    check of its CTA-shape knobs in place of `check_shape` (cuda_v20's two-warp units), and
+    names: the cfg keys WU / WNT / WST go by there, for the shared messages."""
+    name = lambda k: (names or {}).get(k, k)  # noqa: E731
+    _require(c["WIDE"] in (0, 1), "cfg['WIDE']", "0 or 1", c["WIDE"])
+    _require(not (c["WIDE"] and c.get("IT1")), "cfg['IT1']", "0 with WIDE 1 (the cold "
+             "launch leaves the hot experts to the wide one only by expert, ITEMS 0)", c.get("IT1"))
+    _require(isinstance(c["WT"], int) and 0 <= c["WT"] < 2**15, "cfg['WT']",
+             "an int in [0, 32768)", c["WT"])
+    (shape or check_shape)(c)
+    _require(c.get("WS", 0) in (0, 1), "cfg['WS']", "0 or 1", c.get("WS"))
+    _require(c.get("WHI") is None or (isinstance(c["WHI"], int) and c["WHI"] > c["WT"]),
+             "cfg['WHI']", f"None or an int > WT ({c['WT']}): the band's top slot count",
+             c.get("WHI"))
     items = max_items(S, E, c["WT"], 8 * c["WNT"])
     _require(smem_bytes(c["WU"], c["WNT"], c["WST"], items) + smem_pad <= SMEM_MAX, "cfg",
-             "WU x WST weight rings, the activation ring and the item list within 227 KB",
-             {k: c[k] for k in ("WU", "WNT", "WST")})
+             f"{name('WU')} x {name('WST')} weight rings, the activation ring and the item list "
+             "within 227 KB", {name(k): c[k] for k in ("WU", "WNT", "WST")})
     _require(S // (8 * c["WNT"]) < 2**16, "x", f"T K < {2**16 * 8 * c['WNT']} slots (16-bit "
              "passes in the item list)", S)
     _require(E < 2**15, "experts", "fewer than 32768 experts (15-bit indices in the item list)",

@@ -63,9 +63,9 @@ def _kernel_gs(kpad: int, wu: int, nt: int, st: int, mb: int):
         cuda_v19.kernel_name(wu, nt, st, mb, PREFIX))
 
 
-def check_gs(c: dict, S: int, E: int, smem_pad: int = 0) -> None:
-    """cuda_v20.cu's knobs (SU / SNT / SST / SMB, read as WU / WNT / WST / WMB) in ranges it
-    compiles and fits (names the cfg key)."""
+def check_split_shape(c: dict) -> None:
+    """cuda_v20.cu's CTA-shape knobs (SU / SNT / SST / SMB, read as WU / WNT / WST / WMB) in
+    ranges it compiles and fits (names the cfg key)."""
     wu, nt, mb = c["WU"], c["WNT"], c.get("WMB", 1)
     _require(wu in (2, 4), "cfg['SU']", "2 or 4 with GS 1 (two warps a unit, whole warpgroups)",
              wu)
@@ -74,15 +74,12 @@ def check_gs(c: dict, S: int, E: int, smem_pad: int = 0) -> None:
     _require(c["WST"] in range(2, 9), "cfg['SST']", "2 .. 8", c["WST"])
     _require(mb in range(1, 5) and wu * mb <= 4, "cfg['SMB']", "1 .. 4 with SU x SMB <= 4 "
              "(the 128-slot build needs ~250 registers a thread)", {"SMB": mb, "SU": wu})
-    _require(c.get("WS", 0) in (0, 1), "cfg['WS']", "0 or 1", c.get("WS"))
-    items = cuda_v10.max_items(S, E, c["WT"], 8 * nt)
-    _require(cuda_v10.smem_bytes(wu, nt, c["WST"], items) + smem_pad <= cuda_v10.SMEM_MAX,
-             "cfg", "SU x SST weight rings, the activation ring and the item list within 227 KB",
-             {"SU": wu, "SNT": nt, "SST": c["WST"]})
-    _require(S // (8 * nt) < 2**16, "x", f"T K < {2**16 * 8 * nt} slots (16-bit passes in the "
-             "item list)", S)
-    _require(E < 2**15, "experts", "fewer than 32768 experts (15-bit indices in the item list)",
-             E)
+
+
+def check_gs(c: dict, S: int, E: int, smem_pad: int = 0) -> None:
+    """cuda_v10's `check_hot` (`launch_hot`'s check) with cuda_v20.cu's shape knobs and names."""
+    cuda_v10.check_hot(c, S, E, smem_pad, shape=check_split_shape,
+                       names={w: s for s, w in GS_KEYS.items()})
 
 
 def launch_hot_gs(c: dict, p, xp: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
