@@ -482,9 +482,9 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
         if a.ep > 1:  # rank 0 of a.ep: its experts keep their local id, the rest are -1
             ids = torch.where(ids < E_loc, ids, -1)
             extra = dict(expected_slots=-(-T * K // a.ep))
-        touched = ids[ids >= 0].unique().numel() * per_expert
+        n_act = ids[ids >= 0].unique().numel()
+        touched = n_act * per_expert
         if a.by_kernel:  # each GEMM's bytes, for its kernels' µs below (GB / µs * 1e3 = TB/s)
-            n_act = ids[ids >= 0].unique().numel()
             gu = n_act * sum(t[0].numel() * t.element_size() for t in ex[:4])
             print(f"{T:<5} touched: {n_act} experts, gate/up {gu / 1e9:.3f} GB, down "
                   f"{(touched - gu) / 1e9:.3f} GB", flush=True)
