@@ -209,6 +209,10 @@ Versions (README.md has the design and the version log), each with the contract 
                gate and up meet in shared memory for the epilogue (session 46: the hot
                launch 339.8 µs at skewed T 128, slower than cuda_v19's: the 128-slot
                activation stage against 64 weight rows a CTA)
+    cuda_v21   cuda_v18 with the cold gate/up launch's weight ring filled by TMA bulk copies
+               (TB1 3 stages a warp: one lane issues a chunk pair's 2 KB of words and 256 B of
+               scales on an mbarrier, cuda_v8's GB 1 form) instead of cp.async and the L2
+               prefetch; cuda_v18's bits (session 47: built, CPU-tested, not yet measured)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -363,6 +367,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v20"): ("cuda_v19 with the main hot launch's unit on two warps (gate "
                                "tile, up tile): 64 accumulators a thread at 128-slot wgmma "
                                "passes, gate and up met in shared memory", ("sm90", "cupy", "nvcc")),
+    ("int4_moe", "cuda_v21"): ("cuda_v18 with the cold gate/up launch's weight ring filled by "
+                               "TMA bulk copies (one lane a warp, an mbarrier a stage) instead "
+                               "of cp.async and the L2 prefetch; cuda_v18's bits", ("sm90", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

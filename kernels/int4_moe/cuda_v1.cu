@@ -126,6 +126,9 @@ __device__ __forceinline__ void l2_share(const char* base, u64 bytes) {
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
 }
+__device__ __forceinline__ void mbar_inval(u32 bar) {  // before the word is initialised again
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                :: "r"(bar), "r"(bytes) : "memory");
@@ -264,8 +267,11 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p) {
 // before their first pair, and compute reads a group's there (one LDS.128, the mma's C quad as
 // it is: no moves) instead of issuing 8 of a pair's 24 mmas (session 32 call 2: phase 1 alone
 // 35.5 vs 35.0 µs, slower; the tensor pipe is not what binds it).
+// INV (BK > 0): the warp's barriers are invalidated after its last pair, so that a later pass
+// or work item may initialise them again (int4_moe_mma's BK form; cuda_v8's CTA calls this
+// once, its BK barriers are never reused).
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int CG, int XB,
-          int HOUT = 0, int BK = 0, int CORR = 0, class Ready>
+          int HOUT = 0, int BK = 0, int CORR = 0, int INV = 0, class Ready>
 __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, int topk, int e,
                                            int start, int cnt, int ublk, float* red, uint4* dsm,
                                            Ready ready) {
@@ -494,6 +500,11 @@ __device__ __forceinline__ void unit_block(const GemmArgs& A, const int* slots, 
           }
         }
       }
+      if (INV) {  // a later pass (or expert) of this warp initialises the barriers again
+        __syncwarp();  // every lane's last wait is done: no phase is pending
+        if (lane == 0)
+          for (int st = 0; st < BK; ++st) mbar_inval(bar + 8 * st);
+      }
     } else if (unit_ok) {  // the shared-memory ring
       constexpr int NS = U >= 3 ? U : 3;
       const u32 ring = (u32)__cvta_generic_to_shared(dsm) + (warp * NS * 6 * 32 + lane) * 16;
@@ -624,8 +635,13 @@ constexpr int ITEM_SMEM = 512;
 
 // SKIP > 0 (cuda_v10, ITEMS 0 only): the experts with more than SKIP slots are left to another
 //   launch (cuda_v10.cu's wide n-tiles); this one takes the others.
+// BK > 0 (cuda_v21; needs U >= 3, whose branch unit_block takes first below 3): each warp's
+//   weight ring is BK stages filled by TMA bulk copies (unit_block's BK, cuda_v8's GB 1 form:
+//   lane 0 issues a pair's 2 KB of words and 256 B of scales, one mbarrier a stage) instead of
+//   U cp.async stages; dynamic shared memory KW RW BK (2304 + 8) bytes (ring, then barriers).
+//   The L2 prefetch (pf0 / pf) is the cp.async ring's only: the launcher refuses it with BK.
 template <int MODE, int POST, int KPAD, int KW, int RW, int NN, int U, int XB = 2, int HOUT = 0,
-          int ITEMS = 0, int SKIP = 0>
+          int ITEMS = 0, int SKIP = 0, int BK = 0>
 __global__ void __launch_bounds__(32 * KW * RW, Occupancy<MODE, U, XB, NN>::warps / (KW * RW) > 0 ? Occupancy<MODE, U, XB, NN>::warps / (KW * RW) : 1)
 int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u64 act_e_ptr,
              u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr, u64 out_ptr, u64 out_lo_ptr,
@@ -633,9 +649,12 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
              int pf, u64 l2_w, u64 l2_s, u64 l2_wb, u64 l2_sb) {
   __shared__ float red[KW > 1 ? KW * RW * 2 * NN * 32 * 4 : 1];
   __shared__ int s_cnt[ITEMS ? ITEM_SMEM : 1];
-  extern __shared__ uint4 dsm[];  // U >= 3: [warp][stage][6 words][32 lanes]
+  // U >= 3: [warp][stage][6 words][32 lanes]; BK: [warp][stage][2304 B], then the barriers
+  // [warp][stage] (8 B each; in dynamic memory, so the BK 0 instances are unchanged)
+  extern __shared__ uint4 dsm[];
   const GemmArgs A{w_ptr, s_ptr, act_ptr, act_lo_ptr, out_ptr, out_lo_ptr, NU, C, ld, k_real,
-                   n_real, ldo, pf0, pf};
+                   n_real, ldo, pf0, pf,
+                   BK > 0 ? (u32)__cvta_generic_to_shared(dsm) + KW * RW * BK * 2304 : 0u};
   const int n_act = *(const int*)n_act_ptr;
   const int *act_e = (const int*)act_e_ptr, *act_start = (const int*)act_start_ptr;
   const int* act_cnt = (const int*)act_cnt_ptr;
@@ -649,7 +668,7 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
     for (int a = blockIdx.y; a < n_act; a += gridDim.y) {  // CTA-uniform (barriers inside)
       const int cnt = act_cnt[a];
       if (SKIP > 0 && cnt > SKIP) continue;
-      unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
+      unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT, BK, 0, (BK > 0)>(
           A, (const int*)slots_ptr, topk, act_e[a], act_start[a], cnt, blockIdx.x, red, dsm,
           [] {});
     }
@@ -665,7 +684,7 @@ int4_moe_mma(u64 w_ptr, u64 s_ptr, u64 act_ptr, u64 act_lo_ptr, u64 slots_ptr, u
     const int np = (cnt + P - 1) / P;
     for (int j = i + ((y - i) % G + G) % G; j < i + np; j += G) {
       const int p0 = (j - i) * P;
-      unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT>(
+      unit_block<MODE, POST, KPAD, KW, RW, NN, U, 0, XB, HOUT, BK, 0, (BK > 0)>(
           A, (const int*)slots_ptr, topk, act_e[a], act_start[a] + p0, min(P, cnt - p0),
           blockIdx.x, red, dsm, [] {});
     }

@@ -104,29 +104,41 @@ _SMEM_SET: dict = {}  # id(compiled kernel) -> the dynamic shared memory it was 
 
 
 def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
-            hout: int = 0, items: int = 0, l2: tuple = (0, 0, 0, 0), skip: int = 0) -> None:
+            hout: int = 0, items: int = 0, l2: tuple = (0, 0, 0, 0), skip: int = 0,
+            bk: int = 0) -> None:
     """One GEMM launch (mode 0 gate/up, 1 down) on cfg c's knobs; hout, items: cuda_v1.cu's
     HOUT (1: h in triton_v5's rows) and ITEMS (1: (expert, pass) work items), for cuda_v4;
     l2: (words, scales, bytes an expert of each) of another GEMM's experts whose active
     blocks the CTAs ask L2 for before their own stream (cuda_v6; zeros: none); skip:
-    cuda_v1.cu's SKIP (> 0: experts with more slots left to cuda_v10's hot launch)."""
+    cuda_v1.cu's SKIP (> 0: experts with more slots left to cuda_v10's hot launch); bk:
+    cuda_v1.cu's BK (> 0: the weight ring in bk stages filled by TMA bulk copies, cuda_v21)."""
     import cupy
     import numpy as np
 
     n = mode + 1
     kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
     # cuda_v1 / v2: 8 template arguments; the defaults' instances keep their names
-    extra = (hout, items, skip) if skip else (hout, items) if items else (hout,) if hout else ()
+    extra = ((hout, items, skip, bk) if bk else (hout, items, skip) if skip
+             else (hout, items) if items else (hout,) if hout else ())
     fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"], *extra)
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     conv += tuple(np.uint64(a.data_ptr() if isinstance(a, Tensor) else a) for a in l2)
-    smem = kw * rw * u * 6 * 32 * 16 if u >= 3 else 0  # the ring: [warp][stage][6][32] uint4
+    smem = ring_bytes(kw, rw, u, bk)
     if smem > _SMEM_SET.get(id(fn), 0):  # past 48 KB with the static part: opt in
         fn.max_dynamic_shared_size_bytes = smem  # (session 24 call 3: 48 + 4 KB was refused)
         _SMEM_SET[id(fn)] = smem
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
         fn((-(-grid_x // rw), c["A_GRID"]), (32 * kw * rw,), conv, shared_mem=smem)
+
+
+def ring_bytes(kw: int, rw: int, u: int, bk: int = 0) -> int:
+    """A CTA's dynamic shared memory in int4_moe_mma: bk > 0, the bulk ring ([warp][stage]
+    2304 bytes: a pair's 2 KB of words, 256 B of scales) and its barriers (8 bytes a stage);
+    else the cp.async ring from U 3 ([warp][stage][6][32] uint4), none below."""
+    if bk:
+        return kw * rw * bk * (2304 + 8)
+    return kw * rw * u * 6 * 32 * 16 if u >= 3 else 0
 
 
 def _router(topk_ids: Tensor, E: int, T: int, K: int, D: int, I: int):

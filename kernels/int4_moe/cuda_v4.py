@@ -121,6 +121,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     l2d = c.get("L2D", 0)  # cuda_v6's knob: the gate/up CTAs ask L2 for down's active experts
     _require(l2d in (0, 1) and not (l2d and c["IT1"]), "cfg", "L2D in (0, 1), 0 with IT1 1",
              {"L2D": l2d, "IT1": c["IT1"]})
+    tb1 = check_tb1(c)
     xq, (w1, s1, NU1, C1) = cuda_v1.operands_gate_up(x, experts, c)
     # [S, 2, Ip] hi | lo in v34's permuted rows; padding inputs past I must read as zeros
     alloc = torch.empty if p.Ip == I else torch.zeros
@@ -129,13 +130,31 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
                     (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
                     hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0),
-                    skip=skip)
+                    skip=skip, bk=tb1)
     if tail is not None:
         return tail(p, h, join, topk_ids, topk_weights, experts)
     if join is not None:
         join()
     return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
                         down_select=True, dep={})
+
+
+def check_tb1(c: dict) -> int:
+    """cuda_v21's knob TB1 (absent: 0): the cold gate/up launch's weight ring in TB1 stages
+    filled by TMA bulk copies (cuda_v1.cu's BK) instead of U1 cp.async stages. It takes the
+    ring branch, so U1 >= 3; it has no L2 prefetch (PF01 / PF1 0) and no item list (IT1 0:
+    that instance spills in its K loop)."""
+    tb1 = c.get("TB1", 0)
+    _require(tb1 == 0 or (isinstance(tb1, int) and 2 <= tb1 <= 8), "cfg['TB1']",
+             "0 or an int in 2..8 (bulk ring stages)", tb1)
+    if tb1:
+        _require(c["U1"] >= 3 and c.get("PF01", 0) == 0 and c.get("PF1", 0) == 0
+                 and c["IT1"] == 0, "cfg", "U1 >= 3, PF01 0, PF1 0 and IT1 0 with TB1 "
+                 "(the bulk ring replaces the cp.async ring and its L2 prefetch)",
+                 {k: c.get(k, 0) for k in ("TB1", "U1", "PF01", "PF1", "IT1")})
+        ring = cuda_v1.ring_bytes(c["KW1"], c["RW1"], c["U1"], tb1)
+        _require(ring <= 227 * 1024, "cfg", "KW1 x RW1 x TB1 x 2312 bytes <= 227 KB", ring)
+    return tb1
 
 
 def on_tiles(tiles_of, default_cfgs: str):

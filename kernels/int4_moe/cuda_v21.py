@@ -1,0 +1,47 @@
+"""int4_moe cuda_v21: cuda_v18, with the cold gate/up launch's weight ring filled by TMA bulk
+copies (TB1 3 stages a warp; cuda_v1.cu's BK, the form cuda_v8's GB 1 gave T 1's phase 1)
+instead of U1 cp.async stages and the L2 prefetch.
+
+Why (session 47 call 2, H100 80GB, ncu of cuda_v18 at skewed T 128, traces/gpu/session47): the
+cold gate/up launch (cuda_v1.cu's `int4_moe_mma`, ~2/3 of the op's bytes) holds 45 % of its
+warp samples in long-scoreboard stalls, 23 % on the cp.async ring's wait and 15.5 % on the
+first mma of a pair, at 42 % issue-active; its weights move by six 16-byte cp.async a lane a
+pair plus an L2 prefetch request. T 1's phase 1 (the same `unit_block`) went 38.9 -> 35.2 µs
+on the H200 when one lane a warp issued a pair's 2 KB of words and 256 B of scales as two bulk
+copies on an mbarrier (session 31 call 2: long-scoreboard 2.85 -> 0.94 an issue). The H200
+streams this launch at ~2.85 TB/s under skew against ~3.6 at uniform T 128 (sessions 37 / 46):
+fewer instructions and requests a weight byte are what that gap can use.
+
+What: cuda_v18's dispatch and tiles, with TB1 3, PF01 0, PF1 0 wherever a call reaches cuda_v4's
+cold gate/up launch (every call past one token; T 1 stays cuda_v9's one launch, which already
+takes GB 1). The K loop's SASS at the default instance: ~575 instructions a two-pair iteration
+against the cp.async ring's 600, 126 registers, no local memory (nvcc, sm_90). The same pairs
+reach the same registers in the same order, so the bits are cuda_v18's exactly (GPU test);
+TB1 0 (with cuda_v18's PF1) is cuda_v18 itself. Knobs: TB1 in 2..8 (`cuda_v4.check_tb1`
+refuses it with U1 < 3, an L2 prefetch or IT1 1, by name). Numerics, graph safety, load step:
+cuda_v18's. GPU only (cupy). Dimension legend: cuda_v1.cu's and cuda_v10.cu's.
+
+Measured: not yet (GPU queue: plan session47_d).
+"""
+
+from __future__ import annotations
+
+from . import cuda_v17, cuda_v18
+from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
+
+# the cold launch's bulk ring: 3 stages (2 pairs in flight a warp, as cuda_v18's U1 3), and
+# no L2 prefetch (the cp.async ring's; the bulk ring has none)
+BULK = {"TB1": 3, "PF01": 0, "PF1": 0}
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
+    """Shapes only (graph-safe): cuda_v18's tiles with BULK."""
+    return cuda_v18.tiles(T, K, E, D, I, slots) | BULK
+
+
+# the op and its CLI: cuda_v17's dispatch on this file's tiles
+int4_moe_cuda, _main = cuda_v17.on_tiles(tiles, "v=cuda_v18;base")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
