@@ -8,9 +8,10 @@ warp samples in long-scoreboard stalls, 23 % on the cp.async ring's wait and 15.
 first mma of a pair, at 42 % issue-active; its weights move by six 16-byte cp.async a lane a
 pair plus an L2 prefetch request. T 1's phase 1 (the same `unit_block`) went 38.9 -> 35.2 µs
 on the H200 when one lane a warp issued a pair's 2 KB of words and 256 B of scales as two bulk
-copies on an mbarrier (session 31 call 2: long-scoreboard 2.85 -> 0.94 an issue). The H200
-streams this launch at ~2.85 TB/s under skew against ~3.6 at uniform T 128 (sessions 37 / 46):
-fewer instructions and requests a weight byte are what that gap can use.
+copies on an mbarrier (session 31 call 2: long-scoreboard 2.85 -> 0.94 an issue). On the H200
+this launch streamed ~2.85 TB/s at skewed T 128 (session 46 call 3) while the whole op reaches
+~3.6 TB/s at uniform T 128 (session 37): fewer instructions and memory requests a weight byte
+are one lever on that gap (whether it is the one that binds there is the GPU's to say).
 
 What: cuda_v18's dispatch and tiles, with TB1 3, PF01 0, PF1 0 wherever a call reaches cuda_v4's
 cold gate/up launch (every call past one token; T 1 stays cuda_v9's one launch, which already
