@@ -55,6 +55,19 @@ def test_v21_ring_bytes():
     assert cuda_v1.ring_bytes(2, 2, 2) == 0  # U < 3: registers
 
 
+def test_v21_instances_extend_cuda_v18s_by_one_template_argument():
+    # why: the bulk ring is a twelfth template argument; every instance without it keeps the
+    # arguments (and the name ncu and the build cache know it by) it had before
+    c18, c21 = (v.tiles(128, E=384, **KIMI) for v in (cuda_v18, cuda_v21))
+    base = (0, 1, 0, c18["KW1"], c18["RW1"], c18["NN1"], c18["U1"], c18["XB1"])
+    assert cuda_v1.instance(0, 1, False, c18, hout=1, skip=8) == base + (1, 0, 8)
+    assert cuda_v1.instance(0, 1, False, c21, hout=1, skip=8, bk=3) == base + (1, 0, 8, 3)
+    assert cuda_v1.instance(0, 1, False, c21, hout=1, bk=3) == base + (1, 0, 0, 3)  # hinted
+    c1 = cuda_v1.tiles(128, E=384, **KIMI)  # cuda_v1's own down GEMM: 8 arguments
+    assert cuda_v1.instance(1, 0, True, c1) == (1, 0, 1, c1["KW2"], c1["RW2"], c1["NN2"],
+                                                c1["U2"], c1["XB2"])
+
+
 def _cold_instances() -> set:
     """The (MODE, POST, KPAD, KW, RW, NN, U, XB, HOUT, ITEMS, SKIP, BK) tuples cuda_v21's cold
     launch compiles at Kimi's shapes: unhinted (cuda_v10's op, SKIP = WT) and an EP8 rank's

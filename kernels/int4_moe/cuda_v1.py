@@ -116,11 +116,8 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
     import numpy as np
 
     n = mode + 1
-    kw, rw, nn, u = c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"]
-    # cuda_v1 / v2: 8 template arguments; the defaults' instances keep their names
-    extra = ((hout, items, skip, bk) if bk else (hout, items, skip) if skip
-             else (hout, items) if items else (hout,) if hout else ())
-    fn = _kernel(mode, post, int(kpad), kw, rw, nn, u, c[f"XB{n}"], *extra)
+    kw, rw, u = c[f"KW{n}"], c[f"RW{n}"], c[f"U{n}"]
+    fn = _kernel(*instance(mode, post, kpad, c, hout, items, skip, bk))
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     conv += tuple(np.uint64(a.data_ptr() if isinstance(a, Tensor) else a) for a in l2)
@@ -130,6 +127,18 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
         _SMEM_SET[id(fn)] = smem
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
         fn((-(-grid_x // rw), c["A_GRID"]), (32 * kw * rw,), conv, shared_mem=smem)
+
+
+def instance(mode: int, post: int, kpad: bool, c: dict, hout: int = 0, items: int = 0,
+             skip: int = 0, bk: int = 0) -> tuple[int, ...]:
+    """int4_moe_mma's template arguments for one GEMM launch (`_launch`'s): the trailing
+    HOUT / ITEMS / SKIP / BK only as far as one is set, so an instance compiled before a later
+    argument existed keeps its name (and its cached build) when that argument is 0."""
+    n = mode + 1
+    base = (mode, post, int(kpad), c[f"KW{n}"], c[f"RW{n}"], c[f"NN{n}"], c[f"U{n}"], c[f"XB{n}"])
+    extra = ((hout, items, skip, bk) if bk else (hout, items, skip) if skip
+             else (hout, items) if items else (hout,) if hout else ())
+    return base + extra
 
 
 def ring_bytes(kw: int, rw: int, u: int, bk: int = 0) -> int:
