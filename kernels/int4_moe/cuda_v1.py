@@ -90,8 +90,8 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 @functools.cache
 def _kernel(*targs: int):
-    """The compiled instance int4_moe_mma<MODE, POST, KPAD, KW, RW, NN, U, XB[, HOUT[, ITEMS]]>
-    (NVRTC through cupy, cached)."""
+    """The compiled instance int4_moe_mma<targs> (`instance`: MODE, POST, KPAD, KW, RW, NN, U,
+    XB[, HOUT[, ITEMS[, SKIP[, BK]]]]; NVRTC through cupy, cached)."""
     import cupy
 
     name = f"int4_moe_mma<{', '.join(map(str, targs))}>"
