@@ -560,6 +560,31 @@ def _innermost_mma_loop(sass: str) -> list[str]:
     return min(_mma_loops(sass), key=len, default=[])
 
 
+def test_by_kernel_phase_rates_span_each_gemms_launches():
+    # why: the hot gate/up launch runs beside the cold one on a side stream, so a phase's time
+    # is its launches' span, not their sum. Session 47 call 1's cuda_v18 row at skewed T 128
+    # (µs @ mean start): the gate/up phase from the hot launch's start (231) to the cold one's
+    # end (296 + 1186.1), the down phase over both down launches
+    from workbench.kernels.int4_moe.triton_v5 import phase_rates
+
+    by = {"_route_count_kernel": 2.3, "void int4_moe_hot<0, 8, 4, 6, 1>(unsigne": 323.4,
+          "void int4_moe_mma<0, 1, 0, 1, 4, 1, 3, 2": 1186.1, "_gemm_kernel": 687.2,
+          "_gemm_hot_kernel": 55.7, "_combine_kernel": 11.2}
+    at = {"_route_count_kernel": 0, "void int4_moe_hot<0, 8, 4, 6, 1>(unsigne": 231,
+          "void int4_moe_mma<0, 1, 0, 1, 4, 1, 3, 2": 296, "_gemm_kernel": 1485,
+          "_gemm_hot_kernel": 2174, "_combine_kernel": 2231}
+    line = phase_rates(by, at, 3.253e9, 1.627e9)
+    assert line == "      phases: gate/up 1251.1 µs, 2.60 TB/s; down 744.7 µs, 2.18 TB/s"
+    wg = {k.replace("void int4_moe_hot<0, 8, 4, 6, 1>(unsigne", "int4_moe_hot_wg_8_4_6_1"): v
+          for k, v in by.items()}  # cuda_v19's wgmma launch has an extern "C" name
+    assert phase_rates(wg, {k.replace("void int4_moe_hot<0, 8, 4, 6, 1>(unsigne",
+                                      "int4_moe_hot_wg_8_4_6_1"): v for k, v in at.items()},
+                       3.253e9, 1.627e9) == line
+    # a Triton version runs _gemm_kernel for both GEMMs: no phase line rather than a wrong one
+    assert phase_rates({"_gemm_kernel": 900.0, "_gemm_kernel#2": 500.0},
+                       {"_gemm_kernel": 10.0, "_gemm_kernel#2": 920.0}, 1e9, 5e8) is None
+
+
 # ------------------------------------------------------------------ the H200
 
 

@@ -378,13 +378,47 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     return out
 
 
-def _print_by_kernel(call, n: int = 20) -> None:
+# cuda_v4's family: the gate/up GEMM in CUDA (the cold launch and the hot ones beside it), the
+# down GEMM in Triton (`_gemm_kernel`, the hot `_gemm_hot_kernel`; cuda_v13: two launches)
+GATE_UP_CUDA = ("int4_moe_mma", "int4_moe_hot")
+DOWN_TRITON = ("_gemm_kernel", "_gemm_hot_kernel")
+
+
+def phase_rates(by: dict, at: dict, gate_up_bytes: float, down_bytes: float) -> str | None:
+    """The line `_print_by_kernel` adds for cuda_v4's family: each GEMM phase's span, from its
+    first kernel's mean start (`at`, µs) to its last one's mean end (+ `by`, µs), and its
+    touched bytes over that span in TB/s (session 47 did this by hand: the hot launch runs
+    beside the cold one, so their sum is not the phase). None where the names are not that
+    family's (the Triton versions run `_gemm_kernel` for both GEMMs; cuda_v8 / v9 fuse them)."""
+    def phase(key: str):
+        name = key.removeprefix("void ")
+        if name.startswith(GATE_UP_CUDA):
+            return "gate/up"
+        return "down" if name.split("#")[0] in DOWN_TRITON else None
+
+    spans: dict[str, tuple[float, float]] = {}
+    for key, us in by.items():
+        p = phase(key)
+        if p is not None:
+            lo, hi = spans.get(p, (float("inf"), float("-inf")))
+            spans[p] = (min(lo, at[key]), max(hi, at[key] + us))
+    if set(spans) != {"gate/up", "down"}:
+        return None
+    out = []
+    for p, nbytes in (("gate/up", gate_up_bytes), ("down", down_bytes)):
+        span = spans[p][1] - spans[p][0]
+        out.append(f"{p} {span:.1f} µs, {nbytes / span / 1e6:.2f} TB/s" if span > 0
+                   else f"{p} {span:.1f} µs")
+    return "      phases: " + "; ".join(out)
+
+
+def _print_by_kernel(call, n: int = 20, phase_bytes: tuple[float, float] | None = None) -> None:
     """Mean GPU µs per launch name over n eager calls (CUPTI records via the profiler; a name's
     second launch in a call, e.g. the down GEMM after gate/up, as name#2) with its mean start
     after the call's first kernel start (`@`), and the mean span from a call's first kernel
     start to its last kernel end: where the time of one call goes (ramp, tail, the small
     launches, and which launches overlap on side streams, which the graph-replayed total
-    hides)."""
+    hides). phase_bytes: (gate/up, down) touched bytes, for `phase_rates`' line."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -410,6 +444,9 @@ def _print_by_kernel(call, n: int = 20) -> None:
              for i in range(n)] if per else [0]
     print("      " + "  ".join(f"{k} {v:.1f}@{at[k]:.0f}" for k, v in by.items())
           + f"  | sum {sum(by.values()):.1f}, span {sum(spans) / len(spans):.1f}", flush=True)
+    line = phase_rates(by, at, *phase_bytes) if phase_bytes else None
+    if line:
+        print(line, flush=True)
 
 
 def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
@@ -484,8 +521,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
             extra = dict(expected_slots=-(-T * K // a.ep))
         n_act = ids[ids >= 0].unique().numel()
         touched = n_act * per_expert
+        gu = n_act * sum(t[0].numel() * t.element_size() for t in ex[:4])
         if a.by_kernel:  # each GEMM's bytes, for its kernels' µs below (GB / µs * 1e3 = TB/s)
-            gu = n_act * sum(t[0].numel() * t.element_size() for t in ex[:4])
             print(f"{T:<5} touched: {n_act} experts, gate/up {gu / 1e9:.3f} GB, down "
                   f"{(touched - gu) / 1e9:.3f} GB", flush=True)
         seen = {name: [] for name in fns}
@@ -497,7 +534,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
                 print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
                       flush=True)
                 if a.by_kernel:
-                    _print_by_kernel(functools.partial(fn, x, ids, w, ex, **extra))
+                    _print_by_kernel(functools.partial(fn, x, ids, w, ex, **extra),
+                                     phase_bytes=(gu, touched - gu))
         if a.rounds > 1:
             for name, us in seen.items():
                 med = sorted(us)[(len(us) - 1) // 2]  # the lower middle, as bench --rounds
