@@ -77,8 +77,8 @@ def _cold_instances() -> set:
                        (17, 48, 17), (68, 48, 68)):
         c = cuda_v21.tiles(T, E=E, **KIMI, slots=hint)
         skip = 0 if cuda_v17.cuda_v15.small_hinted(hint, E) else c["WT"]
-        picks.add((0, 1, 0, c["KW1"], c["RW1"], c["NN1"], c["U1"], c["XB1"], 1, c["IT1"], skip,
-                   c["TB1"]))
+        picks.add(cuda_v1.instance(0, 1, False, c, hout=1, items=c["IT1"], skip=skip,
+                                   bk=c["TB1"]))
     return picks
 
 
