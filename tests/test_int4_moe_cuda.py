@@ -575,11 +575,11 @@ def test_by_kernel_phase_rates_span_each_gemms_launches():
           "_gemm_hot_kernel": 2174, "_combine_kernel": 2231}
     line = phase_rates(by, at, 3.253e9, 1.627e9)
     assert line == "      phases: gate/up 1251.1 µs, 2.60 TB/s; down 744.7 µs, 2.18 TB/s"
-    wg = {k.replace("void int4_moe_hot<0, 8, 4, 6, 1>(unsigne", "int4_moe_hot_wg_8_4_6_1"): v
-          for k, v in by.items()}  # cuda_v19's wgmma launch has an extern "C" name
-    assert phase_rates(wg, {k.replace("void int4_moe_hot<0, 8, 4, 6, 1>(unsigne",
-                                      "int4_moe_hot_wg_8_4_6_1"): v for k, v in at.items()},
-                       3.253e9, 1.627e9) == line
+    def wg(d):  # cuda_v19's wgmma hot launch has an extern "C" name
+        return {k.replace("void int4_moe_hot<0, 8, 4, 6, 1>(unsigne", "int4_moe_hot_wg_8_4_6_1"): v
+                for k, v in d.items()}
+
+    assert phase_rates(wg(by), wg(at), 3.253e9, 1.627e9) == line
     # a Triton version runs _gemm_kernel for both GEMMs: no phase line rather than a wrong one
     assert phase_rates({"_gemm_kernel": 900.0, "_gemm_kernel#2": 500.0},
                        {"_gemm_kernel": 10.0, "_gemm_kernel#2": 920.0}, 1e9, 5e8) is None

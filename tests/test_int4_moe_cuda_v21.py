@@ -16,7 +16,7 @@ from test_int4_moe_cuda import _build_mma_instances, _mma_loops
 from test_int4_moe_cuda_v10 import _routing
 from test_int4_moe_cuda_v17 import ep8_rank_matches
 
-from workbench.kernels.int4_moe import cuda_v1, cuda_v4, cuda_v17, cuda_v18, cuda_v21
+from workbench.kernels.int4_moe import cuda_v1, cuda_v4, cuda_v15, cuda_v17, cuda_v18, cuda_v21
 
 KIMI = dict(K=8, D=7168, I=2048)
 
@@ -76,7 +76,7 @@ def _cold_instances() -> set:
     for T, E, hint in ((9, 384, None), (128, 384, None), (512, 384, None), (8, 48, 8),
                        (17, 48, 17), (68, 48, 68)):
         c = cuda_v21.tiles(T, E=E, **KIMI, slots=hint)
-        skip = 0 if cuda_v17.cuda_v15.small_hinted(hint, E) else c["WT"]
+        skip = 0 if cuda_v15.small_hinted(hint, E) else c["WT"]
         picks.add(cuda_v1.instance(0, 1, False, c, hout=1, items=c["IT1"], skip=skip,
                                    bk=c["TB1"]))
     return picks
