@@ -77,6 +77,22 @@ __device__ __forceinline__ u32 word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is unrolled: no local memory
 }
 
+// One 16-row tile's A fragments for scale group G (= 2 chunk + half) of a chunk pair, exactly
+// dequantised (POST 0): [k16 step of the group][A register]. w: the tile's 16-byte word of the
+// group's chunk (its words 2 (G & 1), + 1 are the group's two k16 steps), s: the tile's scales
+// (word G: rows g, g + 8 of the group). The hot kernels' K loops (cuda_v10.cu, cuda_v19.cu,
+// cuda_v20.cu) share it; unit_block keeps its own for POST's raw nibbles.
+__device__ __forceinline__ void dq_group(const uint4& w, const uint4& s, int G, u32 (&af)[2][4]) {
+  const u32 sw = word(s, G);
+  const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const u32 q = word(w, 2 * (G & 1) + jj);
+    af[jj][0] = dq(q, sg), af[jj][1] = dq(q >> 4, sg8);
+    af[jj][2] = dq(q >> 8, sg), af[jj][3] = dq(q >> 12, sg8);
+  }
+}
+
 // one chunk pair's loads: weights [chunk][tile], scales [tile] (both chunks), activations
 // [n-tile][chunk][half][group half] (NH = 2 halves for down: hi, lo), 8 inputs a lane, group
 struct WS {  // a chunk pair's weights [chunk][tile] and scales [tile]

@@ -77,6 +77,35 @@ __device__ __forceinline__ int hot_items(const int* act_cnt, int n_act, int ht, 
   return min(carry, max_items);
 }
 
+template <int N>
+struct NTiles {  // a pass's compiled n-tile count, as a type (hot_item_loop's pass argument)
+  static constexpr int value = N;
+};
+
+// A hot launch's work: the CTA lists its (active expert, pass) items once (hot_items), then takes
+// items blockIdx.y, + gridDim.y, ... (CTA-uniform) and runs each as pass(NTiles<NTC>(), e,
+// start, cnt, p0) at the fewest compiled n-tiles of 2, 4, 8 (only where NT > 8) and NT that
+// hold the pass's slots. Shared by int4_moe_hot and cuda_v19.cu / cuda_v20.cu's bodies.
+// Callers capture by value ([=]): by reference, cuda_v20.cu's body compiled to other registers
+// (172 -> 174); by value every instance's SASS is the hand-written loop's (nvcc, compared).
+template <int P, int NT, class Pass>
+__device__ __forceinline__ void hot_item_loop(u64 act_e_ptr, u64 act_start_ptr, u64 act_cnt_ptr,
+                                              u64 n_act_ptr, int ht, int hi, int* list,
+                                              int max_items, int* s_tot, Pass pass) {
+  const int* act_cnt = (const int*)act_cnt_ptr;
+  const int n_items = hot_items<P>(act_cnt, *(const int*)n_act_ptr, ht, hi, list, max_items,
+                                      s_tot);
+  for (int it = blockIdx.y; it < n_items; it += gridDim.y) {  // CTA-uniform
+    const int a = list[it] >> 16, p0 = (list[it] & 0xFFFF) * P;
+    const int e = ((const int*)act_e_ptr)[a], start = ((const int*)act_start_ptr)[a];
+    const int cnt = act_cnt[a], nt = (min(P, cnt - p0) + 7) >> 3;
+    if (nt <= 2) pass(NTiles<2>(), e, start, cnt, p0);
+    else if (NT > 2 && nt <= 4) pass(NTiles<(NT > 2 ? 4 : 2)>(), e, start, cnt, p0);
+    else if (NT > 8 && nt <= 8) pass(NTiles<(NT > 8 ? 8 : NT)>(), e, start, cnt, p0);
+    else pass(NTiles<NT>(), e, start, cnt, p0);
+  }
+}
+
 // One work item: pass p0.. (n = min(P, cnt - p0) slots) of expert e (its cnt slots at sorted
 // positions start..) for this CTA's WU row units, on NTC n-tiles (8 NTC >= n, a compile-time
 // count: the K loop has no branch on it, so the scheduler interleaves the four groups' dequant,
@@ -151,16 +180,7 @@ __device__ __forceinline__ void hot_pass(u64 w_ptr, u64 s_ptr, u64 x_ptr, const 
       for (int hf = 0; hf < 2; ++hf) {  // scale group G = 2 ch + hf of the pair
         u32 af[2][2][4];  // [tile][mma step of the group][A register]
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const u32 sw = word(cur.s[i], 2 * ch + hf);  // (row g, row g + 8) of the group
-          const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const u32 q = word(cur.w[ch][i], 2 * hf + jj);
-            af[i][jj][0] = dq(q, sg), af[i][jj][1] = dq(q >> 4, sg8);
-            af[i][jj][2] = dq(q >> 8, sg), af[i][jj][3] = dq(q >> 12, sg8);
-          }
-        }
+        for (int i = 0; i < 2; ++i) dq_group(cur.w[ch][i], cur.s[i], 2 * ch + hf, af[i]);
         const int ck = 4 * (2 * ch + hf) + t;  // this lane's 16-byte word of the group
 #pragma unroll
         for (int q = 0; q < NTC; ++q) {
@@ -203,18 +223,9 @@ int4_moe_hot(u64 w_ptr, u64 s_ptr, u64 x_ptr, u64 slots_ptr, u64 act_e_ptr, u64 
   const u32 wring = base + warp * ST * WST + lane * 16;  // this lane's words, stage 0
   const u32 xring = base + WU * ST * WST;
   int* list = (int*)((char*)dsm + WU * ST * WST + ST * XST);
-  const int* act_cnt = (const int*)act_cnt_ptr;
-  const int n_items = hot_items<P>(act_cnt, *(const int*)n_act_ptr, ht, hi, list, max_items,
-                                      s_tot);
-  for (int it = blockIdx.y; it < n_items; it += gridDim.y) {  // CTA-uniform
-    const int a = list[it] >> 16, p0 = (list[it] & 0xFFFF) * P;
-    const int e = ((const int*)act_e_ptr)[a], start = ((const int*)act_start_ptr)[a];
-    const int cnt = act_cnt[a], nt = (min(P, cnt - p0) + 7) >> 3;
-#define HOT_PASS(NTC) hot_pass<KPAD, WU, NT, ST, NTC>(w_ptr, s_ptr, x_ptr, (const int*)slots_ptr, \
-    h_ptr, topk, NU, C, ldx, k_real, ldo, e, start, cnt, p0, wring, xring)
-    if (nt <= 2) HOT_PASS(2);  // the n-tiles compiled: 2, 4, NT (CTA-uniform choice)
-    else if (NT > 2 && nt <= 4) HOT_PASS((NT > 2 ? 4 : 2));
-    else HOT_PASS(NT);
-#undef HOT_PASS
-  }
+  hot_item_loop<P, NT>(act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr, ht, hi, list, max_items,
+                       s_tot, [=](auto ntc, int e, int start, int cnt, int p0) {
+    hot_pass<KPAD, WU, NT, ST, decltype(ntc)::value>(w_ptr, s_ptr, x_ptr, (const int*)slots_ptr,
+        h_ptr, topk, NU, C, ldx, k_real, ldo, e, start, cnt, p0, wring, xring);
+  });
 }

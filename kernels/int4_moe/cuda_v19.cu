@@ -212,16 +212,7 @@ __device__ __forceinline__ void hot_pass_wg(u64 w_ptr, u64 s_ptr, u64 xp_ptr, co
       for (int hf = 0; hf < 2; ++hf) {  // scale group G = 2 ch + hf of the pair
         u32 af[2][2][4];  // [tile][k16 step of the group][A register]
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const u32 sw = word(cur.s[i], 2 * ch + hf);
-          const u32 sg = __byte_perm(sw, 0, 0x1010), sg8 = __byte_perm(sw, 0, 0x3232);
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const u32 q = word(cur.w[ch][i], 2 * hf + jj);
-            af[i][jj][0] = dq(q, sg), af[i][jj][1] = dq(q >> 4, sg8);
-            af[i][jj][2] = dq(q >> 8, sg), af[i][jj][3] = dq(q >> 12, sg8);
-          }
-        }
+        for (int i = 0; i < 2; ++i) dq_group(cur.w[ch][i], cur.s[i], 2 * ch + hf, af[i]);
         wg_fence();
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
@@ -269,19 +260,9 @@ __device__ __forceinline__ void hot_wg_body(u64 w_ptr, u64 s_ptr, u64 xp_ptr, u6
   const u32 xring = base;
   const u32 wring = base + ST * XST + warp * ST * WST + lane * 16;
   int* list = (int*)((char*)dsm + (base - raw_base) + ST * XST + WU * ST * WST);
-  const int* act_cnt = (const int*)act_cnt_ptr;
-  const int n_items = hot_items<P>(act_cnt, *(const int*)n_act_ptr, ht, hi, list, max_items,
-                                      s_tot);
-  for (int it = blockIdx.y; it < n_items; it += gridDim.y) {  // CTA-uniform
-    const int a = list[it] >> 16, p0 = (list[it] & 0xFFFF) * P;
-    const int e = ((const int*)act_e_ptr)[a], start = ((const int*)act_start_ptr)[a];
-    const int cnt = act_cnt[a], nt = (min(P, cnt - p0) + 7) >> 3;
-#define HOT_PASS_WG(NTC) hot_pass_wg<WU, NT, ST, NTC>(w_ptr, s_ptr, xp_ptr, \
-    (const int*)slots_ptr, h_ptr, topk, NU, C, KP, ldo, e, start, cnt, p0, wring, xring)
-    if (nt <= 2) HOT_PASS_WG(2);  // the n-tiles compiled: 2, 4, 8, NT (CTA-uniform choice)
-    else if (NT > 2 && nt <= 4) HOT_PASS_WG((NT > 2 ? 4 : 2));
-    else if (NT > 8 && nt <= 8) HOT_PASS_WG((NT > 8 ? 8 : NT));
-    else HOT_PASS_WG(NT);
-#undef HOT_PASS_WG
-  }
+  hot_item_loop<P, NT>(act_e_ptr, act_start_ptr, act_cnt_ptr, n_act_ptr, ht, hi, list, max_items,
+                       s_tot, [=](auto ntc, int e, int start, int cnt, int p0) {
+    hot_pass_wg<WU, NT, ST, decltype(ntc)::value>(w_ptr, s_ptr, xp_ptr, (const int*)slots_ptr,
+        h_ptr, topk, NU, C, KP, ldo, e, start, cnt, p0, wring, xring);
+  });
 }
