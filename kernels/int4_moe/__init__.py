@@ -297,7 +297,7 @@ INVARIANT = "triton_v6"
 VARIANTS: dict[str, dict[str, str]] = {
     "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
     | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 21)},
+    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 22)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
