@@ -172,6 +172,37 @@ def test_replace_with_repacked_frees_the_checkpoint_copy():
     assert got2[1].data_ptr() == m.down_scale.data_ptr()
 
 
+def test_shared_memory_opt_in_follows_the_kernel_not_its_wrapper(monkeypatch):
+    # why: cupy makes a new Function wrapper a get_function, so two wrappers can hold one
+    # kernel (cuda_v19 / v20 kept one a KPAD value); a smaller request through one must not
+    # lower the limit below what the other's record says it asked (sessions 46 / 48: the
+    # next launch above the lowered limit failed with CUDA_ERROR_INVALID_VALUE)
+    from workbench.kernels.int4_moe import cuda_v1
+
+    class Kernel:  # the CUfunction: one dynamic shared-memory limit
+        limit = 0
+
+    class Wrapper:  # cupy's Function: ptr is the kernel's handle
+        def __init__(self, kernel):
+            self.kernel, self.ptr = kernel, id(kernel)
+
+        @property
+        def max_dynamic_shared_size_bytes(self):
+            return self.kernel.limit
+
+        @max_dynamic_shared_size_bytes.setter
+        def max_dynamic_shared_size_bytes(self, v):
+            self.kernel.limit = v
+
+    monkeypatch.setattr(cuda_v1, "_SMEM_SET", {})
+    k = Kernel()
+    a, b = Wrapper(k), Wrapper(k)
+    for fn, smem in ((a, 200_000), (b, 100_000), (a, 150_000), (b, 180_000)):
+        cuda_v1.opt_in(fn, smem)
+        assert k.limit >= smem  # every launch may ask what it asks
+    assert k.limit == 200_000  # asked once a size, never lowered
+
+
 def test_replaced_experts_are_refused_by_the_checkpoint_versions():
     # why: after the load step the buffers hold the fragment layout under checkpoint shapes; a
     # version that reads the checkpoint layout must say so, not compute with them

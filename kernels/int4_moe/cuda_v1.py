@@ -100,7 +100,22 @@ def _kernel(*targs: int):
     return mod.get_function(name)
 
 
-_SMEM_SET: dict = {}  # id(compiled kernel) -> the dynamic shared memory it was allowed
+_SMEM_SET: dict = {}  # CUfunction handle -> the dynamic shared memory it was allowed
+
+
+def opt_in(fn, smem: int) -> None:
+    """Let the compiled kernel fn (a cupy Function) launch with smem bytes of dynamic shared
+    memory: past 48 KB with the static part a kernel must opt in (session 24 call 3: 48 + 4 KB
+    was refused), once a size, never lowering what another launch asked. Keyed by the
+    CUfunction handle (fn.ptr), not the wrapper: cupy makes a new Function object a
+    get_function, so two wrappers of one kernel share its limit (cuda_v19 kept one a KPAD
+    value: an EDGE call's smaller request lowered the limit the other's record still
+    claimed, and the next launch above it failed with CUDA_ERROR_INVALID_VALUE, sessions 46
+    and 48)."""
+    key = getattr(fn, "ptr", None) or id(fn)
+    if smem > _SMEM_SET.get(key, 0):
+        fn.max_dynamic_shared_size_bytes = smem
+        _SMEM_SET[key] = smem
 
 
 def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
@@ -122,9 +137,7 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     conv += tuple(np.uint64(a.data_ptr() if isinstance(a, Tensor) else a) for a in l2)
     smem = ring_bytes(kw, rw, u, bk)
-    if smem > _SMEM_SET.get(id(fn), 0):  # past 48 KB with the static part: opt in
-        fn.max_dynamic_shared_size_bytes = smem  # (session 24 call 3: 48 + 4 KB was refused)
-        _SMEM_SET[id(fn)] = smem
+    opt_in(fn, smem)
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
         fn((-(-grid_x // rw), c["A_GRID"]), (32 * kw * rw,), conv, shared_mem=smem)
 

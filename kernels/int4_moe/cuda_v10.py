@@ -189,9 +189,7 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     gy = c.get("WY") or max(1, min(ctas_an_sm(mb, smem) * cuda_v1.SMS // gx, items))
     _require(isinstance(gy, int) and gy >= 1, "cfg['WY']", "an int >= 1", gy)
     fn = (kernel or _kernel)(int(p.D % mma_layout.KALIGN != 0), wu, nt, st, mb)
-    if smem > cuda_v1._SMEM_SET.get(id(fn), 0):
-        fn.max_dynamic_shared_size_bytes = smem
-        cuda_v1._SMEM_SET[id(fn)] = smem
+    cuda_v1.opt_in(fn, smem)
     hi = c.get("WHI") or 2**31 - 1  # cuda_v12's band: only experts of at most WHI slots
     args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, hi, items)
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)

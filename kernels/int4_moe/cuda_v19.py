@@ -129,9 +129,11 @@ def module(code: str):
     return cupy.RawModule(path=build_cubin(code)[0])
 
 
-@functools.cache  # one Function object a build: cuda_v1._SMEM_SET keys them by id()
+@functools.cache
 def _kernel_wg(kpad: int, wu: int, nt: int, st: int, mb: int):
-    """cuda_v10's `_kernel` signature (KPAD unused: xp holds zeros past k_real)."""
+    """cuda_v10's `_kernel` signature (KPAD unused: xp holds zeros past k_real; both
+    KPAD values' wrappers are one CUfunction, whose shared-memory limit cuda_v1.opt_in keys by
+    its handle)."""
     return module(source(((wu, nt, st, mb),))).get_function(kernel_name(wu, nt, st, mb))
 
 

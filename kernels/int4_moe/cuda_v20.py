@@ -56,9 +56,11 @@ def source(configs=()) -> str:
                            prefix=PREFIX)
 
 
-@functools.cache  # one Function object a build: cuda_v1._SMEM_SET keys them by id()
+@functools.cache
 def _kernel_gs(kpad: int, wu: int, nt: int, st: int, mb: int):
-    """cuda_v10's `_kernel` signature (KPAD unused: xp holds zeros past k_real)."""
+    """cuda_v10's `_kernel` signature (KPAD unused: xp holds zeros past k_real; both
+    KPAD values' wrappers are one CUfunction, whose shared-memory limit cuda_v1.opt_in keys by
+    its handle)."""
     return cuda_v19.module(source(((wu, nt, st, mb),))).get_function(
         cuda_v19.kernel_name(wu, nt, st, mb, PREFIX))
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from . import mma_layout
 from ._common import _require, check_inputs
-from .cuda_v1 import _SMEM_SET, WARPS_TARGET, launch, operands
+from .cuda_v1 import WARPS_TARGET, launch, operands, opt_in
 from .cuda_v1 import _SRC as _SRC_V1
 from .triton_v26 import expected_active
 
@@ -130,9 +130,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     fn = _kernel(1, int(D % mma_layout.KALIGN != 0), int(I % mma_layout.KALIGN != 0), w,
                  c["KW1"], c["KW2"], c["U"], c["MINB"])
     smem = w * c["U"] * 6 * 32 * 16  # the rings: [warp][stage][6][32] uint4
-    if smem > _SMEM_SET.get(id(fn), 0):  # cuda_v1's opt-in past 48 KB with the static part
-        fn.max_dynamic_shared_size_bytes = smem
-        _SMEM_SET[id(fn)] = smem
+    opt_in(fn, smem)
     n_items = min(E, S) * (-(-NU1 // (w // c["KW1"])) + NB2)
     grid = min(n_items, _grid_cap(fn, 32 * w, smem, x.device.index or 0))
     import cupy
