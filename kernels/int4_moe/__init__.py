@@ -212,7 +212,8 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v21   cuda_v18 with the cold gate/up launch's weight ring filled by TMA bulk copies
                (TB1 3 stages a warp: one lane issues a chunk pair's 2 KB of words and 256 B of
                scales on an mbarrier, cuda_v8's GB 1 form) instead of cp.async and the L2
-               prefetch; cuda_v18's bits (session 47: built, CPU-tested, not yet measured)
+               prefetch; cuda_v18's bits (session 48, H100: bitwise, 1-3 % faster at 11 of 14 REAL
+               shapes, uniform T 9 2 % slower; BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -267,7 +268,16 @@ _MOD = "workbench.kernels.int4_moe"
 # tolerance: not cuda_v17's bits on those calls, the gate/up K association), memcheck 0 errors
 # (call 8); its unhinted calls are cuda_v16's launches and bits, so the exact suites' evidence
 # holds there; an EP rank's hinted calls run only in the dist engine
-BEST = "cuda_v18"
+# cuda_v21 from session 48 (H100 80GB, traces/gpu/session48): cuda_v18's bits at every REAL
+# shape T 1-512 uniform / skewed and on an EP8 rank at hints 1-264 (scripts/int4_moe_bitwise.py,
+# call 12), so every exact suite's evidence for cuda_v18 holds for it; GPU tests 17 + the shared
+# suites 21 passed (calls 1, 3), memcheck EDGE + REAL 0 errors, racecheck EDGE 0 hazards (call
+# 11); REAL bench with Humming (call 9, medians of 2 interleaved): faster than cuda_v18 at 11 of
+# 14 shapes (skewed T 128 1980.5 vs 2039.7 µs, T 512 3885.6 vs 3953.4, uniform T 128 3048.5 vs
+# 3104.0), T 1 tied, uniform T 9 slower (609.6 vs 599.6; 612.8 vs 598.6 in call 6); ncu (call 2,
+# skewed T 128): the cold gate/up launch moves the same DRAM bytes with half the L2 sectors
+# (155.6 M vs 310.7 M: no L2 prefetch) and a third of the L2 requests
+BEST = "cuda_v21"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8

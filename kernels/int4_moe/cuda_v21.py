@@ -22,7 +22,21 @@ TB1 0 (with cuda_v18's PF1) is cuda_v18 itself. Knobs: TB1 in 2..8 (`cuda_v4.che
 refuses it with U1 < 3, an L2 prefetch or IT1 1, by name). Numerics, graph safety, load step:
 cuda_v18's. GPU only (cupy). Dimension legend: cuda_v1.cu's and cuda_v10.cu's.
 
-Measured: not yet (GPU queue: plan session47_d).
+Measured (session 48, H100 80GB, traces/gpu/session48; the H200 not yet): cuda_v18's bits at
+every REAL shape and on an EP8 rank (`scripts/int4_moe_bitwise.py --a cuda_v21 --b cuda_v18`,
+call 12); GPU tests 17 passed, the shared suites 21, memcheck 0 errors, racecheck 0 hazards.
+In process against cuda_v18 (`--T 65,128,512 --skew 1.2 --rounds 3 --cfgs
+"v=cuda_v18;base;TB1=2;TB1=4"`, medians of 3, every round faster): skewed T 65 / 128 / 512
+1423.9 / 1968.3 / 3850.7 µs against 1441.0 / 2016.2 / 3920.2; TB1 2 / 4 within 0.5 % of TB1 3;
+uniform T 9 / 128 / 512 566.3 / 3010.8 / 3649.8 against 583.1 / 3041.2 / 3658.3. REAL bench
+with Humming (call 9, medians of 2): faster than cuda_v18 at 11 of 14 shapes, T 1 tied, uniform
+T 9 slower (609.6 vs 599.6 µs; 612.8 vs 598.6 in call 6: the one regression, unexplained; the
+in-process draw above gained there); x Humming 0.97-1.07 (1.03 at skewed T 128, 1.07 at skewed
+T 512). ncu at skewed T 128 (call 2, the cold launch alone): 1048 vs 1067 µs for the same 3.18
+vs 3.21 GB of DRAM reads, with **half the L2 sectors** (155.6 M vs 310.7 M: cuda_v18's L2
+prefetch touched every weight sector twice) and a third of the L2 requests from the SMs (27.0 M
+vs 77.4 M). On the H100 the launch stays DRAM-bound (90 % of peak); whether the lighter L2
+load frees the H200's skewed launches (~2.85 TB/s there, session 46) is the next H200 call's.
 """
 
 from __future__ import annotations
