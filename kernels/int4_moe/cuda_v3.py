@@ -34,8 +34,8 @@ from torch import Tensor
 
 from . import mma_layout
 from ._common import _require, check_inputs
-from .cuda_v1 import WARPS_TARGET, launch, operands, opt_in
 from .cuda_v1 import _SRC as _SRC_V1
+from .cuda_v1 import WARPS_TARGET, launch, operands, opt_in
 from .triton_v26 import expected_active
 
 SMAX = 64  # slots the fused launch routes in one CTA's shared memory (cuda_v3.cu)
