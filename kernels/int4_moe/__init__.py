@@ -221,6 +221,8 @@ Importing this package imports no Triton; `register()` adds the variants to the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 _MOD = "workbench.kernels.int4_moe"
 # the version the presets ("optimized", "engine"), the decode-loop test and the notebook use:
 # cuda_v15 from session 43 (ENGINE's since session 38; the trained token-exact suite 21 of 21
@@ -304,10 +306,19 @@ PORTABLE = "triton_v34"
 # batch/position-invariant (fixed K chunks and slot tiles): the "invariant" preset, DDTree
 # bitwise AR on the H200 (session 4)
 INVARIANT = "triton_v6"
+
+
+def _numbered(impl: str) -> list[int]:
+    """The N of this folder's <impl>_vN.py files, ascending: the table below follows the files
+    (hand-kept ranges missed cuda_v17 in session 45 and cuda_v21 in session 48)."""
+    here = Path(__file__).parent
+    return sorted(int(f.stem.rsplit("_v", 1)[1]) for f in here.glob(f"{impl}_v*.py"))
+
+
+# every <impl>_vN.py is variant <impl>_vN, its op function int4_moe_<impl>
 VARIANTS: dict[str, dict[str, str]] = {
-    "int4_moe": {f"triton_v{v}": f"{_MOD}.triton_v{v}:int4_moe_triton" for v in (*range(1, 20), *range(22, 35))}
-    | {f"gluon_v{v}": f"{_MOD}.gluon_v{v}:int4_moe_gluon" for v in (20, 21)}
-    | {f"cuda_v{v}": f"{_MOD}.cuda_v{v}:int4_moe_cuda" for v in range(1, 22)},
+    "int4_moe": {f"{impl}_v{v}": f"{_MOD}.{impl}_v{v}:int4_moe_{impl}"
+                 for impl in ("triton", "gluon", "cuda") for v in _numbered(impl)},
 }
 DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v1"): ("CUDA C++ (cupy NVRTC): warp mma.sync on weights streamed into "
