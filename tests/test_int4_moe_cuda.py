@@ -173,18 +173,23 @@ def test_replace_with_repacked_frees_the_checkpoint_copy():
 
 
 def test_shared_memory_opt_in_follows_the_kernel_not_its_wrapper(monkeypatch):
-    # why: cupy makes a new Function wrapper a get_function, so two wrappers can hold one
-    # kernel (cuda_v19 / v20 kept one a KPAD value); a smaller request through one must not
-    # lower the limit below what the other's record says it asked (sessions 46 / 48: the
-    # next launch above the lowered limit failed with CUDA_ERROR_INVALID_VALUE)
+    # why: cupy makes a new RawKernel wrapper a get_function (and caches a cubin path's
+    # module), so two wrappers can hold one kernel (cuda_v19 / v20 kept one a KPAD value); a
+    # smaller request through one must not lower the limit below what the other's record says
+    # it asked (sessions 46 / 48 / 49: the next launch above the lowered limit failed with
+    # CUDA_ERROR_INVALID_VALUE). The double has RawKernel's shape: no `ptr` of its own, the
+    # handle on `kernel` (session 48's fix read `fn.ptr` and silently keyed by the wrapper)
     from workbench.kernels.int4_moe import cuda_v1
 
-    class Kernel:  # the CUfunction: one dynamic shared-memory limit
-        limit = 0
+    class Function:  # cupy.cuda.function.Function: the CUfunction, one limit
+        def __init__(self):
+            self.ptr, self.limit = 0x7F00_0000_1000, 0
 
-    class Wrapper:  # cupy's Function: ptr is the kernel's handle
+    class RawKernel:  # cupy's RawKernel: a wrapper whose `kernel` is the Function
+        __slots__ = ("kernel",)
+
         def __init__(self, kernel):
-            self.kernel, self.ptr = kernel, id(kernel)
+            self.kernel = kernel
 
         @property
         def max_dynamic_shared_size_bytes(self):
@@ -195,8 +200,8 @@ def test_shared_memory_opt_in_follows_the_kernel_not_its_wrapper(monkeypatch):
             self.kernel.limit = v
 
     monkeypatch.setattr(cuda_v1, "_SMEM_SET", {})
-    k = Kernel()
-    a, b = Wrapper(k), Wrapper(k)
+    k = Function()
+    a, b = RawKernel(k), RawKernel(k)
     for fn, smem in ((a, 200_000), (b, 100_000), (a, 150_000), (b, 180_000)):
         cuda_v1.opt_in(fn, smem)
         assert k.limit >= smem  # every launch may ask what it asks
@@ -635,6 +640,17 @@ def _check(version, cases):
     df = check("int4_moe", version, cases=cases)
     bad = df[~df["pass"]]
     assert bad.empty, bad.to_string()
+
+
+@pytest.mark.gpu
+def test_a_refused_launch_names_what_it_asked_gpu():
+    # why: a bare CUDA_ERROR_INVALID_VALUE names neither the launch nor the kernel's limits
+    # (sessions 46-49 bisected one by tests); 300 KB of shared memory is past any sm_90 limit
+    from workbench.kernels.int4_moe import cuda_v1, cuda_v19
+
+    fn = cuda_v19._xperm_kernel()
+    with pytest.raises(RuntimeError, match=r"grid \(1,\), block \(32,\), 307200 B .*refused"):
+        cuda_v1.run_kernel(fn, (1,), (32,), (), 300 * 1024)
 
 
 @pytest.mark.gpu

@@ -103,19 +103,46 @@ def _kernel(*targs: int):
 _SMEM_SET: dict = {}  # CUfunction handle -> the dynamic shared memory it was allowed
 
 
+def handle(fn) -> int:
+    """The CUfunction handle behind fn: a cupy RawKernel (what RawModule.get_function returns:
+    its `kernel` is the current device's cupy.cuda.function.Function) or such a Function."""
+    return getattr(fn, "kernel", fn).ptr
+
+
 def opt_in(fn, smem: int) -> None:
-    """Let the compiled kernel fn (a cupy Function) launch with smem bytes of dynamic shared
+    """Let the compiled kernel fn (a cupy RawKernel) launch with smem bytes of dynamic shared
     memory: past 48 KB with the static part a kernel must opt in (session 24 call 3: 48 + 4 KB
     was refused), once a size, never lowering what another launch asked. Keyed by the
-    CUfunction handle (fn.ptr), not the wrapper: cupy makes a new Function object a
-    get_function, so two wrappers of one kernel share its limit (cuda_v19 kept one a KPAD
-    value: an EDGE call's smaller request lowered the limit the other's record still
-    claimed, and the next launch above it failed with CUDA_ERROR_INVALID_VALUE, sessions 46
-    and 48)."""
-    key = getattr(fn, "ptr", None) or id(fn)
+    CUfunction handle (`handle`), not the wrapper: cupy makes a new RawKernel a get_function
+    and caches the module a cubin path, so two wrappers can hold one kernel (cuda_v19 kept one
+    a KPAD value: an EDGE call's smaller request lowered the limit the other's record still
+    claimed, and the next launch above it failed with CUDA_ERROR_INVALID_VALUE, sessions 46,
+    48 and 49; session 48's fix read `fn.ptr`, which a RawKernel lacks, and fell back to the
+    wrapper's id)."""
+    key = handle(fn)
     if smem > _SMEM_SET.get(key, 0):
         fn.max_dynamic_shared_size_bytes = smem
         _SMEM_SET[key] = smem
+
+
+def run_kernel(fn, grid: tuple, block: tuple, conv: tuple, smem: int) -> None:
+    """fn<<<grid, block, smem>>>(conv) on torch's current stream, after `opt_in`. A launch (or
+    opt-in) the driver refuses raises with what it was asked and what the kernel allows (a bare
+    CUDA_ERROR_INVALID_VALUE names neither: sessions 46-49 bisected one by tests)."""
+    import cupy
+
+    try:
+        opt_in(fn, smem)
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            fn(grid, block, conv, shared_mem=smem)
+    except cupy.cuda.driver.CUDADriverError as e:
+        k = getattr(fn, "kernel", fn)
+        allows = {a: getattr(fn, a, None) for a in ("max_dynamic_shared_size_bytes",
+                                                     "shared_size_bytes", "max_threads_per_block")}
+        raise RuntimeError(f"{getattr(fn, 'name', k)}: the launch grid {grid}, block {block}, "
+                           f"{smem} B dynamic shared memory was refused ({e}); the kernel "
+                           f"allows {allows}, its opt-in record says "
+                           f"{_SMEM_SET.get(handle(fn))}") from e
 
 
 def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
@@ -127,7 +154,6 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
     blocks the CTAs ask L2 for before their own stream (cuda_v6; zeros: none); skip:
     cuda_v1.cu's SKIP (> 0: experts with more slots left to cuda_v10's hot launch); bk:
     cuda_v1.cu's BK (> 0: the weight ring in bk stages filled by TMA bulk copies, cuda_v21)."""
-    import cupy
     import numpy as np
 
     n = mode + 1
@@ -137,9 +163,7 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     conv += tuple(np.uint64(a.data_ptr() if isinstance(a, Tensor) else a) for a in l2)
     smem = ring_bytes(kw, rw, u, bk)
-    opt_in(fn, smem)
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-        fn((-(-grid_x // rw), c["A_GRID"]), (32 * kw * rw,), conv, shared_mem=smem)
+    run_kernel(fn, (-(-grid_x // rw), c["A_GRID"]), (32 * kw * rw,), conv, smem)
 
 
 def instance(mode: int, post: int, kpad: bool, c: dict, hout: int = 0, items: int = 0,

@@ -42,7 +42,6 @@ from __future__ import annotations
 import functools
 import os
 
-import torch
 from torch import Tensor
 
 from workbench.streams import Side
@@ -175,7 +174,6 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     version's build of the same launch (`_kernel`'s signature and arguments: cuda_v19's
     wgmma pass) needing smem_pad more bytes of shared memory, warps_a_unit warps a row unit
     (cuda_v20: 2) and its own knob check (`check_hot`'s signature)."""
-    import cupy
     import numpy as np
 
     (check or check_hot)(c, p.S, p.E, smem_pad)
@@ -189,18 +187,13 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     gy = c.get("WY") or max(1, min(ctas_an_sm(mb, smem) * cuda_v1.SMS // gx, items))
     _require(isinstance(gy, int) and gy >= 1, "cfg['WY']", "an int >= 1", gy)
     fn = (kernel or _kernel)(int(p.D % mma_layout.KALIGN != 0), wu, nt, st, mb)
-    cuda_v1.opt_in(fn, smem)
     hi = c.get("WHI") or 2**31 - 1  # cuda_v12's band: only experts of at most WHI slots
     args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, hi, items)
     conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
     side = Side(h.device, bool(c.get("WS", 0)), key=SIDE_KEY, priority=-100)
     side.fork()  # h allocated (zeroed), routing and xq written; all freed after the join
 
-    def launch():
-        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            fn((gx, gy), (32 * wu * warps_a_unit,), conv, shared_mem=smem)
-
-    side.run(launch)
+    side.run(lambda: cuda_v1.run_kernel(fn, (gx, gy), (32 * wu * warps_a_unit,), conv, smem))
     return ht, side.join
 
 
