@@ -282,6 +282,60 @@ def test_gemm_out_of_resources_names_the_knobs(n, knob):
         triton_v7.launch(x, ids, w, ex, None, {"stages": 4}, triton_v7.tiles, False, gemm=gemm)
 
 
+def test_a_misspelt_knob_is_refused_by_name():
+    # why: tiles | cfg took any key, so a typo (TB for TB1, bn for BN) ran the defaults under
+    # the sweep's label; a key that is no knob of any int4_moe version is refused, naming it
+    # (every version's `tiles | cfg` goes through _common.with_cfg; PORTABLE's here, the
+    # interpreter's one)
+    from workbench.kernels.int4_moe import PORTABLE as version
+
+    ex = _experts(4, 64, 32, seed=6)
+    ids, w = _routing(3, 4, 2, seed=6)
+    x = torch.randn(3, 64).bfloat16()
+    op = _variant(version)
+    with pytest.raises(ValueError, match=r"cfg: expected knobs of int4_moe .*got \['TB', 'bn'\]"):
+        op(x, ids, w, ex, cfg={"TB": 4, "bn": 64})
+    ref = op(x, ids, w, ex)  # a known knob at its tile value still runs, the same bits
+    assert torch.equal(op(x, ids, w, ex, cfg={"BN": _tiles(version)["BN"]}), ref)
+
+
+def test_every_version_reads_only_known_knobs():
+    # why: with_cfg refuses a key outside KNOWN_KNOBS, so a knob a version adds (a tiles key, a
+    # `c.get` default, a KNOBS / DEFAULTS entry) must be listed there or a sweep naming it fails
+    import glob
+    import importlib
+    import os
+    import re
+
+    from workbench.kernels.int4_moe import _common
+
+    folder = os.path.dirname(_common.__file__)
+    seen = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*_v*.py"))):
+        name = os.path.basename(path)[:-3]
+        m = importlib.import_module(f"workbench.kernels.int4_moe.{name}")
+        keys = set()
+        tiles = getattr(m, "tiles", None)
+        for shape in ((1, 8, 384, 7168, 2048), (9, 8, 384, 7168, 2048),
+                      (512, 8, 384, 7168, 2048), (3, 2, 4, 64, 32)):
+            if tiles is not None and tiles.__code__.co_argcount >= 5:
+                keys |= set(tiles(*shape))
+        for table in ("KNOBS", "DEFAULTS", "GS_DEFAULTS"):
+            keys |= set(getattr(m, table, None) or {})
+        src = open(path).read()
+        keys |= set(re.findall(r'\bc(?:fg)?\.get\("([A-Za-z_0-9]+)"', src))
+        keys |= {k.replace("{n}", n) for k in re.findall(r'\bc\.get\(f"([A-Za-z_0-9]+\{n\})"', src)
+                 for n in "12"}
+        seen[name] = keys - _common.KNOWN_KNOBS
+    assert not any(seen.values()), {k: v for k, v in seen.items() if v}
+
+
+def _tiles(version):
+    import importlib
+
+    return importlib.import_module(f"workbench.kernels.int4_moe.{version}").tiles(3, 2, 4, 64, 32)
+
+
 def test_v7_tma_alignment_rule():
     # why: TMA needs 16-byte aligned base and strides; words of a checkpoint always are (IN / 2 B
     # rows), a view that starts one word in is not: rejected by name, never read out of bounds

@@ -38,6 +38,32 @@ def _require(ok: bool, arg: str, expected: str, got) -> None:
         raise ValueError(f"{arg}: expected {expected}, got {got}")
 
 
+# every knob some int4_moe version reads from its cfg: its tiles' keys, the keys read with a
+# default (`c.get`), cuda_v8's KNOBS and cuda_v20's split keys (tests/test_int4_moe_kernel.py
+# checks each version's tiles and sources against it). One vocabulary for the op, not one a
+# version: a sweep's cfg may hold knobs of the launches another T or hint takes.
+KNOWN_KNOBS = frozenset({
+    "AB", "A_GRID", "BD_COMBINE", "BM", "BM1", "BM1_HOT", "BM2", "BM2_HOT", "BN", "BN1", "BN2",
+    "BN_HOT", "CH1", "CH2", "CL", "CU_A_GRID", "DN", "DS", "EA", "EF", "F8", "FC", "FUSE_T",
+    "GB", "GS", "GU", "HOT", "HOT_GRID", "IL", "IT1", "KS1", "KS2", "KW1", "KW2", "L2D",
+    "LMIN1", "LMIN2", "LY", "MINB", "NH2", "NN1", "NN2", "NP", "PF", "PF01", "PF02", "PF1",
+    "PF2", "PH", "PROGS1", "PROGS2", "RO", "ROUTE1", "ROUTE_SORT", "RW1", "RW2", "SMB", "SNT",
+    "SPLIT1", "SPLIT2", "SST", "SU", "S_EXP", "TB1", "TPS1", "TPS2", "U", "U1", "U2", "W", "WB",
+    "WBMB", "WBNT", "WBST", "WBU", "WG", "WHI", "WIDE", "WMB", "WNT", "WS", "WST", "WT", "WU",
+    "WY", "XB1", "XB2", "maxnreg", "stages", "warps"})
+
+
+def with_cfg(tiles: dict, cfg: dict | None) -> dict:
+    """The call's knobs: tiles | cfg, refusing a cfg key that is no knob of int4_moe
+    (KNOWN_KNOBS): a misspelt knob would otherwise be ignored, and a sweep would time the
+    defaults under its name."""
+    cfg = cfg or {}
+    _require(isinstance(cfg, dict), "cfg", "a dict of knob -> value", type(cfg).__name__)
+    unknown = sorted(k for k in cfg if k not in tiles and k not in KNOWN_KNOBS)
+    _require(not unknown, "cfg", f"knobs of int4_moe (one of {sorted(KNOWN_KNOBS)})", unknown)
+    return tiles | cfg
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 

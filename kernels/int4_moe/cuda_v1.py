@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from . import mma_layout
-from ._common import _require, check_inputs, combine
+from ._common import _require, check_inputs, combine, with_cfg
 from .triton_v26 import expected_active
 
 SMS = 132  # H200 multiprocessors (the tile rule's target; shapes only, not read off a device)
@@ -125,6 +125,15 @@ def opt_in(fn, smem: int) -> None:
         _SMEM_SET[key] = smem
 
 
+def _attribute(fn, name: str):
+    """A kernel attribute for an error message; the driver's error, not a second raise, where
+    the query fails too."""
+    try:
+        return getattr(fn, name)
+    except Exception as e:  # noqa: BLE001 (the message must still be raised)
+        return f"? ({type(e).__name__})"
+
+
 def run_kernel(fn, grid: tuple, block: tuple, conv: tuple, smem: int) -> None:
     """fn<<<grid, block, smem>>>(conv) on torch's current stream, after `opt_in`. A launch (or
     opt-in) the driver refuses raises with what it was asked and what the kernel allows (a bare
@@ -136,10 +145,9 @@ def run_kernel(fn, grid: tuple, block: tuple, conv: tuple, smem: int) -> None:
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             fn(grid, block, conv, shared_mem=smem)
     except cupy.cuda.driver.CUDADriverError as e:
-        k = getattr(fn, "kernel", fn)
-        allows = {a: getattr(fn, a, None) for a in ("max_dynamic_shared_size_bytes",
-                                                     "shared_size_bytes", "max_threads_per_block")}
-        raise RuntimeError(f"{getattr(fn, 'name', k)}: the launch grid {grid}, block {block}, "
+        allows = {a: _attribute(fn, a) for a in ("max_dynamic_shared_size_bytes",
+                                                 "shared_size_bytes", "max_threads_per_block")}
+        raise RuntimeError(f"{getattr(fn, 'name', fn)}: the launch grid {grid}, block {block}, "
                            f"{smem} B dynamic shared memory was refused ({e}); the kernel "
                            f"allows {allows}, its opt-in record says "
                            f"{_SMEM_SET.get(handle(fn))}") from e
@@ -261,7 +269,7 @@ def launch(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate,
     E, I = experts[0].shape[:2]  # gate_packed [E, I, D / 8]
     if T == 0:
         return torch.empty(0, D, dtype=x.dtype, device=x.device)
-    c = tiles(T, K, E, D, I, expected_slots) | (cfg or {})
+    c = with_cfg(tiles(T, K, E, D, I, expected_slots), cfg)
     check_cfg(c, (1, 2))
     x, (w1, s1, NU1, C1), (w2, s2, NU2, C2, KP2) = operands(x, experts, c)
     r = _router(topk_ids, E, T, K, D, I)

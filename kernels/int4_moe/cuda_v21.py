@@ -37,6 +37,10 @@ vs 3.21 GB of DRAM reads, with **half the L2 sectors** (155.6 M vs 310.7 M: cuda
 prefetch touched every weight sector twice) and a third of the L2 requests from the SMs (27.0 M
 vs 77.4 M). On the H100 the launch stays DRAM-bound (90 % of peak); whether the lighter L2
 load frees the H200's skewed launches (~2.85 TB/s there, session 46) is the next H200 call's.
+Session 49 (another H100 80GB, traces/gpu/session49): the REAL bench again, the same 11 of 14;
+uniform T 9 slower a third time (593.0 vs 579.8 µs). By routing draw the loss is one draw's
+gain and three draws' losses of 5-13 µs; TB1 4 / 5 recover those but cost uniform T 17 and the
+skewed shapes, and RW1 2 / 8 change nothing, so no shape rule replaces TB1 3.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from . import mma_layout
-from ._common import _require, check_inputs
+from ._common import _require, check_inputs, with_cfg
 from .cuda_v1 import _SRC as _SRC_V1
 from .cuda_v1 import WARPS_TARGET, launch, operands, opt_in, run_kernel
 from .triton_v26 import expected_active
@@ -114,7 +114,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     E, I = experts[0].shape[:2]  # gate_packed [E, I, D / 8]
     if T == 0:
         return torch.empty(0, D, dtype=x.dtype, device=x.device)
-    c = tiles(T, K, E, D, I, expected_slots) | (cfg or {})
+    c = with_cfg(tiles(T, K, E, D, I, expected_slots), cfg)
     w = c["W"]
     _require(w in (2, 4, 8) and all(w % c[f"KW{n}"] == 0 for n in (1, 2)) and c["U"] >= 3
              and w * c["U"] * 3 <= 200 and c["MINB"] >= 1, "cfg",

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check_expected_slots, next_pow2
+from ._common import check_expected_slots, next_pow2, with_cfg
 from .triton_v3 import KT, _to_bf16, combine_cols
 from .triton_v5 import _permute_kernel, _src
 from .triton_v7 import prepare, split_tile
@@ -160,7 +160,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
         T, K = topk_ids.shape
         check_expected_slots(expected_slots, T, K)  # before the tiles read it
         E, I = experts[0].shape[:2]  # gate words [E, I, D / 8]
-        small = fused(tiles(T, K, E, x.shape[1], I, expected_slots) | (cfg or {}), T)
+        small = fused(with_cfg(tiles(T, K, E, x.shape[1], I, expected_slots), cfg), T)
     if not small:
         return _v16(x, topk_ids, topk_weights, experts, validate=validate, cfg=cfg,
                     expected_slots=expected_slots)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, _split_bf16, check_inputs, combine, next_pow2, route
+from ._common import INTERPRET, _split_bf16, check_inputs, combine, next_pow2, route, with_cfg
 
 KT = 256  # inputs per planar tile: 8 slabs of 32 (one scale group each)
 _CACHE: dict = {}  # key(tensor) -> (weakref(tensor), repacked)
@@ -179,7 +179,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     if T == 0:
         return torch.empty(0, D, dtype=x.dtype, device=x.device)
     gp, gs, up, us, dp, ds = repack(experts)
-    cfg = tiles(T) | (cfg or {})
+    cfg = with_cfg(tiles(T), cfg)
     r = route(topk_ids, E)
     act = torch.empty(T * K, I, dtype=torch.float32, device=x.device)  # [S, I] sorted order
     y = torch.empty(T * K, D, dtype=torch.float32, device=x.device)  # [S, D] slot order

@@ -47,6 +47,7 @@ from ._common import (
     next_pow2,
     pdl_start,
     route,
+    with_cfg,
 )
 
 KT = 256  # inputs per K tile: 32 words x 8 nibbles
@@ -256,7 +257,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
         if a.stride() != b.stride():  # gate and up share one offset computation
             raise ValueError(f"experts.{name}: expected the strides of its gate twin "
                              f"{a.stride()}, got {b.stride()}")
-    c = tiles(T, K, E, D, I) | (cfg or {})
+    c = with_cfg(tiles(T, K, E, D, I), cfg)
     S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
     dev = x.device
     run = dict(num_warps=c["warps"], num_stages=c["stages"])

@@ -59,6 +59,7 @@ from ._common import (
     next_pow2,
     pdl_start,
     route,
+    with_cfg,
 )
 from .triton_v3 import KT, _combine_kernel, _splits
 
@@ -341,7 +342,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
         if a.stride() != b.stride():  # gate and up share one offset computation
             raise ValueError(f"experts.{name}: expected the strides of its gate twin "
                              f"{a.stride()}, got {b.stride()}")
-    c = tiles(T, K, E, D, I) | (cfg or {})
+    c = with_cfg(tiles(T, K, E, D, I), cfg)
     S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
     if max(T * Dp, S * 2 * Ip) >= 2**31:  # the GEMM's activation offsets are int32
         raise ValueError(f"x: expected T * K * 2 * ceil(I / {KT}) * {KT} < 2^31 activation "

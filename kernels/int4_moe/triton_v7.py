@@ -42,7 +42,16 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import INTERPRET, _require, check_inputs, next_pow2, pdl_launch, pdl_start, route
+from ._common import (
+    INTERPRET,
+    _require,
+    check_inputs,
+    next_pow2,
+    pdl_launch,
+    pdl_start,
+    route,
+    with_cfg,
+)
 from .mma_layout import GATE_UP
 from .triton_v3 import KT, _combine_kernel
 from .triton_v5 import _ablate, _pairs, _permute_kernel, _silu_kernel, _slab
@@ -307,7 +316,7 @@ def prepare(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, validate
     E, I = gp.shape[0], gp.shape[1]
     if T == 0:
         return None
-    c = tiles_of(T, K, E, D, I) | (cfg or {})
+    c = with_cfg(tiles_of(T, K, E, D, I), cfg)
     S, Dp, Ip = T * K, triton.cdiv(D, KT) * KT, triton.cdiv(I, KT) * KT
     if max(T * Dp, S * 2 * Ip) >= 2**31:  # the GEMM's activation offsets are int32
         raise ValueError(f"x: expected T * K * 2 * ceil(I / {KT}) * {KT} < 2^31 activation "
