@@ -318,8 +318,10 @@ def test_every_version_reads_only_known_knobs():
         tiles = getattr(m, "tiles", None)
         for shape in ((1, 8, 384, 7168, 2048), (9, 8, 384, 7168, 2048),
                       (512, 8, 384, 7168, 2048), (3, 2, 4, 64, 32)):
-            if tiles is not None and tiles.__code__.co_argcount >= 5:
-                keys |= set(tiles(*shape))
+            n = tiles.__code__.co_argcount if tiles is not None else 0
+            if n:  # (T), (T, D, I) or (T, K, E, D, I[, slots])
+                T, K, E, D, I = shape
+                keys |= set(tiles(*{1: (T,), 3: (T, D, I)}.get(n, shape)))
         for table in ("KNOBS", "DEFAULTS", "GS_DEFAULTS"):
             keys |= set(getattr(m, table, None) or {})
         src = open(path).read()
