@@ -299,6 +299,24 @@ def test_a_misspelt_knob_is_refused_by_name():
     assert torch.equal(op(x, ids, w, ex, cfg={"BN": _tiles(version)["BN"]}), ref)
 
 
+def test_a_refused_sweep_config_is_an_error_row_not_the_end_of_the_sweep(capsys):
+    # why: the CLI sweeps a GPU plan's config list in one process; a config the op refuses by
+    # name (a ValueError: a knob out of range, a build past the GPU's shared memory) used to
+    # end the run and lose every later row of the call
+    from workbench.kernels.int4_moe import triton_v5
+
+    def refused():
+        raise ValueError("cfg['TB1']: expected 0 or an int in 2..8 (bulk ring stages), got 9")
+
+    assert triton_v5.refused_or(refused, 512, "TB1=9") is None
+    line = capsys.readouterr().out
+    assert line.startswith("512   TB1=9") and "error (refused; the sweep goes on)" in line
+    assert "cfg['TB1']" in line
+    assert triton_v5.refused_or(lambda: 7, 9, "base") == 7
+    with pytest.raises(RuntimeError):  # anything but a refusal still ends the run
+        triton_v5.refused_or(lambda: (_ for _ in ()).throw(RuntimeError("launch")), 9, "base")
+
+
 def test_every_version_reads_only_known_knobs():
     # why: with_cfg refuses a key outside KNOWN_KNOBS, so a knob a version adds (a tiles key, a
     # `c.get` default, a KNOBS / DEFAULTS entry) must be listed there or a sweep naming it fails

@@ -510,6 +510,7 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     per_expert = sum(t[0].numel() * t.element_size() for t in ex)
     fns = {name: _cli_config(name, launcher or int4_moe_triton) for name in a.cfgs.split(";")}
     print("T     config                 us      TB/s (touched experts)  graph")
+    refused = 0  # rows whose config the op refused (`refused_or`)
     for T in map(int, a.T.split(",")):
         ids = r.distinct(E, K, T)
         if a.skew > 0:  # the int4_moe cases' skewed routing
@@ -530,7 +531,11 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
         for _ in range(a.rounds):
             for name, fn in fns.items():
                 os.environ["INT4_MOE_V5_ABLATE"] = "nodequant" if name == "nodequant" else ""
-                t = time_calls(fn, [((x, ids, w, ex), extra)], "cuda", a.seconds, "on")
+                t = refused_or(functools.partial(time_calls, fn, [((x, ids, w, ex), extra)],
+                                                 "cuda", a.seconds, "on"), T, name)
+                if t is None:
+                    refused += 1
+                    continue
                 seen[name].append(t.us)
                 print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
                       flush=True)
@@ -539,11 +544,25 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
                                      phase_bytes=(gu, touched - gu))
         if a.rounds > 1:
             for name, us in seen.items():
+                if not us:
+                    continue
                 med = sorted(us)[(len(us) - 1) // 2]  # the lower middle, as bench --rounds
                 print(f"{T:<5} {name:<20} {med:9.1f} {touched / med / 1e6:8.2f}  median of "
                       f"{a.rounds}: " + " ".join(f"{u:.1f}" for u in us), flush=True)
     os.environ.pop("INT4_MOE_V5_ABLATE", None)
-    return 0
+    return 1 if refused else 0  # every other row timed; the refused ones said why
+
+
+def refused_or(run, T: int, name: str):
+    """run() (one row of `_main`'s sweep), or None where the op refuses the config's knobs (a
+    ValueError naming them: a knob out of range, a build the GPU cannot hold, a misspelt key):
+    the row prints the refusal as an error and the sweep goes on, so one bad config of a GPU
+    plan's list does not lose the others' rows."""
+    try:
+        return run()
+    except ValueError as e:
+        print(f"{T:<5} {name:<20} error (refused; the sweep goes on): {e}", flush=True)
+        return None
 
 
 def _cli_config(name: str, launcher):
