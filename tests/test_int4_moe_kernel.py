@@ -320,17 +320,14 @@ def test_a_refused_sweep_config_is_an_error_row_not_the_end_of_the_sweep(capsys)
 def test_every_version_reads_only_known_knobs():
     # why: with_cfg refuses a key outside KNOWN_KNOBS, so a knob a version adds (a tiles key, a
     # `c.get` default, a KNOBS / DEFAULTS entry) must be listed there or a sweep naming it fails
-    import glob
     import importlib
-    import os
+    import inspect
     import re
 
-    from workbench.kernels.int4_moe import _common
+    from workbench.kernels.int4_moe import VARIANTS, _common
 
-    folder = os.path.dirname(_common.__file__)
     seen = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*_v*.py"))):
-        name = os.path.basename(path)[:-3]
+    for name in VARIANTS["int4_moe"]:  # every <impl>_vN.py (tests/test_registry.py)
         m = importlib.import_module(f"workbench.kernels.int4_moe.{name}")
         keys = set()
         tiles = getattr(m, "tiles", None)
@@ -342,7 +339,7 @@ def test_every_version_reads_only_known_knobs():
                 keys |= set(tiles(*{1: (T,), 3: (T, D, I)}.get(n, shape)))
         for table in ("KNOBS", "DEFAULTS", "GS_DEFAULTS"):
             keys |= set(getattr(m, table, None) or {})
-        src = open(path).read()
+        src = inspect.getsource(m)
         keys |= set(re.findall(r'\bc(?:fg)?\.get\("([A-Za-z_0-9]+)"', src))
         keys |= {k.replace("{n}", n) for k in re.findall(r'\bc\.get\(f"([A-Za-z_0-9]+\{n\})"', src)
                  for n in "12"}

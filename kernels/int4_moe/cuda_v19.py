@@ -152,7 +152,6 @@ def xperm_reference(x: Tensor, k_real: int, KP: int) -> Tensor:
 def xperm(xq: Tensor, k_real: int, KP: int) -> Tensor:
     """xp [T, KP] bf16: xq's rows in logical-k order, zeros past k_real (cuda_v19.cu's
     int4_moe_xperm, on the current stream)."""
-    import cupy
     import numpy as np
 
     T = xq.shape[0]
@@ -166,8 +165,7 @@ def xperm(xq: Tensor, k_real: int, KP: int) -> Tensor:
         fn = _xperm_kernel()
         args = (np.uint64(xq.data_ptr()), np.uint64(xp.data_ptr()), np.int32(T),
                 np.int32(xq.stride(0)), np.int32(k_real), np.int32(KP))
-        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            fn((-(-n // 256),), (256,), args)
+        cuda_v1.run_kernel(fn, (-(-n // 256),), (256,), args, 0)
     return xp
 
 

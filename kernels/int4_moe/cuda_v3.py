@@ -130,7 +130,7 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     fn = _kernel(1, int(D % mma_layout.KALIGN != 0), int(I % mma_layout.KALIGN != 0), w,
                  c["KW1"], c["KW2"], c["U"], c["MINB"])
     smem = w * c["U"] * 6 * 32 * 16  # the rings: [warp][stage][6][32] uint4
-    opt_in(fn, smem)
+    opt_in(fn, smem)  # before the occupancy query below (run_kernel's own opt-in is a no-op)
     n_items = min(E, S) * (-(-NU1 // (w // c["KW1"])) + NB2)
     grid = min(n_items, _grid_cap(fn, 32 * w, smem, x.device.index or 0))
     import numpy as np
