@@ -214,6 +214,10 @@ Versions (README.md has the design and the version log), each with the contract 
                scales on an mbarrier, cuda_v8's GB 1 form) instead of cp.async and the L2
                prefetch; cuda_v18's bits (session 48, H100: bitwise, 1-3 % faster at 11 of 14 REAL
                shapes, uniform T 9 2 % slower; BEST)
+    cuda_v22   cuda_v21 with the Triton hot launch's programs (the down GEMM's, alone after
+               the cold down at large T) dealt (hot expert, slot chunk) items in turn instead
+               of whole hot experts (HI 16 programs an N tile): no program walks the hottest
+               expert's chunks and another's; cuda_v21's bits (not yet measured)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -391,6 +395,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v21"): ("cuda_v18 with the cold gate/up launch's weight ring filled by "
                                "TMA bulk copies (one lane a warp, an mbarrier a stage) instead "
                                "of cp.async and the L2 prefetch; cuda_v18's bits", ("sm90", "cupy")),
+    ("int4_moe", "cuda_v22"): ("cuda_v21 with the hot launch's programs dealt (hot expert, "
+                               "slot chunk) items in turn instead of whole hot experts; "
+                               "cuda_v21's bits", ("sm90", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

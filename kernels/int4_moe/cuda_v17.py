@@ -57,13 +57,14 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return cuda_v16.tiles(T, K, E, D, I, slots)
 
 
-def on_tiles(tiles_of, default_cfgs: str, hot_for=None):
+def on_tiles(tiles_of, default_cfgs: str, hot_for=None, tail_for=None):
     """(int4_moe_cuda, _main) of a version that takes cuda_v15's cut on one tile rule
     `tiles_of` (`tiles`' signature) for both sides: small hinted calls run cuda_v5's launches
     (cuda_v4's op, no hot launch), the rest cuda_v14's (cuda_v10's op with cuda_v12's hot
     bands): cuda_v17, cuda_v18. The rule's non-small side is the version's own, so a later
     rule that changes it is not silently left on cuda_v16's tiles. hot_for: a later version's
-    hot hook (cuda_v12's `launch_bands` signature: cuda_v19's wgmma pass)."""
+    hot hook (cuda_v12's `launch_bands` signature: cuda_v19's wgmma pass); tail_for: a later
+    version's tail (cuda_v4's `tail` signature, both sides: cuda_v22's hot down items)."""
 
     def op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
            validate: bool | None = None, cfg: dict | None = None,
@@ -71,10 +72,11 @@ def on_tiles(tiles_of, default_cfgs: str, hot_for=None):
         if cuda_v15.small_hinted(expected_slots, cuda_v15.num_experts(experts)):
             return cuda_v4.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                          cfg=cfg, expected_slots=expected_slots,
-                                         tiles_for=tiles_of)
+                                         tiles_for=tiles_of, tail=tail_for)
         return cuda_v10.int4_moe_cuda(x, topk_ids, topk_weights, experts, validate=validate,
                                       cfg=cfg, expected_slots=expected_slots, tiles_for=tiles_of,
-                                      hot_for=hot_for or cuda_v12.launch_bands)
+                                      hot_for=hot_for or cuda_v12.launch_bands,
+                                      tail_for=tail_for)
 
     op.__name__ = op.__qualname__ = "int4_moe_cuda"
     op.__doc__ = (f"The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v15's cut on "

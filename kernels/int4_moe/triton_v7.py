@@ -173,9 +173,10 @@ def expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_pt
                 K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
                 TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                 OUT_BY_SLOT: tl.constexpr, ZERO: tl.constexpr, ABLATE: tl.constexpr,
-                INTERPRET: tl.constexpr):
+                INTERPRET: tl.constexpr, ONE_CHUNK: tl.constexpr = False, m_one=0):
     """Active expert a's N tile pid_n over K tiles [kt0, kt1), every BM-slot chunk of its
-    slots, stored as partial ks of out; TWO: tiles >= NT1 take the second projection (w2_desc,
+    slots (ONE_CHUNK, cuda_v22's hot items: only the chunk from slot m_one), stored as partial
+    ks of out; TWO: tiles >= NT1 take the second projection (w2_desc,
     col += NOUT), else one projection only. v8 compiles the select in its down launch too
     (descriptors passed twice, NT1 = its tile count: never taken): with the select the
     descriptor addresses stay uniform registers; v7's down GEMM, without it, moves them from
@@ -201,7 +202,8 @@ def expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_pt
     s_row = wsc + e.to(tl.int64) * s_se + n[:, None].to(tl.int64) * s_sn  # unused if S_TMA
     words = IN // 8
     i = tl.arange(0, NH * BM)  # [R] MMA columns: slot i % BM, half i // BM
-    for m0 in range(0, cnt, BM):
+    # ONE_CHUNK: one pass, from m_one (a step of cnt ends the loop after it)
+    for m0 in range(m_one if ONE_CHUNK else 0, cnt, cnt if ONE_CHUNK else BM):
         r = m0 + i % BM
         rm = r < cnt
         slot = tl.load(slots_ptr + start + r, mask=rm, other=0)

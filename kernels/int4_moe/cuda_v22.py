@@ -1,0 +1,126 @@
+"""int4_moe cuda_v22: cuda_v21 with the Triton hot launch's programs (the down GEMM's, after
+the cold down launch) taking (hot expert, BM-slot chunk) items in turn instead of whole hot
+experts.
+
+Why (session 49 call 5, H100 80GB, traces/gpu/session49, by kernel): at skewed T 512 (74 % of
+copy, the one REAL shape under the bar's 85) the down phase is the cold `_gemm_kernel` 1113 µs
+and then `_gemm_hot_kernel` 287 µs alone at the end, for 11 hot experts holding 2018 of the
+4096 slots (73-457 each, this draw). triton_v16's hot program h walks the hot experts of rank
+h, h + H, ... (H = HOT_GRID 8 an N tile), ranked by expert id, each over all its BM2_HOT (64)
+slot chunks: the launch lasts as long as its longest walk, here one program's 8 chunks of the
+457-slot expert plus whatever expert of rank h + 8 it drew (the 39 chunks of all 11 over 8
+programs would be 5 each). Here program h takes items h, h + HI, ... of the hot experts'
+chunks in (expert, chunk) order, so no program holds more than ceil(items / HI).
+
+What: cuda_v21's tiles, dispatch and launches, with the down GEMM's launch hook
+`grid_gemm_items` (cuda_v4's tail through cuda_v17's `tail_for`): where triton_v16 makes a hot
+launch (`hot_mode`), the cold launch as before and `_gemm_hot_items_kernel` (grid: N tiles of
+BN_HOT, H = min(HI, the most items the expected slots allow)) instead of `_gemm_hot_kernel`;
+elsewhere triton_v29's `grid_gemm_idle_last` as cuda_v21. An item is triton_v7's
+`expert_tile` on one chunk (its ONE_CHUNK): the same tiles and the same fp32 chain per output
+as the whole-expert walk, so the bits are cuda_v21's (CPU test on the Triton op; GPU test).
+Knob: HI (hot item programs an N tile, default 16). Numerics, graph safety (the grid from
+shapes only; the items from the counts on the device), load step: cuda_v21's. GPU only
+(cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's and triton_v16's.
+
+Measured: not yet (plan session50_c).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import cuda_v17, cuda_v21
+from ._common import _require, next_pow2
+from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
+from .triton_v7 import _KT, down_combine, expert_tile, grid_gemm
+from .triton_v16 import _boxes, hot_mode
+from .triton_v29 import grid_gemm_idle_last
+
+ITEMS = {"HI": 16}  # hot item programs an N tile
+
+
+def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
+    """Shapes only (graph-safe): cuda_v21's tiles with ITEMS."""
+    return cuda_v21.tiles(T, K, E, D, I, slots) | ITEMS
+
+
+@triton.jit
+def _gemm_hot_items_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
+                           w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr,
+                           act_cnt_ptr, n_act_ptr, out_ptr, s_ok, s_or, NOUT, NT1, IN, HOT,
+                           K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                           NH: tl.constexpr, TWO: tl.constexpr, S_TMA: tl.constexpr,
+                           BY_TOKEN: tl.constexpr, OUT_BY_SLOT: tl.constexpr,
+                           ABLATE: tl.constexpr, INTERPRET: tl.constexpr,
+                           BLOCK_A: tl.constexpr):
+    """Program (N tile, h): items h, h + H, ... (H programs on this axis) of the hot experts'
+    (active, > HOT slots) BM-slot chunks in (active position, chunk) order, each over all of
+    K. Position a's chunks are items end[a] - chunks[a] .. end[a] - 1 (end: the inclusive
+    prefix sum of the chunk counts), so item j's position is the count of positions whose end
+    is <= j."""
+    idx = tl.arange(0, BLOCK_A)  # [BLOCK_A] active positions (BLOCK_A >= the grid's A)
+    cnt = tl.load(act_cnt_ptr + idx, mask=idx < tl.load(n_act_ptr), other=0)
+    chunks = tl.where(cnt > HOT, tl.cdiv(cnt, BM), 0)  # [BLOCK_A] items of each position
+    end = tl.cumsum(chunks, 0)  # [BLOCK_A] items up to and including each position
+    for j in tl.range(tl.program_id(1), tl.sum(chunks, 0), tl.num_programs(1)):
+        a = tl.sum((end <= j).to(tl.int32), 0)  # the position whose items hold j
+        first = tl.sum(tl.where(idx == a, end - chunks, 0), 0)  # its first item
+        expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
+                    w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
+                    out_ptr, s_ok, s_or, NOUT, NT1, IN, a, tl.program_id(0), 0,
+                    tl.cdiv(IN, _KT), 0, 0, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT,
+                    False, ABLATE, INTERPRET, True, (j - first) * BM)
+
+
+def item_programs(c: dict, n: int, max_active: int) -> int:
+    """H, the items programs an N tile of GEMM n's hot launch: HI, at most the items the
+    expected slots allow (each hot expert > HOT slots: at most S_EXP // (HOT + 1) of them,
+    S_EXP // BM + that many chunks). Shapes only."""
+    hi = c.get("HI", ITEMS["HI"])
+    _require(isinstance(hi, int) and hi >= 1, "cfg['HI']", "an int >= 1 (hot item programs "
+             "an N tile)", hi)
+    bm = c["BM1_HOT"] if n == 1 else c["BM2_HOT"]
+    n_hot = min(max_active, c["S_EXP"] // (c["HOT"] + 1))
+    return max(1, min(hi, c["S_EXP"] // bm + n_hot))
+
+
+def hot_items_launch(n: int, c: dict, r, args: tuple, kw: dict) -> None:
+    """GEMM n's hot launch as items (`_gemm_hot_items_kernel`) with the cold launch's `args` /
+    `kw`: triton_v16's `hot_launch` but for the program axis and the kernel."""
+    bn = c["BN_HOT"]
+    nt = triton.cdiv(args[19], bn)  # args[19]: NOUT
+    hot_args = list(args)
+    hot_args[3:7] = [_boxes(d, bn) for d in args[3:7]]
+    hot_args[20] = nt  # NT1: the N tiles of one projection at BN_HOT
+    hot_kw = dict(kw, BN=bn, BM=c["BM1_HOT"] if n == 1 else c["BM2_HOT"])
+    _gemm_hot_items_kernel[(2 * nt if n == 1 else nt, item_programs(c, n, r.max_active), 1)](
+        *hot_args, c["HOT"], BLOCK_A=next_pow2(r.max_active), **hot_kw)
+
+
+def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
+    """A GEMM launch hook (triton_v7's `gemm` signature): where triton_v16 splits GEMM n
+    into cold and hot launches (`hot_mode`), the cold one and the hot items launch; else
+    triton_v29's `grid_gemm_idle_last` (cuda_v21's)."""
+    if c[f"KS{n}"] != 1 or not hot_mode(c, r.bad.shape[0]):
+        return grid_gemm_idle_last(n, c, r, NT, args, kw)
+    grid_gemm(n, c, r, NT, args, dict(kw, HOT=c["HOT"]))  # cold: v7's, counts <= HOT
+    hot_items_launch(n, c, r, args, kw)
+
+
+def tail_items(p, h, join, topk_ids, topk_weights, experts):
+    """cuda_v4's tail: the join, then the down GEMM through `grid_gemm_items` and the
+    combine (cuda_v4's default tail with this hook)."""
+    if join is not None:
+        join()
+    return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_items,
+                        down_select=True, dep={})
+
+
+# the op and its CLI: cuda_v17's dispatch on this file's tiles and tail
+int4_moe_cuda, _main = cuda_v17.on_tiles(tiles, "v=cuda_v21;base", tail_for=tail_items)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,121 @@
+"""int4_moe cuda_v22 (cuda_v21 with the hot launch's programs over (hot expert, slot chunk)
+items): on the CPU the tile rule, the items grid's rule and HI's refusal by name, and the items
+launch itself under the Triton interpreter on triton_v16's op (every hot chunk written once,
+triton_v16's whole-expert walk bit for bit at any program count); on the GPU the op bit for
+bit cuda_v21's (skewed and uniform REAL shapes, eager and graph-replayed, HI 1 / 3 / 64). The
+shared suites (EDGE, REAL, EP8, graph replay) run it from tests/test_int4_moe_cuda.py's
+CUDA_VERSIONS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_int4_moe_cuda_v10 import _routing as _real_routing
+from test_int4_moe_kernel import (_bits_equal, _experts, _hot_routing, _poisoned_buffers,
+                                  _routing)
+
+from workbench.kernels.int4_moe import cuda_v21, cuda_v22, triton_v16
+from workbench.reference.int4_moe import int4_moe
+
+KIMI = dict(K=8, D=7168, I=2048)
+
+
+def test_v22_tiles_are_v21s_with_the_item_programs():
+    for T, E, hint in ((1, 384, None), (9, 384, None), (128, 384, None), (512, 384, None),
+                       (17, 48, 17), (544, 48, 544)):
+        assert cuda_v22.tiles(T, E=E, **KIMI, slots=hint) == (
+            cuda_v21.tiles(T, E=E, **KIMI, slots=hint) | {"HI": 16}), (T, E, hint)
+
+
+def test_v22_item_programs_are_hi_within_what_the_slots_allow():
+    # why: the grid is sized from shapes only (graph-safe); more programs than the expected
+    # slots can make items would only launch idle ones
+    c = cuda_v22.tiles(512, E=384, **KIMI)  # S_EXP 4096, HOT 64, BM2_HOT 64, BM1_HOT 128
+    assert cuda_v22.item_programs(c, 2, 384) == 16
+    assert cuda_v22.item_programs(c | {"HI": 200}, 2, 384) == 4096 // 64 + 4096 // 65
+    assert cuda_v22.item_programs(c | {"HI": 200}, 1, 384) == 4096 // 128 + 4096 // 65
+    assert cuda_v22.item_programs(c | {"S_EXP": 1}, 2, 384) == 1
+    for bad in (0, -1, 2.0, None):
+        with pytest.raises(ValueError, match=r"cfg\['HI'\]"):
+            cuda_v22.item_programs(c | {"HI": bad}, 2, 384)
+
+
+@pytest.mark.parametrize("hot, hi, why", [
+    (5, 1, "one program an N tile walks all five items of experts 1 and 3 in turn"),
+    (5, 2, "two programs: items alternate, a chunk of expert 1 beside one of expert 3"),
+    (5, 64, "more programs than items: the rest idle"),
+    (0, 3, "every active expert hot (2-20 slots: 1-3 chunks each), the cold launch idle"),
+])
+def test_v22_hot_items_are_the_whole_expert_walk_bit_for_bit(monkeypatch, hot, hi, why):
+    # why: an item is `expert_tile` on one BM chunk, the same tile arithmetic as triton_v16's
+    # walk over the expert's chunks; every hot slot row of the partials must be written by
+    # exactly one item (intermediates NaN-filled first) whichever program takes it
+    _poisoned_buffers(monkeypatch)
+    T, E, D, I, K = 20, 6, 512, 256, 2
+    ex = _experts(E, D, I, seed=22 + hot)
+    _, w = _routing(T, E, K, seed=22)
+    ids = _hot_routing(T)  # expert 1: 20 slots, 3: 11 (one slot -1 below), 0 / 2 / 4: 2-3
+    ids[0, 1] = -1
+    x = torch.randn(T, D).bfloat16()
+    # unsplit (D 2, I 1 K tiles), 8-slot chunks: expert 1 three, expert 3 two
+    cfg = {"HOT": hot, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1, "BM1_HOT": 8, "BM2_HOT": 8,
+           "HI": hi}
+    assert triton_v16.hot_mode(triton_v16.tiles(T, K, E, D, I) | cfg, T)
+    want = triton_v16.int4_moe_triton(x, ids, w, ex, cfg=cfg)
+    out = triton_v16.launch_hinted(x, ids, w, ex, None, cfg, None, triton_v16.tiles,
+                                   gemm=cuda_v22.grid_gemm_items)
+    assert not out.isnan().any()
+    assert _bits_equal(out, want), why
+    assert torch.allclose(out.float(), int4_moe(x, ids, w, ex).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_v22_without_a_hot_launch_is_the_idle_last_grid(monkeypatch):
+    # why: where triton_v16 makes no hot launch (T <= HOT, or a GEMM split along K) the hook
+    # must be cuda_v21's, not an items launch over nothing
+    from workbench.kernels.int4_moe import triton_v29
+
+    seen = []
+    monkeypatch.setattr(cuda_v22, "grid_gemm_idle_last", lambda *a: seen.append(a[0]))
+    monkeypatch.setattr(cuda_v22, "hot_items_launch", lambda *a: seen.append("items"))
+
+    class R:  # the router's result as the hook reads it: T rows of bad flags
+        bad = torch.zeros(64)
+        max_active = 384
+
+    c = cuda_v22.tiles(64, E=384, **KIMI)
+    cuda_v22.grid_gemm_items(2, c, R, 56, (), {})
+    cuda_v22.grid_gemm_items(2, c | {"KS2": 2}, R, 56, (), {})
+    assert seen == [2, 2]
+    assert triton_v29.grid_gemm_idle_last is not cuda_v22.grid_gemm_idle_last  # patched here only
+
+
+# ------------------------------------------------------------------ on the GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, skew", [(65, 1.2), (128, 1.2), (512, 1.2), (512, 0.0), (9, 0.0)])
+def test_v22_is_cuda_v21_bit_for_bit_gpu(real_experts, T, skew):
+    # why: the items are the same expert tiles as cuda_v21's whole-expert walk; only which
+    # program runs a chunk differs (NaN-filled graph output first)
+    x, ids, w, ex = _real_routing(real_experts, T, skew, 5400 + T)
+    a = cuda_v22.int4_moe_cuda(x, ids, w, ex)
+    assert torch.equal(a, cuda_v21.int4_moe_cuda(x, ids, w, ex))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuda_v22.int4_moe_cuda(x, ids, w, ex)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [{"HI": 1}, {"HI": 3}, {"HI": 64}, {"HOT": 16, "HI": 5}],
+                         ids=lambda c: ",".join(f"{k}{v}" for k, v in c.items()))
+def test_v22_item_program_counts_change_no_bit_gpu(real_experts, cfg):
+    # why: HI only deals the same items to more or fewer programs; HOT moves experts between
+    # the cold and the hot launch, so its twin is cuda_v21 at the same HOT
+    x, ids, w, ex = _real_routing(real_experts, 512, 1.2, 5500)
+    base = {"HOT": cfg["HOT"]} if "HOT" in cfg else None
+    want = cuda_v21.int4_moe_cuda(x, ids, w, ex, cfg=base)
+    assert torch.equal(cuda_v22.int4_moe_cuda(x, ids, w, ex, cfg=cfg), want)
