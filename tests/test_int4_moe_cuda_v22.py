@@ -24,7 +24,7 @@ def test_v22_tiles_are_v21s_with_the_item_programs():
     for T, E, hint in ((1, 384, None), (9, 384, None), (128, 384, None), (512, 384, None),
                        (17, 48, 17), (544, 48, 544)):
         assert cuda_v22.tiles(T, E=E, **KIMI, slots=hint) == (
-            cuda_v21.tiles(T, E=E, **KIMI, slots=hint) | {"HI": 16}), (T, E, hint)
+            cuda_v21.tiles(T, E=E, **KIMI, slots=hint) | {"HI": 16, "HS": 0}), (T, E, hint)
 
 
 def test_v22_item_programs_are_hi_within_what_the_slots_allow():
@@ -89,6 +89,26 @@ def test_v22_without_a_hot_launch_is_the_idle_last_grid(monkeypatch):
     assert triton_v29.grid_gemm_idle_last is not cuda_v22.grid_gemm_idle_last  # patched here only
 
 
+def test_v22_hs_refused_by_name_and_both_launches_made(monkeypatch):
+    # why: HS picks where the items run; a value outside 0 / 1 would silently be one of them
+    seen = []
+    monkeypatch.setattr(cuda_v22, "grid_gemm", lambda *a: seen.append("cold"))
+    monkeypatch.setattr(cuda_v22, "hot_items_launch", lambda *a: seen.append("items"))
+
+    class R:
+        bad = torch.zeros(512)
+        max_active = 384
+
+    c = cuda_v22.tiles(512, E=384, **KIMI)
+    args = (torch.empty(1),)  # the hook reads the device off h
+    for bad in (2, -1, True, 1.0):
+        with pytest.raises(ValueError, match=r"cfg\['HS'\]"):
+            cuda_v22.grid_gemm_items(2, c | {"HS": bad}, R, 56, args, {})
+    for hs in (0, 1):  # on the CPU HS 1 has no side stream: the same two launches in order
+        cuda_v22.grid_gemm_items(2, c | {"HS": hs}, R, 56, args, {})
+    assert seen == ["items", "cold"] * 2
+
+
 # ------------------------------------------------------------------ on the GPU
 
 
@@ -110,11 +130,13 @@ def test_v22_is_cuda_v21_bit_for_bit_gpu(real_experts, T, skew):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"HI": 1}, {"HI": 3}, {"HI": 64}, {"HOT": 16, "HI": 5}],
+@pytest.mark.parametrize("cfg", [{"HI": 1}, {"HI": 3}, {"HI": 64}, {"HOT": 16, "HI": 5},
+                                 {"HS": 1}, {"HS": 1, "HI": 3}],
                          ids=lambda c: ",".join(f"{k}{v}" for k, v in c.items()))
 def test_v22_item_program_counts_change_no_bit_gpu(real_experts, cfg):
-    # why: HI only deals the same items to more or fewer programs; HOT moves experts between
-    # the cold and the hot launch, so its twin is cuda_v21 at the same HOT
+    # why: HI only deals the same items to more or fewer programs, HS only runs them beside
+    # the cold launch (disjoint rows of y); HOT moves experts between the cold and the hot
+    # launch, so its twin is cuda_v21 at the same HOT
     x, ids, w, ex = _real_routing(real_experts, 512, 1.2, 5500)
     base = {"HOT": cfg["HOT"]} if "HOT" in cfg else None
     want = cuda_v21.int4_moe_cuda(x, ids, w, ex, cfg=base)

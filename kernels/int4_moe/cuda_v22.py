@@ -19,7 +19,9 @@ BN_HOT, H = min(HI, the most items the expected slots allow)) instead of `_gemm_
 elsewhere triton_v29's `grid_gemm_idle_last` as cuda_v21. An item is triton_v7's
 `expert_tile` on one chunk (its ONE_CHUNK): the same tiles and the same fp32 chain per output
 as the whole-expert walk, so the bits are cuda_v21's (CPU test on the Triton op; GPU test).
-Knob: HI (hot item programs an N tile, default 16). Numerics, graph safety (the grid from
+Knobs: HI (hot item programs an N tile, default 16); HS (1: the hot items on cuda_v10's
+high-priority side stream beside the cold launch instead of after it; 0 by default until
+measured). Numerics, graph safety (the grid from
 shapes only; the items from the counts on the device), load step: cuda_v21's. GPU only
 (cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's and triton_v16's.
 
@@ -31,14 +33,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import cuda_v17, cuda_v21
+from workbench.streams import Side
+
+from . import cuda_v10, cuda_v17, cuda_v21
 from ._common import _require, next_pow2
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 from .triton_v7 import _KT, down_combine, expert_tile, grid_gemm
 from .triton_v16 import _boxes, hot_mode
 from .triton_v29 import grid_gemm_idle_last
 
-ITEMS = {"HI": 16}  # hot item programs an N tile
+ITEMS = {"HI": 16, "HS": 0}  # hot item programs an N tile; the items beside the cold launch
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
@@ -101,12 +105,23 @@ def hot_items_launch(n: int, c: dict, r, args: tuple, kw: dict) -> None:
 
 def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     """A GEMM launch hook (triton_v7's `gemm` signature): where triton_v16 splits GEMM n
-    into cold and hot launches (`hot_mode`), the cold one and the hot items launch; else
+    into cold and hot launches (`hot_mode`), the cold one and the hot items launch (HS 1: the
+    items on cuda_v10's side stream beside the cold launch, joined after it); else
     triton_v29's `grid_gemm_idle_last` (cuda_v21's)."""
     if c[f"KS{n}"] != 1 or not hot_mode(c, r.bad.shape[0]):
         return grid_gemm_idle_last(n, c, r, NT, args, kw)
+    hs = c.get("HS", ITEMS["HS"])
+    _require(hs in (0, 1) and type(hs) is int, "cfg['HS']", "0 or 1 (the hot items on a side "
+             "stream beside the cold launch)", hs)
+    # HS 1: the cold down streams weights at ~2.5 TB/s and the hot items are MMA-bound (session
+    # 49: 1113 then 287 µs in series at skewed T 512); side by side each may fill what the
+    # other leaves. Everything the items read or write (h, y, the routing) was made on the
+    # current stream before the fork, and the join comes before the combine reads y.
+    side = Side(args[0].device, bool(hs), key=cuda_v10.SIDE_KEY, priority=-100)
+    side.fork()
+    side.run(lambda: hot_items_launch(n, c, r, args, kw))
     grid_gemm(n, c, r, NT, args, dict(kw, HOT=c["HOT"]))  # cold: v7's, counts <= HOT
-    hot_items_launch(n, c, r, args, kw)
+    side.join()
 
 
 def tail_items(p, h, join, topk_ids, topk_weights, experts):
