@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_int4_moe_cuda_v10 import _routing as _real_routing
-from test_int4_moe_kernel import (_bits_equal, _experts, _hot_routing, _poisoned_buffers,
-                                  _routing)
+from test_int4_moe_kernel import _bits_equal, _experts, _hot_routing, _poisoned_buffers, _routing
 
 from workbench.kernels.int4_moe import cuda_v21, cuda_v22, triton_v16
 from workbench.reference.int4_moe import int4_moe

@@ -317,34 +317,78 @@ def test_a_refused_sweep_config_is_an_error_row_not_the_end_of_the_sweep(capsys)
         triton_v5.refused_or(lambda: (_ for _ in ()).throw(RuntimeError("launch")), 9, "base")
 
 
-def test_every_version_reads_only_known_knobs():
-    # why: with_cfg refuses a key outside KNOWN_KNOBS, so a knob a version adds (a tiles key, a
-    # `c.get` default, a KNOBS / DEFAULTS entry) must be listed there or a sweep naming it fails
+def _version_knobs(name: str) -> set:
+    """The knobs int4_moe version `name` sets or reads by name: its tiles' keys (all three
+    signatures), its KNOBS / DEFAULTS / GS_DEFAULTS tables and its `c.get` defaults."""
     import importlib
     import inspect
     import re
 
+    m = importlib.import_module(f"workbench.kernels.int4_moe.{name}")
+    keys = set()
+    tiles = getattr(m, "tiles", None)
+    for shape in ((1, 8, 384, 7168, 2048), (9, 8, 384, 7168, 2048),
+                  (512, 8, 384, 7168, 2048), (3, 2, 4, 64, 32)):
+        n = tiles.__code__.co_argcount if tiles is not None else 0
+        if n:  # (T), (T, D, I) or (T, K, E, D, I[, slots])
+            T, K, E, D, I = shape
+            keys |= set(tiles(*{1: (T,), 3: (T, D, I)}.get(n, shape)))
+    for table in ("KNOBS", "DEFAULTS", "GS_DEFAULTS"):
+        keys |= set(getattr(m, table, None) or {})
+    src = inspect.getsource(m)
+    keys |= set(re.findall(r'\bc(?:fg)?\.get\("([A-Za-z_0-9]+)"', src))
+    keys |= {k.replace("{n}", n) for k in re.findall(r'\bc\.get\(f"([A-Za-z_0-9]+\{n\})"', src)
+             for n in "12"}
+    return keys
+
+
+def test_every_version_reads_only_known_knobs():
+    # why: with_cfg refuses a key outside KNOWN_KNOBS, so a knob a version adds (a tiles key, a
+    # `c.get` default, a KNOBS / DEFAULTS entry) must be listed there or a sweep naming it fails
     from workbench.kernels.int4_moe import VARIANTS, _common
 
-    seen = {}
-    for name in VARIANTS["int4_moe"]:  # every <impl>_vN.py (tests/test_registry.py)
-        m = importlib.import_module(f"workbench.kernels.int4_moe.{name}")
-        keys = set()
-        tiles = getattr(m, "tiles", None)
-        for shape in ((1, 8, 384, 7168, 2048), (9, 8, 384, 7168, 2048),
-                      (512, 8, 384, 7168, 2048), (3, 2, 4, 64, 32)):
-            n = tiles.__code__.co_argcount if tiles is not None else 0
-            if n:  # (T), (T, D, I) or (T, K, E, D, I[, slots])
-                T, K, E, D, I = shape
-                keys |= set(tiles(*{1: (T,), 3: (T, D, I)}.get(n, shape)))
-        for table in ("KNOBS", "DEFAULTS", "GS_DEFAULTS"):
-            keys |= set(getattr(m, table, None) or {})
-        src = inspect.getsource(m)
-        keys |= set(re.findall(r'\bc(?:fg)?\.get\("([A-Za-z_0-9]+)"', src))
-        keys |= {k.replace("{n}", n) for k in re.findall(r'\bc\.get\(f"([A-Za-z_0-9]+\{n\})"', src)
-                 for n in "12"}
-        seen[name] = keys - _common.KNOWN_KNOBS
+    seen = {name: _version_knobs(name) - _common.KNOWN_KNOBS
+            for name in VARIANTS["int4_moe"]}  # every <impl>_vN.py (tests/test_registry.py)
     assert not any(seen.values()), {k: v for k, v in seen.items() if v}
+
+
+def test_every_versions_own_knobs_are_ones_its_code_reads():
+    # why: the sweep CLI refuses a knob outside `_knobs.knobs_read(version)`; a knob the
+    # version's own tiles set (or reads with a default) missing there would refuse its own
+    # sweeps. And each version's op must say it is that version's (on_tiles makes several)
+    import importlib
+
+    from workbench.kernels.int4_moe import VARIANTS, _knobs, triton_v5
+
+    for name in VARIANTS["int4_moe"]:
+        assert _version_knobs(name) <= _knobs.knobs_read(name), (
+            name, _version_knobs(name) - _knobs.knobs_read(name))
+        m = importlib.import_module(f"workbench.kernels.int4_moe.{name}")
+        assert triton_v5.version_op(m).__module__ == m.__name__, name
+
+
+def test_a_knob_of_another_versions_line_is_refused_by_the_sweep_row(capsys):
+    # why: DS (cuda_v13's split down GEMM) is a knob of int4_moe, so the op-wide check passes
+    # it to cuda_v21, whose code never reads it: the row timed cuda_v21's defaults as "DS=1"
+    import functools
+
+    from workbench.kernels.int4_moe import _knobs, cuda_v13, cuda_v21, cuda_v22, triton_v5
+
+    assert "DS" in _knobs.knobs_read("cuda_v13") and "DS" not in _knobs.knobs_read("cuda_v21")
+    assert {"SU", "SNT", "HI"}.isdisjoint(_knobs.knobs_read("cuda_v21"))  # v19 / v20 / v22's
+    assert {"TB1", "WT", "HOT", "NH2"} <= _knobs.knobs_read("cuda_v21")  # its line's
+    for name, launcher in (("DS=1", cuda_v21.int4_moe_cuda), ("HI=8", cuda_v21.int4_moe_cuda),
+                           ("v=cuda_v21,SU=4", cuda_v22.int4_moe_cuda)):
+        fn = triton_v5._cli_config(name, launcher)
+        assert triton_v5.refused_or(functools.partial(fn, None, None, None, None), 512,
+                                    name) is None
+        line = capsys.readouterr().out
+        assert "error (refused; the sweep goes on)" in line and "cuda_v21" in line, line
+        assert name.split(",")[-1].split("=")[0] in line
+    for name, launcher in (("DS=1", cuda_v13.int4_moe_cuda), ("HI=8", cuda_v22.int4_moe_cuda),
+                           ("TB1=4", cuda_v21.int4_moe_cuda), ("base", cuda_v21.int4_moe_cuda)):
+        fn = triton_v5._cli_config(name, launcher)
+        assert fn.func is launcher, name
 
 
 def _tiles(version):

@@ -79,6 +79,7 @@ def on_tiles(tiles_of, default_cfgs: str, hot_for=None, tail_for=None):
                                       tail_for=tail_for)
 
     op.__name__ = op.__qualname__ = "int4_moe_cuda"
+    op.__module__ = tiles_of.__module__  # the version's op (its CLI's knob check reads it)
     op.__doc__ = (f"The contract of `workbench.reference.int4_moe.int4_moe`: cuda_v15's cut on "
                   f"{tiles_of.__module__}'s tiles, cuda_v5's launches on small hinted calls, "
                   f"cuda_v14's elsewhere (cfg overrides the tiles).")

@@ -168,6 +168,7 @@ def on_tiles(tiles_of, default_cfgs: str):
                              expected_slots=expected_slots, tiles_for=tiles_of)
 
     op.__name__ = op.__qualname__ = "int4_moe_cuda"
+    op.__module__ = tiles_of.__module__  # the version's op (its CLI's knob check reads it)
     op.__doc__ = f"cuda_v4's op (contract, checks, launches) on {tiles_of.__module__}'s tiles."
 
     def main(argv=None) -> int:

@@ -61,6 +61,7 @@ from ._common import (
     route,
     with_cfg,
 )
+from ._knobs import knobs_read
 from .triton_v3 import KT, _combine_kernel, _splits
 
 _KT = tl.constexpr(KT)
@@ -568,7 +569,9 @@ def refused_or(run, T: int, name: str):
 def _cli_config(name: str, launcher):
     """`_main`'s config `name` as a callable (x, ids, w, experts) -> out: `base` / `nodequant`
     (the launcher as is) or comma-separated int overrides, `v=N` naming triton_vN's launcher
-    (its int4_moe_triton) for this config, `v=cuda_vN` cuda_vN's (its int4_moe_cuda)."""
+    (its int4_moe_triton) for this config, `v=cuda_vN` / `v=gluon_vN` that version's op. A knob
+    no code of the launcher's version reads (`_knobs.knobs_read`) makes a callable that
+    raises, naming it."""
     import functools
     import importlib
 
@@ -577,9 +580,28 @@ def _cli_config(name: str, launcher):
     if "v" in cfg:  # v=34: triton_v34's launcher; v=cuda_v2: cuda_v2's
         v = cfg.pop("v")
         mod = importlib.import_module(f"{__package__}.{'triton_v' + v if v.isdigit() else v}")
-        launcher = getattr(mod, "int4_moe_triton", None) or mod.int4_moe_cuda
+        launcher = version_op(mod)
     cfg = {k: int(v) for k, v in cfg.items()}
+    unread = sorted(set(cfg) - knobs_read(launcher.__module__))
+    if unread:  # refused when the row runs (`refused_or`), not when the list is read
+        return functools.partial(_refuse, f"cfg: expected knobs that {launcher.__module__}'s "
+                                 f"code reads, got {unread} (another version's; the row would "
+                                 f"time the defaults under their names)")
     return functools.partial(launcher, cfg=cfg)
+
+
+def version_op(mod):
+    """An int4_moe version module's op: its int4_moe_triton, int4_moe_gluon or int4_moe_cuda."""
+    for name in ("int4_moe_triton", "int4_moe_gluon", "int4_moe_cuda"):
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    raise ValueError(f"v: expected an int4_moe version module (an int4_moe_triton, "
+                     f"int4_moe_gluon or int4_moe_cuda), got {mod.__name__}")
+
+
+def _refuse(message: str, *args, **kwargs):
+    """A sweep row's op for a config `_cli_config` refuses: raises the ValueError it names."""
+    raise ValueError(message)
 
 
 if __name__ == "__main__":
