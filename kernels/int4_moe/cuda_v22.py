@@ -21,11 +21,11 @@ elsewhere triton_v29's `grid_gemm_idle_last` as cuda_v21. An item is triton_v7's
 as the whole-expert walk, so the bits are cuda_v21's (CPU test on the Triton op; GPU test).
 Knobs: HI (hot item programs an N tile, default 16); HS (1: the hot items on cuda_v10's
 high-priority side stream beside the cold launch instead of after it; 0 by default until
-measured). Numerics, graph safety (the grid from
-shapes only; the items from the counts on the device), load step: cuda_v21's. GPU only
-(cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's and triton_v16's.
+measured). Numerics, graph safety (the grid from shapes only; the items from the counts on the
+device), load step: cuda_v21's. GPU only (cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's
+and triton_v16's.
 
-Measured: not yet (plan session50_c).
+Measured: not yet (plans session50_e / session50_a, then session50_b).
 """
 
 from __future__ import annotations
