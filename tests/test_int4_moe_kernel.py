@@ -391,6 +391,20 @@ def test_a_knob_of_another_versions_line_is_refused_by_the_sweep_row(capsys):
         assert fn.func is launcher, name
 
 
+def test_the_knob_check_knows_a_version_run_as_main(monkeypatch):
+    # why: `python -m workbench.kernels.int4_moe.cuda_v22` defines the CLI's own op in module
+    # __main__ (session 50 call 1 looked for int4_moe/__main__.py and lost its A/B rows)
+    import sys
+    import types
+
+    from workbench.kernels.int4_moe import _knobs
+
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="workbench.kernels.int4_moe.cuda_v22")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert _knobs.knobs_read("__main__") == _knobs.knobs_read("cuda_v22")
+
+
 def _tiles(version):
     import importlib
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 from pathlib import Path
 
 from ._common import KNOWN_KNOBS
@@ -68,11 +69,19 @@ def _module(name: str) -> tuple[frozenset, frozenset]:
     return frozenset(words & KNOWN_KNOBS), frozenset(imports)
 
 
-@functools.cache
 def knobs_read(version: str) -> frozenset:
     """The knobs that int4_moe version `version` (a module name, e.g. "cuda_v21", or its
-    dotted path) or an int4_moe module it imports mentions (module docstring)."""
-    seen, todo, knobs = set(), [version.rsplit(".", 1)[-1]], set()
+    dotted path; "__main__" for the version whose CLI runs) or an int4_moe module it imports
+    mentions (module docstring)."""
+    if version == "__main__":  # a version's CLI (`python -m ...int4_moe.cuda_v22`): its op
+        version = sys.modules["__main__"].__spec__.name  # was defined in module __main__
+    return _closure(version.rsplit(".", 1)[-1])
+
+
+@functools.cache
+def _closure(name: str) -> frozenset:
+    """`knobs_read` of int4_moe module `name`."""
+    seen, todo, knobs = set(), [name], set()
     while todo:
         name = todo.pop()
         if name in seen:
