@@ -73,9 +73,15 @@ def knobs_read(version: str) -> frozenset:
     """The knobs that int4_moe version `version` (a module name, e.g. "cuda_v21", or its
     dotted path; "__main__" for the version whose CLI runs) or an int4_moe module it imports
     mentions (module docstring)."""
-    if version == "__main__":  # a version's CLI (`python -m ...int4_moe.cuda_v22`): its op
-        version = sys.modules["__main__"].__spec__.name  # was defined in module __main__
-    return _closure(version.rsplit(".", 1)[-1])
+    return _closure(version_name(version))
+
+
+def version_name(module: str) -> str:
+    """The int4_moe module name of `module` (a dotted path, or "__main__": the version whose
+    CLI runs, `python -m ...int4_moe.cuda_v22`, defines its op in module __main__)."""
+    if module == "__main__":
+        module = sys.modules["__main__"].__spec__.name
+    return module.rsplit(".", 1)[-1]
 
 
 @functools.cache

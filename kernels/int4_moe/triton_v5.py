@@ -61,7 +61,7 @@ from ._common import (
     route,
     with_cfg,
 )
-from ._knobs import knobs_read
+from ._knobs import knobs_read, version_name
 from .triton_v3 import KT, _combine_kernel, _splits
 
 _KT = tl.constexpr(KT)
@@ -584,9 +584,10 @@ def _cli_config(name: str, launcher):
     cfg = {k: int(v) for k, v in cfg.items()}
     unread = sorted(set(cfg) - knobs_read(launcher.__module__))
     if unread:  # refused when the row runs (`refused_or`), not when the list is read
-        return functools.partial(_refuse, f"cfg: expected knobs that {launcher.__module__}'s "
-                                 f"code reads, got {unread} (another version's; the row would "
-                                 f"time the defaults under their names)")
+        return functools.partial(_refuse, f"cfg: expected knobs that "
+                                 f"{version_name(launcher.__module__)}'s code reads, got "
+                                 f"{unread} (another version's; the row would time the "
+                                 f"defaults under their names)")
     return functools.partial(launcher, cfg=cfg)
 
 
