@@ -1543,8 +1543,11 @@ def test_timing_cli_configs():
     `base` the CLI's own launcher; a bad `--rounds` is refused before any CUDA work."""
     from workbench.kernels.int4_moe import triton_v5, triton_v13, triton_v16
 
-    f = triton_v5._cli_config("v=13, HOT=32", triton_v16.int4_moe_triton)
-    assert f.func is triton_v13.int4_moe_triton and f.keywords == {"cfg": {"HOT": 32}}
+    f = triton_v5._cli_config("v=13, KS1=2", triton_v16.int4_moe_triton)
+    assert f.func is triton_v13.int4_moe_triton and f.keywords == {"cfg": {"KS1": 2}}
+    f = triton_v5._cli_config("v=13, HOT=32", triton_v16.int4_moe_triton)  # v16's knob
+    with pytest.raises(ValueError, match=r"triton_v13's code reads, got \['HOT'\]"):
+        f(None, None, None, None)
     f = triton_v5._cli_config("base", triton_v16.int4_moe_triton)
     assert f.func is triton_v16.int4_moe_triton and f.keywords == {"cfg": {}}
     with pytest.raises(ValueError, match=r"--rounds: expected >= 1, got 0"):
