@@ -582,7 +582,7 @@ def _cli_config(name: str, launcher):
         mod = importlib.import_module(f"{__package__}.{'triton_v' + v if v.isdigit() else v}")
         launcher = version_op(mod)
     cfg = {k: int(v) for k, v in cfg.items()}
-    unread = sorted(set(cfg) - knobs_read(launcher.__module__))
+    unread = sorted(set(cfg) - knobs_read(launcher.__module__)) if cfg else []
     if unread:  # refused when the row runs (`refused_or`), not when the list is read
         return functools.partial(_refuse, f"cfg: expected knobs that "
                                  f"{version_name(launcher.__module__)}'s code reads, got "
