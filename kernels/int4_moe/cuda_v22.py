@@ -5,12 +5,16 @@ experts.
 Why (session 49 call 5, H100 80GB, traces/gpu/session49, by kernel): at skewed T 512 (74 % of
 copy, the one REAL shape under the bar's 85) the down phase is the cold `_gemm_kernel` 1113 µs
 and then `_gemm_hot_kernel` 287 µs alone at the end, for 11 hot experts holding 2018 of the
-4096 slots (73-457 each, this draw). triton_v16's hot program h walks the hot experts of rank
-h, h + H, ... (H = HOT_GRID 8 an N tile), ranked by expert id, each over all its BM2_HOT (64)
-slot chunks: the launch lasts as long as its longest walk, here one program's 8 chunks of the
-457-slot expert plus whatever expert of rank h + 8 it drew (the 39 chunks of all 11 over 8
-programs would be 5 each). Here program h takes items h, h + HI, ... of the hot experts'
-chunks in (expert, chunk) order, so no program holds more than ceil(items / HI).
+4096 slots (73-457 each, this draw: 39 chunks of BM2_HOT 64). triton_v16's hot program h walks
+the hot experts of rank h, h + H, ... (H = HOT_GRID 8 an N tile), ranked by expert id, each
+over all its chunks: walks of 2 to ~14 chunks. At one CTA an SM (the down build's 116.8 KB of
+shared memory, sm_90 compile) the 112 x 8 programs are ~7 waves of ~33 chunk tiles an SM, so
+the block scheduler bounds the launch by that average plus the longest walk; dealing chunks
+one at a time (program h takes items h, h + HI, ... in (expert, chunk) order) cuts the longest
+to ceil(39 / HI) = 3 at HI 16: a tail of up to ~10 chunk tiles in ~33 (how much of it the
+launch shows is the GPU's to say). HS 1 goes further: the items (MMA-bound: ~206 TFLOP/s over
+the 2018 slots) beside the cold down launch (streaming at ~2.5 TB/s), each filling what the
+other leaves, instead of after it.
 
 What: cuda_v21's tiles, dispatch and launches, with the down GEMM's launch hook
 `grid_gemm_items` (cuda_v4's tail through cuda_v17's `tail_for`): where triton_v16 makes a hot
