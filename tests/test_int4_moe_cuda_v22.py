@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sm90_compile import compile_sm90
 from test_int4_moe_cuda_v10 import _routing as _real_routing
 from test_int4_moe_kernel import _bits_equal, _experts, _hot_routing, _poisoned_buffers, _routing
 
@@ -106,6 +107,28 @@ def test_v22_hs_refused_by_name_and_both_launches_made(monkeypatch):
     for hs in (0, 1):  # on the CPU HS 1 has no side stream: the same two launches in order
         cuda_v22.grid_gemm_items(2, c | {"HS": hs}, R, 56, args, {})
     assert seen == ["items", "cold"] * 2
+
+
+@pytest.mark.slow
+def test_v22_items_kernel_builds_for_sm90_as_the_hot_kernel_does():
+    # why: the items kernel adds a prefix sum and a position search to each program; at
+    # cuda_v22's down launch (BN_HOT 64, BM2_HOT 64, NH 1) it must keep the hot kernel's
+    # registers, no spill and its shared memory (one CTA an SM: what the tail analysis assumes)
+    out = compile_sm90(
+        "import triton; from triton.backends.compiler import GPUTarget; "
+        "from triton.compiler import ASTSource; "
+        "from workbench.kernels.int4_moe import sm90, triton_v34, cuda_v22; out = {}\n"
+        "for k, sig, const, attrs, opts in sm90.capture(triton_v34, *sm90.kimi_like(512)):\n"
+        "    if k.__name__ == '_gemm_hot_kernel' and const['NH'] == 2:\n"
+        "        const = dict(const, NH=1)\n"
+        "        for fn in (k, cuda_v22._gemm_hot_items_kernel):\n"
+        "            ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, "
+        "attrs=attrs), target=GPUTarget('cuda', 90, 32), options=opts)\n"
+        "            out[fn.__name__] = [sm90.ptxas_report(ck.asm['ptx']), ck.metadata.shared, "
+        "ck.asm['ptx'].count('wgmma.mma_async'), [const['BN'], const['BM']]]")
+    hot, items = out["_gemm_hot_kernel"], out["_gemm_hot_items_kernel"]
+    assert items[3] == [64, 64], out
+    assert items == hot and "0 B spill" in items[0] and items[2] > 0, out
 
 
 # ------------------------------------------------------------------ on the GPU
