@@ -148,6 +148,21 @@ def _routing(real_experts, T, skew, seed):
     return r.normal(T, cfg.hidden_size), ids, r.uniform(T, K) + 0.05, ex
 
 
+def same_bits_eager_and_replayed(op, twin, real_experts, T, skew, seed):
+    """op's output on `_routing`'s case equals twin's bit for bit, and op captured in a CUDA
+    graph, its output NaN-filled and the graph replayed, gives the same bits again."""
+    x, ids, w, ex = _routing(real_experts, T, skew, seed)
+    a = op(x, ids, w, ex)
+    assert torch.equal(a, twin(x, ids, w, ex))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = op(x, ids, w, ex)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, a)
+
+
 def _replayed(capture, real_experts, T, skew, seed, x, ids, w):
     """capture() recorded in a CUDA graph, then a new routing (seed) copied into x / ids / w,
     the output NaN-poisoned and the graph replayed: the replay's output (what a graph-safe op

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 from test_int4_moe_cuda import _build_mma_instances, _mma_loops
-from test_int4_moe_cuda_v10 import _routing
+from test_int4_moe_cuda_v10 import _routing, same_bits_eager_and_replayed
 from test_int4_moe_cuda_v17 import ep8_rank_matches
 
 from workbench.kernels.int4_moe import cuda_v1, cuda_v4, cuda_v15, cuda_v17, cuda_v18, cuda_v21
@@ -108,16 +108,8 @@ def test_v21_cold_kernels_build_for_sm90_with_bulk_copies_and_no_local_memory(tm
 def test_v21_is_cuda_v18_bit_for_bit_gpu(real_experts, T, skew):
     # why: the bulk copies bring the same pairs to the same registers in the same order; only
     # how the weights arrive differs, so every bit is cuda_v18's (NaN-filled graph output first)
-    x, ids, w, ex = _routing(real_experts, T, skew, 5100 + T)
-    a = cuda_v21.int4_moe_cuda(x, ids, w, ex)
-    assert torch.equal(a, cuda_v18.int4_moe_cuda(x, ids, w, ex))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = cuda_v21.int4_moe_cuda(x, ids, w, ex)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, a)
+    same_bits_eager_and_replayed(cuda_v21.int4_moe_cuda, cuda_v18.int4_moe_cuda, real_experts, T,
+                                 skew, 5100 + T)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,8 @@ import pytest
 import torch
 from sm90_compile import compile_sm90
 from test_int4_moe_cuda_v10 import _routing as _real_routing
-from test_int4_moe_kernel import _bits_equal, _experts, _hot_routing, _poisoned_buffers, _routing
+from test_int4_moe_cuda_v10 import same_bits_eager_and_replayed
+from test_int4_moe_kernel import _bits_equal, _hot_case, _poisoned_buffers
 
 from workbench.kernels.int4_moe import cuda_v21, cuda_v22, triton_v16
 from workbench.reference.int4_moe import int4_moe
@@ -51,15 +52,9 @@ def test_v22_hot_items_are_the_whole_expert_walk_bit_for_bit(monkeypatch, hot, h
     # walk over the expert's chunks; every hot slot row of the partials must be written by
     # exactly one item (intermediates NaN-filled first) whichever program takes it
     _poisoned_buffers(monkeypatch)
-    T, E, D, I, K = 20, 6, 512, 256, 2
-    ex = _experts(E, D, I, seed=22 + hot)
-    _, w = _routing(T, E, K, seed=22)
-    ids = _hot_routing(T)  # expert 1: 20 slots, 3: 11 (one slot -1 below), 0 / 2 / 4: 2-3
-    ids[0, 1] = -1
-    x = torch.randn(T, D).bfloat16()
-    # unsplit (D 2, I 1 K tiles), 8-slot chunks: expert 1 three, expert 3 two
-    cfg = {"HOT": hot, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1, "BM1_HOT": 8, "BM2_HOT": 8,
-           "HI": hi}
+    x, ids, w, ex, cfg = _hot_case(22, hot)  # expert 1: 20 slots, 3: 11, 0 / 2 / 4: 2-3
+    cfg |= {"BM1_HOT": 8, "BM2_HOT": 8, "HI": hi}  # 8-slot chunks: expert 1 three, 3 two
+    T, K, E, D, I = *ids.shape, ex.num_experts, x.shape[1], ex.gate_packed.shape[1]
     assert triton_v16.hot_mode(triton_v16.tiles(T, K, E, D, I) | cfg, T)
     want = triton_v16.int4_moe_triton(x, ids, w, ex, cfg=cfg)
     out = triton_v16.launch_hinted(x, ids, w, ex, None, cfg, None, triton_v16.tiles,
@@ -139,16 +134,8 @@ def test_v22_items_kernel_builds_for_sm90_as_the_hot_kernel_does():
 def test_v22_is_cuda_v21_bit_for_bit_gpu(real_experts, T, skew):
     # why: the items are the same expert tiles as cuda_v21's whole-expert walk; only which
     # program runs a chunk differs (NaN-filled graph output first)
-    x, ids, w, ex = _real_routing(real_experts, T, skew, 5400 + T)
-    a = cuda_v22.int4_moe_cuda(x, ids, w, ex)
-    assert torch.equal(a, cuda_v21.int4_moe_cuda(x, ids, w, ex))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = cuda_v22.int4_moe_cuda(x, ids, w, ex)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, a)
+    same_bits_eager_and_replayed(cuda_v22.int4_moe_cuda, cuda_v21.int4_moe_cuda, real_experts, T,
+                                 skew, 5400 + T)
 
 
 @pytest.mark.gpu

@@ -922,6 +922,19 @@ def _hot_routing(T: int) -> torch.Tensor:
                         torch.where(t < 12, 3, torch.tensor([0, 2, 4])[t % 3])], 1)
 
 
+def _hot_case(seed: int, hot: int):
+    """(x, ids, w, experts, cfg) of the hot-path tests (v16, cuda_v22's items): T 20, E 6, D
+    512, I 256, K 2 on `_hot_routing` with slot (0, 1) not routed here (expert 3 keeps 11),
+    cfg HOT = hot with both GEMMs unsplit (D 2, I 1 K tiles)."""
+    T, E, D, I, K = 20, 6, 512, 256, 2
+    ex = _experts(E, D, I, seed=seed + hot)
+    _, w = _routing(T, E, K, seed=seed)
+    ids = _hot_routing(T)
+    ids[0, 1] = -1
+    x = torch.randn(T, D).bfloat16()
+    return x, ids, w, ex, {"HOT": hot, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1}
+
+
 @pytest.mark.parametrize("hot, s_exp, why", [
     (5, None, "experts 1 and 3 hot (20 and 11 slots), 0 / 2 / 4 cold (2-3 slots), 5 empty"),
     (0, None, "every active expert hot: the cold launch runs no program"),
@@ -936,13 +949,8 @@ def test_v16_hot_and_cold_experts_match_reference(monkeypatch, hot, s_exp, why):
     from workbench.kernels.int4_moe import triton_v16
 
     _poisoned_buffers(monkeypatch)
-    T, E, D, I, K = 20, 6, 512, 256, 2
-    ex = _experts(E, D, I, seed=16 + hot)
-    _, w = _routing(T, E, K, seed=16)
-    ids = _hot_routing(T)
-    ids[0, 1] = -1  # a slot not routed here: expert 3 keeps 11
-    x = torch.randn(T, D).bfloat16()
-    cfg = {"HOT": hot, "KS1": 1, "TPS1": 2, "KS2": 1, "TPS2": 1}  # unsplit: D 2, I 1 K tiles
+    x, ids, w, ex, cfg = _hot_case(16, hot)
+    T, K, E, D, I = *ids.shape, ex.num_experts, x.shape[1], ex.gate_packed.shape[1]
     if s_exp is not None:
         cfg["S_EXP"] = s_exp
     assert triton_v16.hot_mode(triton_v16.tiles(T, K, E, D, I) | cfg, T)
