@@ -99,9 +99,9 @@ def test_v22_hs_refused_by_name_and_both_launches_made(monkeypatch):
     for bad in (2, -1, True, 1.0):
         with pytest.raises(ValueError, match=r"cfg\['HS'\]"):
             cuda_v22.grid_gemm_items(2, c | {"HS": bad}, R, 56, args, {})
-    for hs in (0, 1):  # on the CPU HS 1 has no side stream: the same two launches in order
-        cuda_v22.grid_gemm_items(2, c | {"HS": hs}, R, 56, args, {})
-    assert seen == ["items", "cold"] * 2
+    for hs in (0, 1):  # HS 0: cuda_v21's order; HS 1 queues the items first (on the CPU on
+        cuda_v22.grid_gemm_items(2, c | {"HS": hs}, R, 56, args, {})  # the current stream)
+    assert seen == ["cold", "items", "items", "cold"]
 
 
 @pytest.mark.slow

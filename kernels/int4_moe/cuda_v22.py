@@ -121,10 +121,14 @@ def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     # 49: 1113 then 287 µs in series at skewed T 512); side by side each may fill what the
     # other leaves. Everything the items read or write (h, y, the routing) was made on the
     # current stream before the fork, and the join comes before the combine reads y.
-    side = Side(args[0].device, bool(hs), key=cuda_v10.SIDE_KEY, priority=-100)
+    cold = dict(kw, HOT=c["HOT"])  # v7's program, counts <= HOT
+    if not hs:  # cuda_v21's order: the cold launch, then the hot one
+        grid_gemm(n, c, r, NT, args, cold)
+        return hot_items_launch(n, c, r, args, kw)
+    side = Side(args[0].device, True, key=cuda_v10.SIDE_KEY, priority=-100)
     side.fork()
-    side.run(lambda: hot_items_launch(n, c, r, args, kw))
-    grid_gemm(n, c, r, NT, args, dict(kw, HOT=c["HOT"]))  # cold: v7's, counts <= HOT
+    side.run(lambda: hot_items_launch(n, c, r, args, kw))  # queued first: its CTAs go first
+    grid_gemm(n, c, r, NT, args, cold)
     side.join()
 
 
