@@ -216,8 +216,8 @@ Versions (README.md has the design and the version log), each with the contract 
                shapes, uniform T 9 2 % slower; BEST)
     cuda_v22   cuda_v21 with the Triton hot launch's programs (the down GEMM's, alone after
                the cold down at large T) dealt (hot expert, slot chunk) items in turn instead
-               of whole hot experts (HI 16 programs an N tile): no program walks the hottest
-               expert's chunks and another's; cuda_v21's bits (not yet measured)
+               of whole hot experts (HI 16 programs an N tile; HS 1: beside the cold down
+               on a side stream); cuda_v21's bits (session 50, H100 GPU tests); not yet timed
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.

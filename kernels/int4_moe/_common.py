@@ -41,7 +41,8 @@ def _require(ok: bool, arg: str, expected: str, got) -> None:
 # every knob some int4_moe version reads from its cfg: its tiles' keys, the keys read with a
 # default (`c.get`), cuda_v8's KNOBS and cuda_v20's split keys (tests/test_int4_moe_kernel.py
 # checks each version's tiles and sources against it). One vocabulary for the op, not one a
-# version: a sweep's cfg may hold knobs of the launches another T or hint takes.
+# version: a sweep's cfg may hold knobs of the launches another T or hint takes. The sweep CLI
+# also refuses a knob no code of its version reads (`_knobs.knobs_read`: another line's).
 KNOWN_KNOBS = frozenset({
     "AB", "A_GRID", "BD_COMBINE", "BK1", "BK2", "BM", "BM1", "BM1_HOT", "BM2", "BM2_HOT", "BN",
     "BN1", "BN2", "BN_HOT", "CH1", "CH2", "CL", "CU_A_GRID", "DN", "DS", "EA", "EF", "F8", "FC",
