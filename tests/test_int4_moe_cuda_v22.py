@@ -8,6 +8,8 @@ CUDA_VERSIONS."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from sm90_compile import compile_sm90
@@ -130,12 +132,15 @@ def test_v22_items_kernel_builds_for_sm90_as_the_hot_kernel_does():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, skew", [(65, 1.2), (128, 1.2), (512, 1.2), (512, 0.0), (9, 0.0)])
-def test_v22_is_cuda_v21_bit_for_bit_gpu(real_experts, T, skew):
+@pytest.mark.parametrize("T, skew, cfg", [(65, 1.2, None), (128, 1.2, None), (512, 1.2, None),
+                                          (512, 0.0, None), (9, 0.0, None), (128, 1.2, {"HS": 1}),
+                                          (512, 1.2, {"HS": 1})])
+def test_v22_is_cuda_v21_bit_for_bit_gpu(real_experts, T, skew, cfg):
     # why: the items are the same expert tiles as cuda_v21's whole-expert walk; only which
-    # program runs a chunk differs (NaN-filled graph output first)
-    same_bits_eager_and_replayed(cuda_v22.int4_moe_cuda, cuda_v21.int4_moe_cuda, real_experts, T,
-                                 skew, 5400 + T)
+    # program runs a chunk differs (NaN-filled graph output first); HS 1 forks them onto a
+    # side stream, which the graph must capture as a branch joined before the combine
+    op = functools.partial(cuda_v22.int4_moe_cuda, cfg=cfg)
+    same_bits_eager_and_replayed(op, cuda_v21.int4_moe_cuda, real_experts, T, skew, 5400 + T)
 
 
 @pytest.mark.gpu
