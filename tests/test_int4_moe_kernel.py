@@ -391,6 +391,30 @@ def test_a_knob_of_another_versions_line_is_refused_by_the_sweep_row(capsys):
         assert fn.func is launcher, name
 
 
+def test_committed_gpu_plans_name_knobs_their_versions_read():
+    # why: a plan's sweep row with another line's knob costs GPU time for an error row (or,
+    # before the check, a mislabelled timing); caught here, on the CPU, before a call
+    import re
+    from pathlib import Path
+
+    from workbench.kernels.int4_moe import _knobs
+
+    stale = {"session46_c.tsv"}  # cuda_v20's GNT / GST before their rename (session 49)
+    bad = []
+    for plan in sorted(Path(__file__).parents[1].glob("scripts/gpu_plans/*.tsv")):
+        for m in re.finditer(r'workbench\.kernels\.int4_moe\.(\w+)[^|;]*?--cfgs "([^"]*)"',
+                             plan.read_text()):
+            for name in m.group(2).split(";"):
+                if name in ("", "base", "nodequant") or "$" in name:  # a shell loop's variable
+                    continue
+                kv = dict(x.split("=", 1) for x in name.split(","))
+                v = kv.pop("v", m.group(1))
+                unread = set(kv) - _knobs.knobs_read("triton_v" + v if v.isdigit() else v)
+                if unread and plan.name not in stale:
+                    bad.append((plan.name, m.group(1), name, sorted(unread)))
+    assert not bad, bad
+
+
 def test_the_knob_check_knows_a_version_run_as_main(monkeypatch):
     # why: `python -m workbench.kernels.int4_moe.cuda_v22` defines the CLI's own op in module
     # __main__ (session 50 call 1 looked for int4_moe/__main__.py and lost its A/B rows)
