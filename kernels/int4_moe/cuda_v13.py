@@ -32,12 +32,11 @@ from torch import Tensor
 
 from workbench.streams import Side
 
-from . import cuda_v10, cuda_v12
+from . import cuda_v4, cuda_v10, cuda_v12
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
-from .triton_v7 import combine_partials, down_combine, down_gemm, down_partials, grid_gemm
+from .triton_v7 import combine_partials, down_gemm, down_partials, grid_gemm
 from .triton_v16 import hot_launch, hot_mode
-from .triton_v29 import grid_gemm_idle_last
 
 SPLIT = {"DS": 1}  # the down GEMM behind each stream's gate/up launch
 DOWN_KEY = "int4_moe_down"  # DS 2's stream (workbench.streams.Side)
@@ -104,13 +103,9 @@ def launch_split(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: i
 def tail_split(p, h: Tensor, join, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor:
     """cuda_v4's `tail`: with a `SplitJoin`, the down GEMM of the experts past WT slots on the
     hot launches' stream (queued behind them), that of the others on the current stream
-    (behind the cold launch), the join, the combine; else cuda_v4's join and
-    `down_combine`."""
+    (behind the cold launch), the join, the combine; else cuda_v4's default tail."""
     if not isinstance(join, SplitJoin):
-        if join is not None:
-            join()
-        return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
-                            down_select=True, dep={})
+        return cuda_v4.down_tail(p, h, join, topk_ids, topk_weights, experts)
     c, y, ds = p.c, join.y, experts[5]
     on = bool(c.get("WS", 0))
     hot = Side(h.device, on, key=cuda_v10.SIDE_KEY, priority=-100)

@@ -34,16 +34,18 @@ Measured: not yet (plans session50_e / session50_a, then session50_b).
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
 from workbench.streams import Side
 
-from . import cuda_v10, cuda_v17, cuda_v21
-from ._common import _require, next_pow2
+from . import cuda_v4, cuda_v10, cuda_v17, cuda_v21
+from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
-from .triton_v7 import _KT, down_combine, expert_tile, grid_gemm
-from .triton_v16 import _boxes, hot_mode
+from .triton_v7 import _KT, expert_tile, grid_gemm
+from .triton_v16 import hot_launch, hot_mode
 from .triton_v29 import grid_gemm_idle_last
 
 ITEMS = {"HI": 16, "HS": 0}  # hot item programs an N tile; the items beside the cold launch
@@ -95,16 +97,10 @@ def item_programs(c: dict, n: int, max_active: int) -> int:
 
 
 def hot_items_launch(n: int, c: dict, r, args: tuple, kw: dict) -> None:
-    """GEMM n's hot launch as items (`_gemm_hot_items_kernel`) with the cold launch's `args` /
-    `kw`: triton_v16's `hot_launch` but for the program axis and the kernel."""
-    bn = c["BN_HOT"]
-    nt = triton.cdiv(args[19], bn)  # args[19]: NOUT
-    hot_args = list(args)
-    hot_args[3:7] = [_boxes(d, bn) for d in args[3:7]]
-    hot_args[20] = nt  # NT1: the N tiles of one projection at BN_HOT
-    hot_kw = dict(kw, BN=bn, BM=c["BM1_HOT"] if n == 1 else c["BM2_HOT"])
-    _gemm_hot_items_kernel[(2 * nt if n == 1 else nt, item_programs(c, n, r.max_active), 1)](
-        *hot_args, c["HOT"], BLOCK_A=next_pow2(r.max_active), **hot_kw)
+    """GEMM n's hot launch as items: triton_v16's `hot_launch` on `_gemm_hot_items_kernel`
+    with `item_programs` programs an N tile."""
+    hot_launch(n, c, r, args, kw, kernel=_gemm_hot_items_kernel,
+               programs=item_programs(c, n, r.max_active))
 
 
 def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
@@ -112,7 +108,7 @@ def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     into cold and hot launches (`hot_mode`), the cold one and the hot items launch (HS 1: the
     items on cuda_v10's side stream beside the cold launch, joined after it); else
     triton_v29's `grid_gemm_idle_last` (cuda_v21's)."""
-    if c[f"KS{n}"] != 1 or not hot_mode(c, r.bad.shape[0]):
+    if not hot_mode(c, r.bad.shape[0]):  # (hot_mode: both GEMMs unsplit along K)
         return grid_gemm_idle_last(n, c, r, NT, args, kw)
     hs = c.get("HS", ITEMS["HS"])
     _require(hs in (0, 1) and type(hs) is int, "cfg['HS']", "0 or 1 (the hot items on a side "
@@ -132,13 +128,8 @@ def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     side.join()
 
 
-def tail_items(p, h, join, topk_ids, topk_weights, experts):
-    """cuda_v4's tail: the join, then the down GEMM through `grid_gemm_items` and the
-    combine (cuda_v4's default tail with this hook)."""
-    if join is not None:
-        join()
-    return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_items,
-                        down_select=True, dep={})
+# cuda_v4's tail with this file's down launch hook
+tail_items = functools.partial(cuda_v4.down_tail, gemm=grid_gemm_items)
 
 
 # the op and its CLI: cuda_v17's dispatch on this file's tiles and tail

@@ -131,12 +131,17 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
                     (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
                     hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0),
                     skip=skip, bk=tb1)
-    if tail is not None:
-        return tail(p, h, join, topk_ids, topk_weights, experts)
+    return (tail or down_tail)(p, h, join, topk_ids, topk_weights, experts)
+
+
+def down_tail(p, h: Tensor, join, topk_ids: Tensor, topk_weights: Tensor, experts,
+              gemm=grid_gemm_idle_last) -> Tensor:
+    """The default `tail`: the join, then the down GEMM through the launch hook gemm
+    (triton_v7's signature; cuda_v22 binds another) and the combine."""
     if join is not None:
         join()
-    return down_combine(p, h, topk_ids, topk_weights, experts[5], grid_gemm_idle_last,
-                        down_select=True, dep={})
+    return down_combine(p, h, topk_ids, topk_weights, experts[5], gemm, down_select=True,
+                        dep={})
 
 
 def check_tb1(c: dict) -> int:

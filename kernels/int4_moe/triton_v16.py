@@ -109,19 +109,24 @@ def grid_gemm_hot(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     hot_launch(n, c, r, args, kw)
 
 
-def hot_launch(n: int, c: dict, r, args: tuple, kw: dict) -> None:
-    """GEMM n's hot launch (`_gemm_hot_kernel`) with the cold launch's `args` / `kw`."""
+def hot_launch(n: int, c: dict, r, args: tuple, kw: dict, kernel=None,
+               programs: int | None = None) -> None:
+    """GEMM n's hot launch (`_gemm_hot_kernel`) with the cold launch's `args` / `kw`; kernel,
+    programs: another kernel of `_gemm_hot_kernel`'s signature and its programs an N tile
+    (cuda_v22's items)."""
     bn = c["BN_HOT"]
     nout = args[19]
     nt = triton.cdiv(nout, bn)
     hot_args = list(args)
     hot_args[3:7] = [_boxes(d, bn) for d in args[3:7]]
     hot_args[20] = nt  # NT1: the N tiles of one projection at BN_HOT
-    # the hot experts the expected slots allow (a count of > HOT slots each); more are
-    # taken by the same programs in turn; HOT_GRID (v18): at most that many a tile
-    n_hot = max(1, min(r.max_active, c["S_EXP"] // (c["HOT"] + 1), c.get("HOT_GRID") or 1 << 30))
+    if programs is None:
+        # the hot experts the expected slots allow (a count of > HOT slots each); more are
+        # taken by the same programs in turn; HOT_GRID (v18): at most that many a tile
+        programs = max(1, min(r.max_active, c["S_EXP"] // (c["HOT"] + 1),
+                              c.get("HOT_GRID") or 1 << 30))
     hot_kw = dict(kw, BN=bn, BM=c["BM1_HOT"] if n == 1 else c["BM2_HOT"])
-    _gemm_hot_kernel[(2 * nt if n == 1 else nt, n_hot, 1)](
+    (kernel or _gemm_hot_kernel)[(2 * nt if n == 1 else nt, programs, 1)](
         *hot_args, c["HOT"], BLOCK_A=next_pow2(r.max_active), **hot_kw)
 
 
