@@ -53,6 +53,7 @@ from torch import Tensor
 from ._common import (
     INTERPRET,
     _check_runnable,
+    _require,
     _round_bf16,
     _split_bf16,
     check_inputs,
@@ -573,15 +574,10 @@ def _cli_config(name: str, launcher):
     no code of the launcher's version reads (`_knobs.knobs_read`) makes a callable that
     raises, naming it."""
     import functools
-    import importlib
 
-    cfg = {} if name in ("base", "nodequant") else {
-        k.strip(): v.strip() for k, v in (kv.split("=") for kv in name.split(","))}
-    if "v" in cfg:  # v=34: triton_v34's launcher; v=cuda_v2: cuda_v2's
-        v = cfg.pop("v")
-        mod = importlib.import_module(f"{__package__}.{'triton_v' + v if v.isdigit() else v}")
-        launcher = version_op(mod)
-    cfg = {k: int(v) for k, v in cfg.items()}
+    version, cfg = cli_knobs(name)
+    if version is not None:
+        launcher = version_op(version)
     unread = sorted(set(cfg) - knobs_read(launcher.__module__)) if cfg else []
     if unread:  # refused when the row runs (`refused_or`), not when the list is read
         return functools.partial(_refuse, f"cfg: expected knobs that "
@@ -591,13 +587,27 @@ def _cli_config(name: str, launcher):
     return functools.partial(launcher, cfg=cfg)
 
 
-def version_op(mod):
-    """An int4_moe version module's op: its int4_moe_triton, int4_moe_gluon or int4_moe_cuda."""
-    for name in ("int4_moe_triton", "int4_moe_gluon", "int4_moe_cuda"):
-        if hasattr(mod, name):
-            return getattr(mod, name)
-    raise ValueError(f"v: expected an int4_moe version module (an int4_moe_triton, "
-                     f"int4_moe_gluon or int4_moe_cuda), got {mod.__name__}")
+def cli_knobs(name: str) -> tuple[str | None, dict]:
+    """A `--cfgs` entry as (the version its `v=` names, or None: v=34 is triton_v34, v=cuda_v2
+    cuda_v2; its int knob overrides); `base` / `nodequant`: (None, {})."""
+    cfg = {} if name in ("base", "nodequant") else {
+        k.strip(): v.strip() for k, v in (kv.split("=") for kv in name.split(","))}
+    v = cfg.pop("v", None)
+    version = None if v is None else "triton_v" + v if v.isdigit() else v
+    return version, {k: int(x) for k, x in cfg.items()}
+
+
+def version_op(version: str):
+    """int4_moe version `version`'s op, by the registry's table (`VARIANTS`: <impl>_vN's
+    int4_moe_<impl>)."""
+    import importlib
+
+    from . import VARIANTS
+
+    _require(version in VARIANTS["int4_moe"], "v", "an int4_moe version (triton_vN, gluon_vN, "
+             "cuda_vN)", version)
+    module, attr = VARIANTS["int4_moe"][version].split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _refuse(message: str, *args, **kwargs):
