@@ -1,8 +1,9 @@
 """int4_moe cuda_v22 (cuda_v21 with the hot launch's programs over (hot expert, slot chunk)
 items): on the CPU the tile rule, the items grid's rule and HI's refusal by name, and the items
 launch itself under the Triton interpreter on triton_v16's op (every hot chunk written once,
-triton_v16's whole-expert walk bit for bit at any program count); on the GPU the op bit for
-bit cuda_v21's (skewed and uniform REAL shapes, eager and graph-replayed, HI 1 / 3 / 64). The
+triton_v16's whole-expert walk bit for bit at any program count), HS 2's order of streams and
+launches; on the GPU the op bit for bit cuda_v21's (skewed and uniform REAL shapes, eager and
+graph-replayed, HI 1 / 3 / 64, HS 1 / 2). The
 shared suites (EDGE, REAL, EP8, graph replay) run it from tests/test_int4_moe_cuda.py's
 CUDA_VERSIONS."""
 
@@ -98,12 +99,77 @@ def test_v22_hs_refused_by_name_and_both_launches_made(monkeypatch):
 
     c = cuda_v22.tiles(512, E=384, **KIMI)
     args = (torch.empty(1),)  # the hook reads the device off h
-    for bad in (2, -1, True, 1.0):
+    for bad in (3, -1, True, 1.0):
         with pytest.raises(ValueError, match=r"cfg\['HS'\]"):
             cuda_v22.grid_gemm_items(2, c | {"HS": bad}, R, 56, args, {})
-    for hs in (0, 1):  # HS 0: cuda_v21's order; HS 1 queues the items first (on the CPU on
-        cuda_v22.grid_gemm_items(2, c | {"HS": hs}, R, 56, args, {})  # the current stream)
-    assert seen == ["cold", "items", "items", "cold"]
+        with pytest.raises(ValueError, match=r"cfg\['HS'\]"):  # the hot hook names it too
+            cuda_v22.launch_bands_items(c | {"HS": bad}, None, *[None] * 6)
+    for hs in (0, 1, 2):  # HS 0: cuda_v21's order; HS 1 / 2 queue the items first (on the
+        cuda_v22.grid_gemm_items(2, c | {"HS": hs}, R, 56, args, {})  # CPU: the current stream)
+    assert seen == ["cold", "items", "items", "cold", "items", "cold"]
+
+
+class _Side:
+    """workbench.streams.Side as the hooks drive it, each call recorded in `seen`."""
+
+    seen: list = []
+
+    def __init__(self, device, on, key="model", priority=0):
+        self.key = key
+
+    def fork(self):
+        self.seen.append(("fork", self.key))
+
+    def run(self, fn):
+        self.seen.append(("run", self.key))
+        return fn()
+
+    def join(self):
+        self.seen.append(("join", self.key))
+
+
+def test_v22_hs2_queues_the_items_behind_the_hot_gate_up_launches(monkeypatch):
+    # why: HS 2's items must not fork again (that would wait for the cold gate/up launch, the
+    # point of HS 2 lost), so their output y must come from before the hot launches' fork
+    # (else the side stream may get a block a later current-stream launch still uses), and
+    # the current stream must wait for the hot gate/up launches before the cold down (it
+    # reads rows of experts of WT + 1 .. HOT slots that they write) and for the items before
+    # the combine
+    from workbench.kernels.int4_moe import cuda_v10, cuda_v12, cuda_v13
+
+    seen = _Side.seen = []
+    monkeypatch.setattr(cuda_v22, "Side", _Side)
+    monkeypatch.setattr(cuda_v13, "down_partials", lambda p: seen.append("y") or "Y")
+    monkeypatch.setattr(cuda_v12, "launch_bands",
+                        lambda *a: seen.append("bands") or (8, lambda: seen.append("join1")))
+    monkeypatch.setattr(cuda_v22, "grid_gemm", lambda *a: seen.append("cold"))
+    monkeypatch.setattr(cuda_v22, "hot_items_launch", lambda *a: seen.append("items"))
+    monkeypatch.setattr(cuda_v22, "combine_partials", lambda p, y, *a: seen.append(("sum", y)))
+
+    class R:
+        bad = torch.zeros(512)
+        max_active = 384
+
+    c = cuda_v22.tiles(512, E=384, **KIMI) | {"HS": 2}
+    p = type("P", (), {"r": R, "c": c})
+    _, join = cuda_v22.launch_bands_items(c, p, *[None] * 6)
+    assert seen == ["y", "bands"] and isinstance(join, cuda_v13.SplitJoin) and join.y == "Y"
+
+    def down_gemm(p, h, y, ds, gemm, select, dep):  # the tail's down GEMM, through its hook
+        seen.append(("down", y))
+        gemm(2, c, R, 56, (torch.empty(1),), {})
+
+    monkeypatch.setattr(cuda_v22, "down_gemm", down_gemm)
+    cuda_v22.tail_items(p, None, join, None, None, [None] * 6)
+    side = cuda_v10.SIDE_KEY
+    assert seen[2:] == ["join1", ("down", "Y"), ("run", side), "items", "cold", ("join", side),
+                        ("sum", "Y")]
+    # no side stream for the hot launches (WS 0), HS 0 / 1, or no hot down launch: the bands
+    # alone, and the tail forks (HS 1 / 2) as cuda_v4's down_tail does
+    for other in ({"WS": 0}, {"HS": 0}, {"HS": 1}, {"HOT": 512}):
+        seen.clear()
+        _, join = cuda_v22.launch_bands_items(c | other, p, *[None] * 6)
+        assert seen == ["bands"] and not isinstance(join, cuda_v13.SplitJoin), other
 
 
 @pytest.mark.slow
@@ -134,22 +200,24 @@ def test_v22_items_kernel_builds_for_sm90_as_the_hot_kernel_does():
 @pytest.mark.gpu
 @pytest.mark.parametrize("T, skew, cfg", [(65, 1.2, None), (128, 1.2, None), (512, 1.2, None),
                                           (512, 0.0, None), (9, 0.0, None), (128, 1.2, {"HS": 1}),
-                                          (512, 1.2, {"HS": 1})])
+                                          (512, 1.2, {"HS": 1}), (65, 1.2, {"HS": 2}),
+                                          (512, 1.2, {"HS": 2}), (512, 0.0, {"HS": 2})])
 def test_v22_is_cuda_v21_bit_for_bit_gpu(real_experts, T, skew, cfg):
     # why: the items are the same expert tiles as cuda_v21's whole-expert walk; only which
     # program runs a chunk differs (NaN-filled graph output first); HS 1 forks them onto a
-    # side stream, which the graph must capture as a branch joined before the combine
+    # side stream, which the graph must capture as a branch joined before the combine; HS 2
+    # queues them behind the hot gate/up launches there (the branch joined twice)
     op = functools.partial(cuda_v22.int4_moe_cuda, cfg=cfg)
     same_bits_eager_and_replayed(op, cuda_v21.int4_moe_cuda, real_experts, T, skew, 5400 + T)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{"HI": 1}, {"HI": 3}, {"HI": 64}, {"HOT": 16, "HI": 5},
-                                 {"HS": 1}, {"HS": 1, "HI": 3}],
+                                 {"HS": 1}, {"HS": 1, "HI": 3}, {"HS": 2, "HI": 3}],
                          ids=lambda c: ",".join(f"{k}{v}" for k, v in c.items()))
 def test_v22_item_program_counts_change_no_bit_gpu(real_experts, cfg):
     # why: HI only deals the same items to more or fewer programs, HS only runs them beside
-    # the cold launch (disjoint rows of y); HOT moves experts between the cold and the hot
+    # the cold launches (disjoint rows of y); HOT moves experts between the cold and the hot
     # launch, so its twin is cuda_v21 at the same HOT
     x, ids, w, ex = _real_routing(real_experts, 512, 1.2, 5500)
     base = {"HOT": cfg["HOT"]} if "HOT" in cfg else None

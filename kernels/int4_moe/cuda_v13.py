@@ -93,10 +93,18 @@ def launch_split(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: i
     _require(ds in (0, 1, 2), "cfg['DS']", "0, 1 or 2", ds)
     if not ds:
         return cuda_v12.launch_bands(c, p, xq, w1, s1, NU1, C1, h)
+    return bands_with_partials(c, p, xq, w1, s1, NU1, C1, h)
+
+
+def bands_with_partials(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
+                        h: Tensor, *, launch=None) -> tuple:
+    """y (`down_partials`), then the hot launches (launch: cuda_v12's bands, `launch_hot`'s
+    signature) -> (SKIP, a `SplitJoin` carrying y), or (SKIP, None) where none is made: for a
+    tail that queues down work on the hot launches' stream (cuda_v13, cuda_v22's HS 2)."""
     # allocated before the fork: the side stream never gets a block that a launch queued on
     # the current stream after the fork (the cold one's temporaries) may still use
     y = down_partials(p)
-    skip, join = cuda_v12.launch_bands(c, p, xq, w1, s1, NU1, C1, h)
+    skip, join = (launch or cuda_v12.launch_bands)(c, p, xq, w1, s1, NU1, C1, h)
     return skip, (join if join is None else SplitJoin(join, y))
 
 

@@ -24,12 +24,18 @@ elsewhere triton_v29's `grid_gemm_idle_last` as cuda_v21. An item is triton_v7's
 `expert_tile` on one chunk (its ONE_CHUNK): the same tiles and the same fp32 chain per output
 as the whole-expert walk, so the bits are cuda_v21's (CPU test on the Triton op; GPU test).
 Knobs: HI (hot item programs an N tile, default 16); HS (1: the hot items on cuda_v10's
-high-priority side stream beside the cold launch instead of after it; 0 by default until
-measured). Numerics, graph safety (the grid from shapes only; the items from the counts on the
+high-priority side stream beside the cold launch instead of after it; 2: on that stream
+behind the hot gate/up launches, not forked again, so they may run beside the cold gate/up
+launch's tail too (`tail_items`; y allocated before the first fork, cuda_v13's
+`bands_with_partials`; HS 1's fork where the hot gate/up does not run on the side stream);
+0 by default until measured). HS 2 is cuda_v13's DS 1 for the hot launch only: DS 1 moved
+every past-WT expert's down there and measured no gain on the H200 in session 36 (skewed T
+512 3687 vs 3678 µs, with cuda_v12's kernels), so it is a question for the H100's slower
+memory and today's launches, not an expectation. Numerics, graph safety (the grid from shapes only; the items from the counts on the
 device), load step: cuda_v21's. GPU only (cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's
 and triton_v16's.
 
-Measured: not yet (plans session50_e / session50_a, then session50_b).
+Measured: not yet (plans session50_f / session50_a, then session50_b).
 """
 
 from __future__ import annotations
@@ -39,12 +45,14 @@ import functools
 import triton
 import triton.language as tl
 
+from torch import Tensor
+
 from workbench.streams import Side
 
-from . import cuda_v4, cuda_v10, cuda_v17, cuda_v21
+from . import cuda_v4, cuda_v10, cuda_v12, cuda_v13, cuda_v17, cuda_v21
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
-from .triton_v7 import _KT, expert_tile, grid_gemm
+from .triton_v7 import _KT, combine_partials, down_gemm, expert_tile, grid_gemm
 from .triton_v16 import hot_launch, hot_mode
 from .triton_v29 import grid_gemm_idle_last
 
@@ -103,37 +111,70 @@ def hot_items_launch(n: int, c: dict, r, args: tuple, kw: dict) -> None:
                programs=item_programs(c, n, r.max_active))
 
 
-def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
+def check_hs(c: dict) -> int:
+    """HS, refused by name unless the int 0, 1 or 2."""
+    hs = c.get("HS", ITEMS["HS"])
+    _require(hs in (0, 1, 2) and type(hs) is int, "cfg['HS']", "0, 1 or 2 (the hot items after "
+             "the cold launch, beside it, or behind the hot gate/up launches)", hs)
+    return hs
+
+
+def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict, *,
+                    fork: bool = True) -> None:
     """A GEMM launch hook (triton_v7's `gemm` signature): where triton_v16 splits GEMM n
-    into cold and hot launches (`hot_mode`), the cold one and the hot items launch (HS 1: the
-    items on cuda_v10's side stream beside the cold launch, joined after it); else
-    triton_v29's `grid_gemm_idle_last` (cuda_v21's)."""
+    into cold and hot launches (`hot_mode`), the cold one and the hot items launch (HS 1 / 2:
+    the items on cuda_v10's side stream beside the cold launch, joined after it; fork False:
+    queued on that stream as it stands, behind the hot gate/up launches, by `tail_items` at HS
+    2); else triton_v29's `grid_gemm_idle_last` (cuda_v21's)."""
     if not hot_mode(c, r.bad.shape[0]):  # (hot_mode: both GEMMs unsplit along K)
         return grid_gemm_idle_last(n, c, r, NT, args, kw)
-    hs = c.get("HS", ITEMS["HS"])
-    _require(hs in (0, 1) and type(hs) is int, "cfg['HS']", "0 or 1 (the hot items on a side "
-             "stream beside the cold launch)", hs)
+    hs = check_hs(c)
     # HS 1: the cold down streams weights at ~2.5 TB/s and the hot items are MMA-bound (session
     # 49: 1113 then 287 µs in series at skewed T 512); side by side each may fill what the
     # other leaves. Everything the items read or write (h, y, the routing) was made on the
-    # current stream before the fork, and the join comes before the combine reads y.
+    # current stream before the fork (or, fork False, before the hot launches' fork and by
+    # them), and the join comes before the combine reads y.
     cold = dict(kw, HOT=c["HOT"])  # v7's program, counts <= HOT
     if not hs:  # cuda_v21's order: the cold launch, then the hot one
         grid_gemm(n, c, r, NT, args, cold)
         return hot_items_launch(n, c, r, args, kw)
     side = Side(args[0].device, True, key=cuda_v10.SIDE_KEY, priority=-100)
-    side.fork()
+    if fork:
+        side.fork()
     side.run(lambda: hot_items_launch(n, c, r, args, kw))  # queued first: its CTAs go first
     grid_gemm(n, c, r, NT, args, cold)
     side.join()
 
 
-# cuda_v4's tail with this file's down launch hook
-tail_items = functools.partial(cuda_v4.down_tail, gemm=grid_gemm_items)
+def launch_bands_items(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
+                       h: Tensor) -> tuple:
+    """cuda_v4's `hot` hook: cuda_v12's bands (cuda_v21's); at HS 2, where they run on the
+    side stream (WS 1) and the down GEMM makes a hot launch, y first (cuda_v13's
+    `bands_with_partials`: its join carries y to `tail_items`)."""
+    if check_hs(c) == 2 and c.get("WS", 0) and hot_mode(c, p.r.bad.shape[0]):
+        return cuda_v13.bands_with_partials(c, p, xq, w1, s1, NU1, C1, h)
+    return cuda_v12.launch_bands(c, p, xq, w1, s1, NU1, C1, h)
 
 
-# the op and its CLI: cuda_v17's dispatch on this file's tiles and tail
-int4_moe_cuda, _main = cuda_v17.on_tiles(tiles, "v=cuda_v21;base", tail_for=tail_items)
+def tail_items(p, h: Tensor, join, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor:
+    """cuda_v4's `tail` on this file's down launch hook. At HS 2 (a `cuda_v13.SplitJoin` from
+    `launch_bands_items`): the join (the cold down reads rows of the experts of WT + 1 .. HOT
+    slots, which the hot gate/up launches wrote), then the down GEMM with the hot items
+    queued on the side stream behind the hot gate/up launches, not forked again: they need
+    only those launches' rows of h and the routing made before the first fork, so they may
+    start while the cold gate/up launch still runs. Elsewhere (HS 0 / 1, or no side stream)
+    cuda_v4's `down_tail`, where HS 2 takes HS 1's fork."""
+    if not isinstance(join, cuda_v13.SplitJoin):
+        return cuda_v4.down_tail(p, h, join, topk_ids, topk_weights, experts,
+                                 gemm=grid_gemm_items)
+    join()
+    down_gemm(p, h, join.y, experts[5], functools.partial(grid_gemm_items, fork=False), True, {})
+    return combine_partials(p, join.y, topk_ids, topk_weights, {})
+
+
+# the op and its CLI: cuda_v17's dispatch on this file's tiles, hot hook and tail
+int4_moe_cuda, _main = cuda_v17.on_tiles(tiles, "v=cuda_v21;base", hot_for=launch_bands_items,
+                                         tail_for=tail_items)
 
 
 if __name__ == "__main__":
