@@ -547,6 +547,29 @@ def test_emulation_projects_tp8_and_ep8_over_both_links():
             r["C"] * r["tau"] / (r["kernel_step_ms"] / 1e3))
 
 
+def test_emulation_of_the_first_layers_only():
+    """--layers N: a full-size rank's per-layer work on a card its whole depth does not fit.
+    The model really is N layers deep (one all-reduce per attention layer, one per MoE layer,
+    the drafter's taps inside it), the floor is the shorter model's, and the rows say N;
+    a depth outside the model is refused by name before anything is built."""
+    from workbench.config import ConfigError
+    from workbench.dist.emulate import NVLINK4, emulate
+
+    kw = dict(batches=(1,), budgets=(None, 8), tau=2.5, ctx=32, device="cpu", repeats=1,
+              progress=None, links=(NVLINK4,))
+    full = {r["mode"]: r for r in emulate("tiny-dist", ("ep8",), **kw)}
+    cut = {r["mode"]: r for r in emulate("tiny-dist", ("ep8",), layers=4, **kw)}
+    assert CFG.num_layers == 6 and {r["layers"] for r in full.values()} == {6}
+    for mode, r in cut.items():
+        assert r["layers"] == 4
+        want = 4 + 1 + (4 - CFG.first_k_dense) + 1 + (0 if mode == "AR" else DRAFT_TP)
+        assert r["collectives"] == want, (mode, r["collectives"])
+        assert 0 < r["verify_floor_ms"] < full[mode]["verify_floor_ms"]
+    for bad in (3, 7, 4.0):
+        with pytest.raises(ConfigError, match=r"layers: expected an int in \[4, 6\]"):
+            emulate("tiny-dist", ("ep8",), layers=bad, **kw)
+
+
 def test_stacked_weight_is_one_buffer_the_parameters_view():
     """Engine path: projections of one input share a GEMM through one [sum O, I] buffer; the
     parameters become views of it (no doubled memory, later in-place loads land in it)."""

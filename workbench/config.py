@@ -233,6 +233,18 @@ class ModelConfig:
     def replace(self, **kw) -> ModelConfig:
         return dataclasses.replace(self, **kw)
 
+    def first_layers(self, n: int) -> ModelConfig:
+        """This model cut to its first n target layers, every width kept: the drafter's taps
+        rebuilt for n (`build_target_layer_ids`), first_k_dense kept, the name suffixed
+        "@nL". For a full-size rank's per-layer work on a card its 61 layers do not fit
+        (`workbench.dist.emulate --layers`)."""
+        _require(type(n) is int and max(4, self.first_k_dense + 1) <= n <= self.num_layers,
+                 "layers", f"an int in [{max(4, self.first_k_dense + 1)}, {self.num_layers}] "
+                 "(the drafter's taps need 4, a MoE layer past the dense ones)", n)
+        taps = tuple(build_target_layer_ids(n, self.drafter.num_layers))
+        return self.replace(name=f"{self.name}@{n}L", num_layers=n,
+                            drafter=dataclasses.replace(self.drafter, target_layer_ids=taps))
+
     # -- Hugging Face config.json ----------------------------------------------------------
     def to_hf_dict(self) -> dict:
         """A Kimi K2.5/K2.6-style config.json (text_config nested, compressed-tensors INT4)."""

@@ -469,7 +469,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             seed: int = 0, progress=print, kernels=None, on_rows=None,
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
             shared_stream: bool = True, attn_stream: bool = True, priority: int = -1,
-            fork: str = "after-route", drafter_layout: str | tuple = "tp"):
+            fork: str = "after-route", drafter_layout: str | tuple = "tp",
+            layers: int | None = None):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -504,7 +505,11 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     layer and one all-gather a commit; the default from session 42: graph-replayed on the
     H200, C 1 DDTree-16 kernel ms 13.92 -> 12.71, the draft's 1.89 -> 0.64; C 8 28.72 ->
     27.33) or the whole drafter "replicated" on the rank (vocab.DistDrafter); a tuple of both
-    times each DDTree configuration with each, on one rank model (rows say which)."""
+    times each DDTree configuration with each, on one rank model (rows say which). layers:
+    the model's first `layers` target layers only (`ModelConfig.first_layers`; rows say how
+    many in "layers"): a full-size rank's per-layer kernels and floors on a card whose memory
+    does not hold its 61 layers (kimi-k2.6's EP8 rank is ~78 GB; 16 layers ~21 GB). Its step
+    times, floors and tokens/s are those of the shorter model, not of kimi-k2.6."""
     from workbench.reference.drafter import build_drafter
 
     from .drafter import check_drafter_layouts, make_dist_drafter
@@ -512,6 +517,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     dlays = check_drafter_layouts(drafter_layout, several=True)
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = dist_config(cfg)
+    if layers is not None:
+        cfg = cfg.first_layers(layers)
     rows = []
     for name in layouts:
         model, comm = rank_model(cfg, name, world, 0, device, seed)
@@ -530,7 +538,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
                                graph)
             t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
             for link in links:
-                rows.append({"layout": name.upper(), "ep_dispatch": ep_dispatch,
+                rows.append({"layout": name.upper(), "layers": cfg.num_layers,
+                             "ep_dispatch": ep_dispatch,
                              "shared_stream": "on" if shared_stream else "off",
                              "attn_stream": "on" if attn_stream else "off",
                              "main_priority": priority, "shared_fork": fork,
@@ -597,6 +606,10 @@ def main(argv=None) -> int:
                    "of its heads, MLP width and fc, two all-reduces a layer) or the whole "
                    "drafter on the rank (replicated); 'replicated,tp' times each DDTree row "
                    "with both")
+    p.add_argument("--layers", type=int, help="emulate the preset's first N target layers "
+                   "only (every width kept; the drafter's taps rebuilt): a full-size rank's "
+                   "per-layer kernels on a card its whole depth does not fit (kimi-k2.6's EP8 "
+                   "rank: ~78 GB at 61 layers, ~21 GB at 16); rows say how many")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -634,9 +647,10 @@ def main(argv=None) -> int:
                    on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table),
                    graph=a.graph, shared_stream=a.shared_stream == "on",
                    attn_stream=a.attn_stream == "on", priority=a.main_priority,
-                   fork=a.shared_fork, drafter_layout=tuple(a.drafter_layout.split(",")))
+                   fork=a.shared_fork, drafter_layout=tuple(a.drafter_layout.split(",")),
+                   layers=a.layers)
     df = pd.DataFrame(rows)
-    cols = ["layout", "link", "C", "mode", "drafter_layout", "compute_ms", "comm_ms", "step_ms",
+    cols = ["layout", "layers", "link", "C", "mode", "drafter_layout", "compute_ms", "comm_ms", "step_ms",
             "tokens_per_s", "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms",
             "x_floor", "kernel_tokens_per_s"] + (["graph_replay_ms"] if a.graph else [])
     for r in rows:
