@@ -217,7 +217,12 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v22   cuda_v21 with the Triton hot launch's programs (the down GEMM's, alone after
                the cold down at large T) dealt (hot expert, slot chunk) items in turn instead
                of whole hot experts (HI 16 programs an N tile; HS 1: beside the cold down
-               on a side stream); cuda_v21's bits (session 50, H100 GPU tests); not yet timed
+               on a side stream; HS 2: behind the hot gate/up launches there); cuda_v21's
+               bits (session 50, H100 GPU tests); not yet timed
+    cuda_v23   cuda_v22 with the cold down launch as a persistent grid (FP 3 programs an SM)
+               walking (slot chunk, N tile) items in one flattened loop the pipeliner runs
+               across items (FL 1), instead of a program a (N tile, expert) whose weight
+               stream starts afresh; cuda_v22's bits (interpreter); not yet on a GPU
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -398,6 +403,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v22"): ("cuda_v21 with the hot launch's programs dealt (hot expert, "
                                "slot chunk) items in turn instead of whole hot experts; "
                                "cuda_v21's bits", ("sm90", "cupy")),
+    ("int4_moe", "cuda_v23"): ("cuda_v22 with the cold down launch as a persistent grid of "
+                               "(slot chunk, N tile) items in one flattened, pipelined loop; "
+                               "cuda_v22's bits", ("sm90", "cupy")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -120,29 +120,32 @@ def check_hs(c: dict) -> int:
 
 
 def grid_gemm_items(n: int, c: dict, r, NT: int, args: tuple, kw: dict, *,
-                    fork: bool = True) -> None:
+                    fork: bool = True, cold=None, whole=None) -> None:
     """A GEMM launch hook (triton_v7's `gemm` signature): where triton_v16 splits GEMM n
     into cold and hot launches (`hot_mode`), the cold one and the hot items launch (HS 1 / 2:
     the items on cuda_v10's side stream beside the cold launch, joined after it; fork False:
     queued on that stream as it stands, behind the hot gate/up launches, by `tail_items` at HS
-    2); else triton_v29's `grid_gemm_idle_last` (cuda_v21's)."""
+    2); else triton_v29's `grid_gemm_idle_last` (cuda_v21's). cold, whole: a later version's
+    cold launch and its launch where nothing is hot (the hook's signature; cuda_v23's flat
+    grid), instead of triton_v7's grid and the idle-last one."""
     if not hot_mode(c, r.bad.shape[0]):  # (hot_mode: both GEMMs unsplit along K)
-        return grid_gemm_idle_last(n, c, r, NT, args, kw)
+        return (whole or grid_gemm_idle_last)(n, c, r, NT, args, kw)
     hs = check_hs(c)
     # HS 1: the cold down streams weights at ~2.5 TB/s and the hot items are MMA-bound (session
     # 49: 1113 then 287 µs in series at skewed T 512); side by side each may fill what the
     # other leaves. Everything the items read or write (h, y, the routing) was made on the
     # current stream before the fork (or, fork False, before the hot launches' fork and by
     # them), and the join comes before the combine reads y.
-    cold = dict(kw, HOT=c["HOT"])  # v7's program, counts <= HOT
+    cold_kw = dict(kw, HOT=c["HOT"])  # the cold launch takes counts <= HOT
+    cold = cold or grid_gemm
     if not hs:  # cuda_v21's order: the cold launch, then the hot one
-        grid_gemm(n, c, r, NT, args, cold)
+        cold(n, c, r, NT, args, cold_kw)
         return hot_items_launch(n, c, r, args, kw)
     side = Side(args[0].device, True, key=cuda_v10.SIDE_KEY, priority=-100)
     if fork:
         side.fork()
     side.run(lambda: hot_items_launch(n, c, r, args, kw))  # queued first: its CTAs go first
-    grid_gemm(n, c, r, NT, args, cold)
+    cold(n, c, r, NT, args, cold_kw)
     side.join()
 
 
@@ -156,19 +159,21 @@ def launch_bands_items(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int,
     return cuda_v12.launch_bands(c, p, xq, w1, s1, NU1, C1, h)
 
 
-def tail_items(p, h: Tensor, join, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor:
+def tail_items(p, h: Tensor, join, topk_ids: Tensor, topk_weights: Tensor, experts, *,
+               gemm=None) -> Tensor:
     """cuda_v4's `tail` on this file's down launch hook. At HS 2 (a `cuda_v13.SplitJoin` from
     `launch_bands_items`): the join (the cold down reads rows of the experts of WT + 1 .. HOT
     slots, which the hot gate/up launches wrote), then the down GEMM with the hot items
     queued on the side stream behind the hot gate/up launches, not forked again: they need
     only those launches' rows of h and the routing made before the first fork, so they may
     start while the cold gate/up launch still runs. Elsewhere (HS 0 / 1, or no side stream)
-    cuda_v4's `down_tail`, where HS 2 takes HS 1's fork."""
+    cuda_v4's `down_tail`, where HS 2 takes HS 1's fork. gemm: a later version's hook with
+    `grid_gemm_items`' signature (cuda_v23's)."""
+    gemm = gemm or grid_gemm_items
     if not isinstance(join, cuda_v13.SplitJoin):
-        return cuda_v4.down_tail(p, h, join, topk_ids, topk_weights, experts,
-                                 gemm=grid_gemm_items)
+        return cuda_v4.down_tail(p, h, join, topk_ids, topk_weights, experts, gemm=gemm)
     join()
-    down_gemm(p, h, join.y, experts[5], functools.partial(grid_gemm_items, fork=False), True, {})
+    down_gemm(p, h, join.y, experts[5], functools.partial(gemm, fork=False), True, {})
     return combine_partials(p, join.y, topk_ids, topk_weights, {})
 
 

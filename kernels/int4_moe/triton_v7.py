@@ -182,6 +182,24 @@ def expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_pt
     descriptor addresses stay uniform registers; v7's down GEMM, without it, moves them from
     per-thread registers (R2UR, IMAD) at every TMA issue (+16 SASS a tile). ZERO (v12): also
     store zeros as partials ks + 1 .. zero_to - 1 of the same rows."""
+    e, start, cnt, n0, col0, w_desc, s_desc, s_row, nm = tile_rows(
+        w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr, s_se, s_sn, act_e_ptr,
+        act_start_ptr, act_cnt_ptr, NOUT, NT1, a, pid_n, BN, TWO)
+    # ONE_CHUNK: one pass, from m_one (a step of cnt ends the loop after it)
+    for m0 in range(m_one if ONE_CHUNK else 0, cnt, cnt if ONE_CHUNK else BM):
+        chunk_tile(in_ptr, s_in, s_half, w_desc, s_desc, s_row, e, n0, col0, nm, IN,
+                   slots_ptr, start, cnt, out_ptr, s_ok, s_or, kt0, kt1, ks, zero_to, m0, K,
+                   BN, BM, NH, S_TMA, BY_TOKEN, OUT_BY_SLOT, ZERO, ABLATE, INTERPRET)
+
+
+@triton.jit
+def tile_rows(w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr, s_se, s_sn, act_e_ptr,
+              act_start_ptr, act_cnt_ptr, NOUT, NT1, a, pid_n, BN: tl.constexpr,
+              TWO: tl.constexpr):
+    """Active expert a's N tile pid_n: (expert e, its first sorted slot, its slot count, the
+    tile's first weight row n0, its first output column col0, the projection's word and
+    scale descriptors, the scale rows' addresses (S_TMA 0), the rows' mask [BN]) as
+    `expert_tile` reads them (TWO: tiles >= NT1 the second projection, col0 past NOUT)."""
     e = tl.load(act_e_ptr + a)
     start = tl.load(act_start_ptr + a)
     cnt = tl.load(act_cnt_ptr + a)
@@ -198,38 +216,46 @@ def expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_pt
             s_desc = s2_desc
             wsc = w2s_ptr
     n = n0 + tl.arange(0, BN)  # [BN] weight rows
-    nm = n < NOUT
     s_row = wsc + e.to(tl.int64) * s_se + n[:, None].to(tl.int64) * s_sn  # unused if S_TMA
+    return e, start, cnt, n0, col0, w_desc, s_desc, s_row, n < NOUT
+
+
+@triton.jit
+def chunk_tile(in_ptr, s_in, s_half, w_desc, s_desc, s_row, e, n0, col0, nm, IN, slots_ptr,
+               start, cnt, out_ptr, s_ok, s_or, kt0, kt1, ks, zero_to, m0,
+               K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr,
+               S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr, OUT_BY_SLOT: tl.constexpr,
+               ZERO: tl.constexpr, ABLATE: tl.constexpr, INTERPRET: tl.constexpr):
+    """The BM-slot chunk from slot m0 of `tile_rows`' tile over K tiles [kt0, kt1), stored as
+    partial ks of out (`expert_tile`'s pass; cuda_v23's flat items call it alone)."""
     words = IN // 8
     i = tl.arange(0, NH * BM)  # [R] MMA columns: slot i % BM, half i // BM
-    # ONE_CHUNK: one pass, from m_one (a step of cnt ends the loop after it)
-    for m0 in range(m_one if ONE_CHUNK else 0, cnt, cnt if ONE_CHUNK else BM):
-        r = m0 + i % BM
-        rm = r < cnt
-        slot = tl.load(slots_ptr + start + r, mask=rm, other=0)
-        if BY_TOKEN:
-            row = slot // K
-        else:
-            row = start + r
-        in_off = (row * s_in + (i // BM) * s_half)[:, None] + tl.arange(0, 64)[None, :]
-        acc = tl.zeros([BN, NH * BM], tl.float32)
-        for kt in range(kt0, kt1):  # tail tile included: TMA zero-fills past IN
-            acc = _k_tile(acc, w_desc, s_desc, s_row, e, n0, in_ptr, in_off, rm, nm, kt, words,
-                          S_TMA, BN, ABLATE, INTERPRET)
-        if NH == 2:  # hi + lo, one fixed-order fp32 add per output
-            acc = tl.sum(tl.reshape(acc, (BN, 2, BM)), axis=1)
-        rs = m0 + tl.arange(0, BM)
-        rsm = rs < cnt
-        if OUT_BY_SLOT:
-            orow = tl.load(slots_ptr + start + rs, mask=rsm, other=0)
-        else:
-            orow = start + rs
-        out = (out_ptr + ks * s_ok + orow[None, :].to(tl.int64) * s_or
-               + (col0 + tl.arange(0, BN))[:, None])
-        tl.store(out, acc, mask=rsm[None, :] & nm[:, None])
-        if ZERO:
-            for j in range(ks + 1, zero_to):
-                tl.store(out + (j - ks) * s_ok, tl.zeros_like(acc), mask=rsm[None, :] & nm[:, None])
+    r = m0 + i % BM
+    rm = r < cnt
+    slot = tl.load(slots_ptr + start + r, mask=rm, other=0)
+    if BY_TOKEN:
+        row = slot // K
+    else:
+        row = start + r
+    in_off = (row * s_in + (i // BM) * s_half)[:, None] + tl.arange(0, 64)[None, :]
+    acc = tl.zeros([BN, NH * BM], tl.float32)
+    for kt in range(kt0, kt1):  # tail tile included: TMA zero-fills past IN
+        acc = _k_tile(acc, w_desc, s_desc, s_row, e, n0, in_ptr, in_off, rm, nm, kt, words,
+                      S_TMA, BN, ABLATE, INTERPRET)
+    if NH == 2:  # hi + lo, one fixed-order fp32 add per output
+        acc = tl.sum(tl.reshape(acc, (BN, 2, BM)), axis=1)
+    rs = m0 + tl.arange(0, BM)
+    rsm = rs < cnt
+    if OUT_BY_SLOT:
+        orow = tl.load(slots_ptr + start + rs, mask=rsm, other=0)
+    else:
+        orow = start + rs
+    out = (out_ptr + ks * s_ok + orow[None, :].to(tl.int64) * s_or
+           + (col0 + tl.arange(0, BN))[:, None])
+    tl.store(out, acc, mask=rsm[None, :] & nm[:, None])
+    if ZERO:
+        for j in range(ks + 1, zero_to):
+            tl.store(out + (j - ks) * s_ok, tl.zeros_like(acc), mask=rsm[None, :] & nm[:, None])
 
 
 # ------------------------------------------------------------------------------------ launcher
