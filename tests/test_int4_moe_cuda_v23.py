@@ -26,7 +26,7 @@ KIMI = dict(K=8, D=7168, I=2048)
 def test_v23_tiles_are_v22s_with_the_flat_knobs():
     for T, E, hint in ((1, 384, None), (9, 384, None), (512, 384, None), (17, 48, 17)):
         assert cuda_v23.tiles(T, E=E, **KIMI, slots=hint) == (
-            cuda_v22.tiles(T, E=E, **KIMI, slots=hint) | {"FP": 3, "FL": 1}), (T, E, hint)
+            cuda_v22.tiles(T, E=E, **KIMI, slots=hint) | {"FP": 3, "FL": 1, "FS": 4}), (T, E, hint)
 
 
 def test_v23_flat_knobs_refused_by_name():
@@ -45,6 +45,9 @@ def test_v23_flat_knobs_refused_by_name():
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match=r"cfg\['FL'\]"):
             cuda_v23.flat_launch(2, c | {"FL": bad}, R, 112, (torch.empty(1),), {})
+    for bad in (1, 7, 4.0):
+        with pytest.raises(ValueError, match=r"cfg\['FS'\]"):
+            cuda_v23.flat_launch(2, c | {"FS": bad}, R, 112, (torch.empty(1),), {})
     with pytest.raises(ValueError, match=r"cfg\['KS2'\]"):
         cuda_v23.flat_launch(2, c | {"KS2": 2}, R, 112, (torch.empty(1),), {})
 
@@ -54,6 +57,7 @@ def test_v23_flat_knobs_refused_by_name():
     (64, {}, "nothing hot: one flat launch over every expert's chunks (expert 1: 20 slots)"),
     (64, {"FL": 0}, "the same programs with the K loop restarting at each item"),
     (64, {"FP": 32}, "more programs than items: the rest idle"),
+    (64, {"FS": 2}, "the flattened loop on two stages"),
     (5, {"HS": 1}, "the hot items beside the flat cold launch"),
 ])
 def test_v23_flat_down_is_the_grid_bit_for_bit(monkeypatch, hot, cfg, why):
@@ -98,15 +102,16 @@ def test_v23_flat_kernel_builds_for_sm90_without_spills():
         "if k.arg_names[i[0]] in names}\n"
         "    for fl in (0, 1):\n"
         "        c = {n: v for n, v in const.items() if n in names} | dict(BN=64, HOT=-1, NT=112, "
-        "BLOCK_A=128, FL=bool(fl))\n"
-        "        s = dict(sig, **{n: 'constexpr' for n in ('HOT', 'NT', 'BLOCK_A', 'FL')})\n"
+        "BLOCK_A=128, FL=bool(fl), FS=4)\n"
+        "        s = dict(sig, **{n: 'constexpr' for n in ('HOT', 'NT', 'BLOCK_A', 'FL', 'FS')})\n"
         "        ck = triton.compile(ASTSource(fn=flat, signature=s, constexprs=c, attrs=attrs), "
         "target=GPUTarget('cuda', 90, 32), options=dict(opts, maxnreg=168))\n"
         "        ptx, ir = ck.asm['ptx'], ck.asm['ttgir']\n"
         "        out[fl] = [sm90.ptxas_report(ptx), ptx.count('cp.async.bulk.tensor'), "
-        "ptx.count('wgmma.mma_async'), ir]")
-    for fl, (regs, tma, wgmma, ir) in out.items():
-        assert "0 B spill" in regs and tma > 0 and wgmma > 0, out
+        "ptx.count('wgmma.mma_async'), ir, ir.count('ttg.async_copy_global_to_local')]")
+    for fl, (regs, tma, wgmma, ir, cp_async) in out.items():
+        # no spill, the weights by TMA into wgmma, the activations by cp.async (ahead of use)
+        assert "0 B spill" in regs and tma > 0 and wgmma > 0 and cp_async > 0, out
     # FL 0: the K loop inside the item loop; FL 1: no loop inside another (the fused loop, and
     # the fallback Triton keeps for an inner loop of no trips)
     assert (_loop_depth(out["0"][3]), _loop_depth(out["1"][3])) == (2, 1), out

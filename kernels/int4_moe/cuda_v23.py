@@ -26,7 +26,8 @@ hot items' form) over all K tiles: the same tiles and fp32 chains as the grid's 
 cuda_v22's bits (CPU test under the interpreter; GPU test). Split down GEMMs (an EP rank's
 hints 1-2) keep cuda_v22's launches.
 Knobs: FP (flat programs an SM, default 3), FL (1: the flattened loop; 0: the same persistent
-programs with the K loop restarting at each item, to tell the two effects apart). Numerics,
+programs with the K loop restarting at each item, to tell the two effects apart), FS (the
+flattened loop's stages, default 4: `_gemm_flat_kernel`). Numerics,
 graph safety (the grid from shapes and the device's SM count; the items from the counts on
 the device), load step: cuda_v22's. GPU only (cupy). Dimension legend: cuda_v1.cu's,
 cuda_v10.cu's and triton_v16's.
@@ -48,7 +49,7 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 from .triton_v7 import _KT, chunk_tile, tile_rows
 from .triton_v29 import grid_gemm_idle_last
 
-FLAT = {"FP": 3, "FL": 1}  # flat programs an SM; the flattened (pipelined across items) loop
+FLAT = {"FP": 3, "FL": 1, "FS": 4}  # flat programs an SM; the flattened loop; its stages
 INTERPRET_SMS = 2  # the interpreter's "SMs": few programs, so each walks several items
 
 
@@ -65,20 +66,23 @@ def _gemm_flat_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, 
                       TWO: tl.constexpr, S_TMA: tl.constexpr, BY_TOKEN: tl.constexpr,
                       OUT_BY_SLOT: tl.constexpr, ABLATE: tl.constexpr,
                       INTERPRET: tl.constexpr, HOT: tl.constexpr, NT: tl.constexpr,
-                      BLOCK_A: tl.constexpr, FL: tl.constexpr):
+                      BLOCK_A: tl.constexpr, FL: tl.constexpr, FS: tl.constexpr):
     """Program p of P: items p, p + P, ... of (chunk, N tile) in chunk-major order, the chunks
     those of the active positions of at most HOT slots (HOT < 0: all) in (position, chunk)
     order. Position a's chunks are chunks end[a] - chunks[a] .. end[a] - 1 (end: the inclusive
     prefix sum of the chunk counts), so chunk j's position is the count of positions whose end
     is <= j (cuda_v22's search). The arguments are `_gemm_kernel`'s but TPS (an unsplit
-    GEMM: every K tile an item)."""
+    GEMM: every K tile an item). FS: the fused loop's stages (sm_90 build at the uniform T 9
+    down launch: at 3, the launch's own, a 2-deep TMA ring and the activations loaded in the
+    loop, not ahead; at 4, a 3-deep ring and the activations by cp.async ahead, 164
+    registers, 29.8 KB of shared memory)."""
     idx = tl.arange(0, BLOCK_A)  # [BLOCK_A] active positions (BLOCK_A >= the grid's A)
     cnt = tl.load(act_cnt_ptr + idx, mask=idx < tl.load(n_act_ptr), other=0)
     cold = cnt <= HOT if HOT >= 0 else cnt >= 0
     chunks = tl.where(cold, tl.cdiv(cnt, BM), 0)  # [BLOCK_A] chunks of each position
     end = tl.cumsum(chunks, 0)
     items = tl.sum(chunks, 0) * NT
-    for it in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=FL):
+    for it in tl.range(tl.program_id(0), items, tl.num_programs(0), num_stages=FS, flatten=FL):
         j = it // NT  # the chunk; consecutive items: one chunk's N tiles (its rows stay in L1 / L2)
         a = tl.sum((end <= j).to(tl.int32), 0)  # the position whose chunks hold j
         first = tl.sum(tl.where(idx == a, end - chunks, 0), 0)  # its first chunk
@@ -112,13 +116,15 @@ def flat_launch(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
     """GEMM n over NT N tiles as `_gemm_flat_kernel` on `flat_programs` programs, the experts
     of at most kw's HOT slots (absent: all). A launch hook (triton_v7's `gemm` signature) for
     an unsplit GEMM."""
-    fl = c.get("FL", FLAT["FL"])
+    fl, fs = c.get("FL", FLAT["FL"]), c.get("FS", FLAT["FS"])
     _require(fl in (0, 1) and type(fl) is int, "cfg['FL']", "0 or 1 (the flattened loop)", fl)
+    _require(type(fs) is int and 2 <= fs <= 6, "cfg['FS']", "an int in 2..6 (the flat loop's "
+             "stages)", fs)
     _require(c[f"KS{n}"] == 1, f"cfg['KS{n}']", "1 (the flat launch runs an unsplit GEMM)",
              c[f"KS{n}"])
     kw = dict(kw, HOT=kw.get("HOT", -1))
     _gemm_flat_kernel[(flat_programs(c, args[0].device),)](
-        *args, NT=NT, BLOCK_A=next_pow2(r.max_active), FL=bool(fl), **kw)
+        *args, NT=NT, BLOCK_A=next_pow2(r.max_active), FL=bool(fl), FS=fs, **kw)
 
 
 def grid_gemm_flat(n: int, c: dict, r, NT: int, args: tuple, kw: dict, *,
