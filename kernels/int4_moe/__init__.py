@@ -218,11 +218,11 @@ Versions (README.md has the design and the version log), each with the contract 
                the cold down at large T) dealt (hot expert, slot chunk) items in turn instead
                of whole hot experts (HI 16 programs an N tile; HS 1: beside the cold down
                on a side stream; HS 2: behind the hot gate/up launches there); cuda_v21's
-               bits (session 50, H100 GPU tests); not yet timed
+               bits (sessions 50-51, H100); no HS faster at the op (session 51): not BEST
     cuda_v23   cuda_v22 with the cold down launch as a persistent grid (FP 3 programs an SM)
                walking (slot chunk, N tile) items in one flattened loop the pipeliner runs
-               across items (FL 1), instead of a program a (N tile, expert) whose weight
-               stream starts afresh; cuda_v22's bits (interpreter); not yet on a GPU
+               across items (FL 1), instead of a program a (N tile, expert); cuda_v22's bits;
+               30 % slower (FL 0: 1.5-2 %) on the H100 (session 51): a measured negative
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.

@@ -35,7 +35,12 @@ memory and today's launches, not an expectation. Numerics, graph safety (the gri
 device), load step: cuda_v21's. GPU only (cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's
 and triton_v16's.
 
-Measured: not yet (plans session50_f / session50_a, then session50_b).
+Measured (H100 80GB, traces/gpu/session50-51): cuda_v21's bits (GPU tests, HS 0 / 1 / 2). In
+process (session 51 call 3, medians of 3) skewed T 128 / 512: cuda_v21 2057.0 / 3878.3 µs, HS 0
+2061.4 / 3930.6, HS 1 2057.7 / 3870.4, HS 2 2055.0 / 3895.2: within the rounds' spread, no HS
+pays. By kernel the items alone are 15 µs slower than the walk (316.7 vs 301.4 µs) and stretch
+the launch they run beside (the cold down +157 µs at HS 1, the cold gate/up +248 at HS 2). A
+measured negative, not BEST.
 """
 
 from __future__ import annotations

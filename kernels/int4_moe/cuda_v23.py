@@ -32,7 +32,12 @@ graph safety (the grid from shapes and the device's SM count; the items from the
 the device), load step: cuda_v22's. GPU only (cupy). Dimension legend: cuda_v1.cu's,
 cuda_v10.cu's and triton_v16's.
 
-Measured: not yet.
+Measured (session 51 call 1, H100 80GB, traces/gpu/session51): GPU tests pass (cuda_v22's bits
+eager and graph-replayed); in process, medians of 3, **30 % slower** than cuda_v22 at every
+shape (uniform T 9 741-790 vs 566-611 µs over four draws, T 17 1302 vs 978, skewed T 128 / 512
+2750 / 4373 vs 2062 / 3888), more programs slower still (FP 4 +24 %, FP 2 +10 %: an issue- or
+latency-bound loop), FS 3 within 1 %; FL 0 (the persistent grid without the fusion) 1.5-2 %
+slower: the block scheduler already hides the per-program ramp. A measured negative, not BEST.
 """
 
 from __future__ import annotations
