@@ -570,6 +570,25 @@ def test_emulation_of_the_first_layers_only():
             emulate("tiny-dist", ("ep8",), layers=bad, **kw)
 
 
+def test_emulation_floors_price_the_card_given():
+    """The floors default to the H200's copy speed and peak (the bar's card); a run on
+    another card can price them at its own, and the rows say which. The toy rank's phases are
+    bound by bytes, so half the bandwidth doubles every floor."""
+    from workbench.dist.emulate import NVLINK4, emulate
+    from workbench.loopbench import H200_BF16_TFLOPS, H200_COPY_TBS
+
+    kw = dict(batches=(1,), budgets=(None,), ctx=32, device="cpu", repeats=1, progress=None,
+              links=(NVLINK4,))
+    (h200,) = emulate("tiny-dist", ("ep8",), **kw)
+    (slow,) = emulate("tiny-dist", ("ep8",), bw_tbs=H200_COPY_TBS / 2, tflops=1e6, **kw)
+    assert (h200["floor_bw_tbs"], h200["floor_tflops"]) == (H200_COPY_TBS, H200_BF16_TFLOPS)
+    assert slow["floor_bw_tbs"] == H200_COPY_TBS / 2
+    assert slow["verify_floor_ms"] == pytest.approx(2 * h200["verify_floor_ms"], rel=1e-6)
+    for name, bad in (("bw_tbs", 0), ("tflops", -1.0), ("bw_tbs", "4")):
+        with pytest.raises(ValueError, match=f"{name}: expected a positive number"):
+            emulate("tiny-dist", ("ep8",), **{name: bad}, **kw)
+
+
 def test_stacked_weight_is_one_buffer_the_parameters_view():
     """Engine path: projections of one input share a GEMM through one [sum O, I] buffer; the
     parameters become views of it (no doubled memory, later in-place loads land in it)."""

@@ -309,11 +309,12 @@ def _op_time(fn, comm: StandInComm, device) -> dict:
 @torch.no_grad()
 def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: int,
             budget: int | None, repeats: int = 3, seed: int = 0,
-            op_table: bool = False, graph: bool = False) -> dict:
+            op_table: bool = False, graph: bool = False, card: dict | None = None) -> dict:
     """One decode step of `batch` requests at context `ctx`: AR (budget None) or DDTree
     (draft -> tree build -> verify). Returns compute seconds per phase, wall, comm log;
     op_table: also the step's kernel time by registry op (`_op_time`, one more call); graph:
-    the kernel times from a CUDA-graph replay of the step (`_kernel_time`)."""
+    the kernel times from a CUDA-graph replay of the step (`_kernel_time`); card: the floors'
+    copy bandwidth and bf16 peak (`rank_floors`' bw_tbs / tflops; default the H200's)."""
     from workbench.reference.tree_build import topk_logprobs
 
     dev, cfg = model.device, model.cfg
@@ -334,7 +335,7 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
 
         wall = _timed(ar_step, comm, repeats)
         out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
-        floors = rank_floors(model, drafter, batch, None, ctx, seen["routing"])
+        floors = rank_floors(model, drafter, batch, None, ctx, seen["routing"], **(card or {}))
         ops_ = _op_time(ar_step, comm, dev) if op_table else {}
         return {**out, **_kernel_time(ar_step, comm, dev, graph=graph), **_floor_cols(floors),
                 **ops_}
@@ -363,7 +364,7 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     out = {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
     draft = _kernel_time(lambda: drafter.draft_override(None, model, dcache, bonus, prefix, k),
                          comm, dev, graph=graph)  # the draft forward's share of the kernel sum
-    floors = rank_floors(model, drafter, batch, budget, ctx, seen["routing"])
+    floors = rank_floors(model, drafter, batch, budget, ctx, seen["routing"], **(card or {}))
     ops_ = _op_time(step, comm, dev) if op_table else {}
     return {**out, **_kernel_time(step, comm, dev, graph=graph),
             "draft_kernel_s": draft["kernel_s"], **_floor_cols(floors), **ops_}
@@ -463,6 +464,11 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "op_list": meas.get("ops", [])}
 
 
+def _require_positive(name: str, v) -> None:
+    if not (isinstance(v, (int, float)) and v > 0):
+        raise ValueError(f"{name}: expected a positive number, got {v!r}")
+
+
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
@@ -470,7 +476,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             ep_dispatch: str = "local", op_table: bool = False, graph: bool = False,
             shared_stream: bool = True, attn_stream: bool = True, priority: int = -1,
             fork: str = "after-route", drafter_layout: str | tuple = "tp",
-            layers: int | None = None):
+            layers: int | None = None, bw_tbs: float | None = None,
+            tflops: float | None = None):
     """Projection table (list of dict rows): layout x link x C x (AR | budget).
 
     ep_dispatch: how EP layouts move tokens to experts (`moe.EP_DISPATCH`): "local" (default:
@@ -509,7 +516,10 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     the model's first `layers` target layers only (`ModelConfig.first_layers`; rows say how
     many in "layers"): a full-size rank's per-layer kernels and floors on a card whose memory
     does not hold its 61 layers (kimi-k2.6's EP8 rank is ~78 GB; 16 layers ~21 GB). Its step
-    times, floors and tokens/s are those of the shorter model, not of kimi-k2.6."""
+    times, floors and tokens/s are those of the shorter model, not of kimi-k2.6. bw_tbs,
+    tflops: the card the floors price (copy TB/s, bf16 TFLOP/s; default the H200's, as the
+    bar is; an H100's run against its own copy speed says what its kernels left there); rows
+    say which in "floor_bw_tbs" / "floor_tflops"."""
     from workbench.reference.drafter import build_drafter
 
     from .drafter import check_drafter_layouts, make_dist_drafter
@@ -520,6 +530,12 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     cfg = dist_config(cfg)
     if layers is not None:
         cfg = cfg.first_layers(layers)
+    from workbench.loopbench import H200_BF16_TFLOPS, H200_COPY_TBS
+
+    card = {"bw_tbs": H200_COPY_TBS if bw_tbs is None else bw_tbs,
+            "tflops": H200_BF16_TFLOPS if tflops is None else tflops}
+    for k, v in card.items():
+        _require_positive(k, v)
     rows = []
     for name in layouts:
         model, comm = rank_model(cfg, name, world, 0, device, seed)
@@ -535,10 +551,11 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
                     attn_side_stream(attn_stream), main_priority(priority), \
                     shared_fork(fork):
                 meas = measure(model, comm, drafter, C, ctx, b, repeats, seed, op_table,
-                               graph)
+                               graph, card)
             t = 1.0 if b is None else (tau[b] if isinstance(tau, dict) else tau)
             for link in links:
                 rows.append({"layout": name.upper(), "layers": cfg.num_layers,
+                             "floor_bw_tbs": card["bw_tbs"], "floor_tflops": card["tflops"],
                              "ep_dispatch": ep_dispatch,
                              "shared_stream": "on" if shared_stream else "off",
                              "attn_stream": "on" if attn_stream else "off",
@@ -610,6 +627,11 @@ def main(argv=None) -> int:
                    "only (every width kept; the drafter's taps rebuilt): a full-size rank's "
                    "per-layer kernels on a card its whole depth does not fit (kimi-k2.6's EP8 "
                    "rank: ~78 GB at 61 layers, ~21 GB at 16); rows say how many")
+    p.add_argument("--bw-tbs", type=float, help="the floors' copy bandwidth, TB/s (default "
+                   "the H200's 4.26: the bar's card; give the running card's to read its "
+                   "kernels against it)")
+    p.add_argument("--tflops", type=float, help="the floors' bf16 peak, TFLOP/s (default the "
+                   "H200's 989)")
     a = p.parse_args(argv)
     import pandas as pd
 
@@ -648,7 +670,7 @@ def main(argv=None) -> int:
                    graph=a.graph, shared_stream=a.shared_stream == "on",
                    attn_stream=a.attn_stream == "on", priority=a.main_priority,
                    fork=a.shared_fork, drafter_layout=tuple(a.drafter_layout.split(",")),
-                   layers=a.layers)
+                   layers=a.layers, bw_tbs=a.bw_tbs, tflops=a.tflops)
     df = pd.DataFrame(rows)
     cols = ["layout", "layers", "link", "C", "mode", "drafter_layout", "compute_ms", "comm_ms", "step_ms",
             "tokens_per_s", "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms",
