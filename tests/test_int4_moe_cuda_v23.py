@@ -13,7 +13,6 @@ import functools
 import pytest
 import torch
 from sm90_compile import compile_sm90
-from test_int4_moe_cuda_v10 import _routing as _real_routing
 from test_int4_moe_cuda_v10 import same_bits_eager_and_replayed
 from test_int4_moe_kernel import _bits_equal, _hot_case, _poisoned_buffers
 
@@ -109,7 +108,7 @@ def test_v23_flat_kernel_builds_for_sm90_without_spills():
         "        ptx, ir = ck.asm['ptx'], ck.asm['ttgir']\n"
         "        out[fl] = [sm90.ptxas_report(ptx), ptx.count('cp.async.bulk.tensor'), "
         "ptx.count('wgmma.mma_async'), ir, ir.count('ttg.async_copy_global_to_local')]")
-    for fl, (regs, tma, wgmma, ir, cp_async) in out.items():
+    for regs, tma, wgmma, _ir, cp_async in out.values():
         # no spill, the weights by TMA into wgmma, the activations by cp.async (ahead of use)
         assert "0 B spill" in regs and tma > 0 and wgmma > 0 and cp_async > 0, out
     # FL 0: the K loop inside the item loop; FL 1: no loop inside another (the fused loop, and

@@ -28,11 +28,10 @@ high-priority side stream beside the cold launch instead of after it; 2: on that
 behind the hot gate/up launches, not forked again, so they may run beside the cold gate/up
 launch's tail too (`tail_items`; y allocated before the first fork, cuda_v13's
 `bands_with_partials`; HS 1's fork where the hot gate/up does not run on the side stream);
-0 by default until measured). HS 2 is cuda_v13's DS 1 for the hot launch only: DS 1 moved
-every past-WT expert's down there and measured no gain on the H200 in session 36 (skewed T
-512 3687 vs 3678 µs, with cuda_v12's kernels), so it is a question for the H100's slower
-memory and today's launches, not an expectation. Numerics, graph safety (the grid from shapes only; the items from the counts on the
-device), load step: cuda_v21's. GPU only (cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's
+0 by default: neither measured faster, below). HS 2 is cuda_v13's DS 1 for the hot launch
+only (DS 1 moved every past-WT expert's down there and measured no gain on the H200 in
+session 36). Numerics, graph safety (the grid from shapes only; the items from the counts on
+the device), load step: cuda_v21's. GPU only (cupy). Dimension legend: cuda_v1.cu's, cuda_v10.cu's
 and triton_v16's.
 
 Measured (H100 80GB, traces/gpu/session50-51): cuda_v21's bits (GPU tests, HS 0 / 1 / 2). In
@@ -49,7 +48,6 @@ import functools
 
 import triton
 import triton.language as tl
-
 from torch import Tensor
 
 from workbench.streams import Side

@@ -48,11 +48,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import cuda_v4, cuda_v17, cuda_v22
+from . import cuda_v17, cuda_v22
 from ._common import INTERPRET, _require, next_pow2
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 from .triton_v7 import _KT, chunk_tile, tile_rows
-from .triton_v29 import grid_gemm_idle_last
 
 FLAT = {"FP": 3, "FL": 1, "FS": 4}  # flat programs an SM; the flattened loop; its stages
 INTERPRET_SMS = 2  # the interpreter's "SMs": few programs, so each walks several items
