@@ -1242,9 +1242,9 @@ def test_v9_defaults_are_v8s_fastest_form_and_keep_an_sm_free():
     # a CUDA-shaped call (the device query patched: this machine has none): 128 CTAs, 112
     # combiners at Kimi's D
     xc = mock.Mock(device=torch.device("cuda", 0), shape=(1, 7168), dim=lambda: 2)
-    with mock.patch.object(cuda_v9, "_sms", lambda index: 112):
+    with mock.patch.object(cuda_v9, "sm_count", lambda index: 112):
         assert cuda_v9.knobs(xc, ids, ex)["FC"] == 0  # 112 SMs: none left free
-    with mock.patch.object(cuda_v9, "_sms", lambda index: 132):
+    with mock.patch.object(cuda_v9, "sm_count", lambda index: 132):
         assert cuda_v9.knobs(xc, ids, ex) == cuda_v9.DEFAULTS
 
 

@@ -18,6 +18,7 @@ sync-free rejection, see `check_inputs`), and an out-of-range id is never routed
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -67,6 +68,12 @@ def with_cfg(tiles: dict, cfg: dict | None) -> dict:
 
 def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """SMs of this GPU (graph-safe: a device constant)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def block_k(k: int, cap: int = 128) -> int:

@@ -80,19 +80,41 @@ def _gemm_hot_items_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_d
     (active, > HOT slots) BM-slot chunks in (active position, chunk) order, each over all of
     K. Position a's chunks are items end[a] - chunks[a] .. end[a] - 1 (end: the inclusive
     prefix sum of the chunk counts), so item j's position is the count of positions whose end
-    is <= j."""
-    idx = tl.arange(0, BLOCK_A)  # [BLOCK_A] active positions (BLOCK_A >= the grid's A)
-    cnt = tl.load(act_cnt_ptr + idx, mask=idx < tl.load(n_act_ptr), other=0)
-    chunks = tl.where(cnt > HOT, tl.cdiv(cnt, BM), 0)  # [BLOCK_A] items of each position
-    end = tl.cumsum(chunks, 0)  # [BLOCK_A] items up to and including each position
+    is <= j (`chunk_table`, `chunk_at`)."""
+    idx, chunks, end = chunk_table(act_cnt_ptr, n_act_ptr, HOT, BM, BLOCK_A, True)
     for j in tl.range(tl.program_id(1), tl.sum(chunks, 0), tl.num_programs(1)):
-        a = tl.sum((end <= j).to(tl.int32), 0)  # the position whose items hold j
-        first = tl.sum(tl.where(idx == a, end - chunks, 0), 0)  # its first item
+        a, m0 = chunk_at(idx, chunks, end, j, BM)
         expert_tile(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr,
                     w2s_ptr, s_se, s_sn, slots_ptr, act_e_ptr, act_start_ptr, act_cnt_ptr,
                     out_ptr, s_ok, s_or, NOUT, NT1, IN, a, tl.program_id(0), 0,
                     tl.cdiv(IN, _KT), 0, 0, K, BN, BM, NH, TWO, S_TMA, BY_TOKEN, OUT_BY_SLOT,
-                    False, ABLATE, INTERPRET, True, (j - first) * BM)
+                    False, ABLATE, INTERPRET, True, m0)
+
+
+@triton.jit
+def chunk_table(act_cnt_ptr, n_act_ptr, HOT, BM: tl.constexpr, BLOCK_A: tl.constexpr,
+                HOT_SIDE: tl.constexpr):
+    """The BM-slot chunks of the active positions on one side of HOT: ([BLOCK_A] positions
+    (BLOCK_A >= the grid's A), [BLOCK_A] chunks of each (HOT_SIDE: of the positions of more
+    than HOT slots; else of at most HOT, every position where HOT < 0), [BLOCK_A] their
+    inclusive prefix sum). The items kernel's and cuda_v23's flat kernel's."""
+    idx = tl.arange(0, BLOCK_A)
+    cnt = tl.load(act_cnt_ptr + idx, mask=idx < tl.load(n_act_ptr), other=0)
+    if HOT_SIDE:
+        take = cnt > HOT
+    else:
+        take = (cnt <= HOT) | (HOT < 0)
+    chunks = tl.where(take, tl.cdiv(cnt, BM), 0)
+    return idx, chunks, tl.cumsum(chunks, 0)
+
+
+@triton.jit
+def chunk_at(idx, chunks, end, j, BM: tl.constexpr):
+    """Chunk j of `chunk_table`'s chunks in (position, chunk) order -> (its position a, its
+    first slot m0): a is the count of positions whose end is <= j."""
+    a = tl.sum((end <= j).to(tl.int32), 0)
+    first = tl.sum(tl.where(idx == a, end - chunks, 0), 0)  # a's first chunk
+    return a, (j - first) * BM
 
 
 def item_programs(c: dict, n: int, max_active: int) -> int:

@@ -49,8 +49,9 @@ import triton
 import triton.language as tl
 
 from . import cuda_v17, cuda_v22
-from ._common import INTERPRET, _require, next_pow2
+from ._common import INTERPRET, _require, next_pow2, sm_count
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
+from .cuda_v22 import chunk_at, chunk_table
 from .triton_v7 import _KT, chunk_tile, tile_rows
 
 FLAT = {"FP": 3, "FL": 1, "FS": 4}  # flat programs an SM; the flattened loop; its stages
@@ -75,35 +76,24 @@ def _gemm_flat_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_desc, 
     those of the active positions of at most HOT slots (HOT < 0: all) in (position, chunk)
     order. Position a's chunks are chunks end[a] - chunks[a] .. end[a] - 1 (end: the inclusive
     prefix sum of the chunk counts), so chunk j's position is the count of positions whose end
-    is <= j (cuda_v22's search). The arguments are `_gemm_kernel`'s but TPS (an unsplit
+    is <= j (cuda_v22's `chunk_table` / `chunk_at`). The arguments are `_gemm_kernel`'s but TPS (an unsplit
     GEMM: every K tile an item). FS: the fused loop's stages (sm_90 build at the uniform T 9
     down launch: at 3, the launch's own, a 2-deep TMA ring and the activations loaded in the
     loop, not ahead; at 4, a 3-deep ring and the activations by cp.async ahead, 164
     registers, 29.8 KB of shared memory)."""
-    idx = tl.arange(0, BLOCK_A)  # [BLOCK_A] active positions (BLOCK_A >= the grid's A)
-    cnt = tl.load(act_cnt_ptr + idx, mask=idx < tl.load(n_act_ptr), other=0)
-    cold = cnt <= HOT if HOT >= 0 else cnt >= 0
-    chunks = tl.where(cold, tl.cdiv(cnt, BM), 0)  # [BLOCK_A] chunks of each position
-    end = tl.cumsum(chunks, 0)
+    idx, chunks, end = chunk_table(act_cnt_ptr, n_act_ptr, HOT, BM, BLOCK_A, False)
     items = tl.sum(chunks, 0) * NT
     for it in tl.range(tl.program_id(0), items, tl.num_programs(0), num_stages=FS, flatten=FL):
-        j = it // NT  # the chunk; consecutive items: one chunk's N tiles (its rows stay in L1 / L2)
-        a = tl.sum((end <= j).to(tl.int32), 0)  # the position whose chunks hold j
-        first = tl.sum(tl.where(idx == a, end - chunks, 0), 0)  # its first chunk
+        # the chunk j = it // NT; consecutive items: one chunk's N tiles (its rows stay in L1 / L2)
+        a, m0 = chunk_at(idx, chunks, end, it // NT, BM)
         # expert_tile's setup and one pass (no chunk loop: the nest the flattening fuses is
         # this loop and the K loop)
         e, start, n_a, n0, col0, w_desc, s_desc, s_row, nm = tile_rows(
             w1_desc, s1_desc, w2_desc, s2_desc, w1s_ptr, w2s_ptr, s_se, s_sn, act_e_ptr,
             act_start_ptr, act_cnt_ptr, NOUT, NT1, a, it % NT, BN, TWO)
         chunk_tile(in_ptr, s_in, s_half, w_desc, s_desc, s_row, e, n0, col0, nm, IN, slots_ptr,
-                   start, n_a, out_ptr, s_ok, s_or, 0, tl.cdiv(IN, _KT), 0, 0,
-                   (j - first) * BM, K, BN, BM, NH, S_TMA, BY_TOKEN, OUT_BY_SLOT, False, ABLATE,
-                   INTERPRET)
-
-
-@functools.cache
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+                   start, n_a, out_ptr, s_ok, s_or, 0, tl.cdiv(IN, _KT), 0, 0, m0, K, BN, BM,
+                   NH, S_TMA, BY_TOKEN, OUT_BY_SLOT, False, ABLATE, INTERPRET)
 
 
 def flat_programs(c: dict, device: torch.device) -> int:
@@ -112,7 +102,7 @@ def flat_programs(c: dict, device: torch.device) -> int:
     fp = c.get("FP", FLAT["FP"])
     _require(type(fp) is int and 1 <= fp <= 32, "cfg['FP']", "an int in 1..32 (flat programs "
              "an SM)", fp)
-    sms = INTERPRET_SMS if INTERPRET or device.type != "cuda" else _sms(device.index or 0)
+    sms = INTERPRET_SMS if INTERPRET or device.type != "cuda" else sm_count(device.index or 0)
     return sms * fp
 
 

@@ -35,20 +35,13 @@ Dimension legend: cuda_v1.cu's and cuda_v8.cu's.
 
 from __future__ import annotations
 
-import functools
-
-import torch
 from torch import Tensor
 
 from . import cuda_v8
+from ._common import sm_count
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 DEFAULTS = {"DN": 8, "LY": 3, "EF": 1, "GB": 1, "FC": 1, "EA": 1}
-
-
-@functools.cache
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def knobs(x: Tensor, topk_ids: Tensor, experts) -> dict:
@@ -57,7 +50,7 @@ def knobs(x: Tensor, topk_ids: Tensor, experts) -> dict:
     out = dict(DEFAULTS)
     if x.device.type == "cuda" and x.dim() == 2:
         grid = experts[0].shape[1] // cuda_v8.SLICE * topk_ids.shape[1]
-        if cuda_v8.fc_combiners(x.shape[1], grid) >= _sms(x.device.index or 0):
+        if cuda_v8.fc_combiners(x.shape[1], grid) >= sm_count(x.device.index or 0):
             out["FC"] = 0
     return out
 

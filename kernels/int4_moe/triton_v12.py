@@ -43,12 +43,11 @@ from __future__ import annotations
 
 import functools
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET
+from ._common import INTERPRET, sm_count
 from .triton_v3 import KT
 from .triton_v7 import expert_tile, launch
 from .triton_v9 import _router
@@ -95,12 +94,6 @@ def _gemm_persistent_kernel(in_ptr, s_in, s_half, w1_desc, s1_desc, w2_desc, s2_
         u += kt1 - kt0
 
 
-@functools.cache
-def _sms(device_index: int) -> int:
-    """SMs of this GPU (graph-safe: a device constant)."""
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def pieces(KTN: int, L_est: int, cap: int = MAX_PIECES) -> tuple[int, int]:
     """(PMAX, LMIN) for a GEMM of KTN K tiles whose programs expect L_est units each: a run of
     L >= LMIN units meets at most 1 + ceil((KTN - 1) / L) <= PMAX programs per N tile."""
@@ -140,7 +133,7 @@ def int4_moe_triton(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, 
     `_common.check_inputs`; expected_slots: the routed slots expected (tiles and the split);
     cfg: overrides of `tiles`' keys (PROGSn; KSn with LMINn must keep the bound of `pieces`),
     for sweeps and tests."""
-    sms = _sms(x.device.index or 0) if x.is_cuda and not INTERPRET else 1
+    sms = sm_count(x.device.index or 0) if x.is_cuda and not INTERPRET else 1
     return launch(x, topk_ids, topk_weights, experts, validate, cfg,
                   functools.partial(tiles, slots=expected_slots, sms=sms),
                   down_select=True, router=_router, expected_slots=expected_slots,

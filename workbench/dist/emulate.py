@@ -464,11 +464,6 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "op_list": meas.get("ops", [])}
 
 
-def _require_positive(name: str, v) -> None:
-    if not (isinstance(v, (int, float)) and v > 0):
-        raise ValueError(f"{name}: expected a positive number, got {v!r}")
-
-
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
             budgets=(None, 8, 16, 32), tau: float | dict = 3.0, ctx: int = 4096,
             links=(NVLINK4, PCIE5), world: int = 8, device=None, repeats: int = 3,
@@ -535,7 +530,8 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     card = {"bw_tbs": H200_COPY_TBS if bw_tbs is None else bw_tbs,
             "tflops": H200_BF16_TFLOPS if tflops is None else tflops}
     for k, v in card.items():
-        _require_positive(k, v)
+        if not (isinstance(v, (int, float)) and v > 0):
+            raise ValueError(f"{k}: expected a positive number, got {v!r}")
     rows = []
     for name in layouts:
         model, comm = rank_model(cfg, name, world, 0, device, seed)
@@ -672,8 +668,8 @@ def main(argv=None) -> int:
                    fork=a.shared_fork, drafter_layout=tuple(a.drafter_layout.split(",")),
                    layers=a.layers, bw_tbs=a.bw_tbs, tflops=a.tflops)
     df = pd.DataFrame(rows)
-    cols = ["layout", "layers", "link", "C", "mode", "drafter_layout", "compute_ms", "comm_ms", "step_ms",
-            "tokens_per_s", "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms",
+    cols = ["layout", "layers", "link", "C", "mode", "drafter_layout", "compute_ms", "comm_ms",
+            "step_ms", "tokens_per_s", "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms",
             "x_floor", "kernel_tokens_per_s"] + (["graph_replay_ms"] if a.graph else [])
     for r in rows:
         if r.get("graph_error"):
