@@ -223,6 +223,11 @@ Versions (README.md has the design and the version log), each with the contract 
                walking (slot chunk, N tile) items in one flattened loop the pipeliner runs
                across items (FL 1), instead of a program a (N tile, expert); cuda_v22's bits;
                30 % slower (FL 0: 1.5-2 %) on the H100 (session 51): a measured negative
+    cuda_v24   cuda_v21 with the hot experts past WB slots on a warp-specialised tensor-core
+               launch: 256 weight rows x 128 slots a CTA, a producer warpgroup filling a
+               ring by TMA bulk copies (activations gathered once a call into the tile's
+               swizzled image), two consumer warpgroups on wgmma with register-A dequant
+               (session 52: built, CPU-tested; not yet measured)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -406,6 +411,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v23"): ("cuda_v22 with the cold down launch as a persistent grid of "
                                "(slot chunk, N tile) items in one flattened, pipelined loop; "
                                "cuda_v22's bits", ("sm90", "cupy")),
+    ("int4_moe", "cuda_v24"): ("cuda_v21 with the hot experts' gate/up on a warp-specialised "
+                               "256 x 128 wgmma tile fed by TMA bulk copies of gathered "
+                               "activations", ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

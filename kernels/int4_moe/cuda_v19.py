@@ -149,16 +149,22 @@ def xperm_reference(x: Tensor, k_real: int, KP: int) -> Tensor:
     return xz[:, mma_layout.logical_k_perm(KP, x.device)].contiguous()
 
 
+def check_rows16(xq: Tensor) -> None:
+    """x as the permute kernels read it (cuda_v19's xperm, cuda_v24's xgather), else an error
+    naming it: bf16 rows, unit stride, a row stride a multiple of 8, 16-byte aligned."""
+    _require(xq.dtype == torch.bfloat16 and xq.stride(1) == 1 and xq.stride(0) % 8 == 0
+             and xq.data_ptr() % 16 == 0, "x", "bf16 rows with unit stride, a row stride a "
+             "multiple of 8 and a 16-byte aligned start (16-byte loads)",
+             (xq.dtype, xq.stride(), xq.data_ptr() % 16))
+
+
 def xperm(xq: Tensor, k_real: int, KP: int) -> Tensor:
     """xp [T, KP] bf16: xq's rows in logical-k order, zeros past k_real (cuda_v19.cu's
     int4_moe_xperm, on the current stream)."""
     import numpy as np
 
     T = xq.shape[0]
-    _require(xq.dtype == torch.bfloat16 and xq.stride(1) == 1 and xq.stride(0) % 8 == 0
-             and xq.data_ptr() % 16 == 0, "x", "bf16 rows with unit stride, a row stride a "
-             "multiple of 8 and a 16-byte aligned start (16-byte loads)",
-             (xq.dtype, xq.stride(), xq.data_ptr() % 16))
+    check_rows16(xq)
     xp = torch.empty(T, KP, dtype=torch.bfloat16, device=xq.device)
     n = T * (KP // 32)
     if n:

@@ -1,0 +1,53 @@
+"""One int4_moe version's op on one Kimi MoE layer against the reference, per T and routing:
+the max |error|, whether it passes the suites' tolerance (rtol = atol = 2e-2) and one eager
+call's µs. A first GPU look at a new kernel before its test files: a call that hangs ends at
+the caller's timeout with the rows printed so far.
+
+    python3 scripts/int4_moe_smoke.py cuda_v24 [--T 128,512] [--skew 1.2]"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("version", help="an int4_moe module, e.g. cuda_v24")
+    ap.add_argument("--T", default="128,512", help="token counts, comma-separated")
+    ap.add_argument("--skew", type=float, default=1.2, help="Zipf skew (0: uniform distinct)")
+    a = ap.parse_args(argv)
+    from workbench.config import ModelConfig
+    from workbench.ops.cases import _experts, _Rand
+    from workbench.reference.int4_moe import int4_moe
+
+    op = importlib.import_module(f"workbench.kernels.int4_moe.{a.version}").int4_moe_cuda
+    cfg = ModelConfig.preset("kimi-k2.6")
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    ex = _experts(_Rand(0, "cuda"), E, cfg.hidden_size, cfg.moe_intermediate)
+    ok_all = True
+    for T in (int(t) for t in a.T.split(",")):
+        r = _Rand(T, "cuda")
+        ids = r.zipf(E, K, T, a.skew) if a.skew else r.distinct(E, K, T)
+        x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+        op(x, ids, w, ex)  # build and warm up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = op(x, ids, w, ex)
+        torch.cuda.synchronize()
+        us = (time.perf_counter() - t0) * 1e6
+        ref = int4_moe(x, ids, w, ex).float()
+        err = (out.float() - ref).abs()
+        ok = bool(not out.isnan().any() and (err <= 2e-2 + 2e-2 * ref.abs()).all())
+        ok_all &= ok
+        print(f"{a.version} T {T} skew {a.skew}: max |err| {err.max().item():.3e}, "
+              f"{'ok' if ok else 'FAILED'}, {us:.1f} µs eager", flush=True)
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
