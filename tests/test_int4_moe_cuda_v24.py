@@ -16,8 +16,12 @@ import types
 
 import pytest
 import torch
-from test_int4_moe_cuda_v10 import (_close, _routing, every_expert_hot_on_edge_cases,
-                                    same_bits_eager_and_replayed)
+from test_int4_moe_cuda_v10 import (
+    _close,
+    _routing,
+    every_expert_hot_on_edge_cases,
+    same_bits_eager_and_replayed,
+)
 from test_int4_moe_cuda_v19 import _k_loops
 
 from workbench.kernels.int4_moe import cuda_v19, cuda_v21, cuda_v24, mma_layout
