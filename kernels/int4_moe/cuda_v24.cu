@@ -33,7 +33,7 @@
 //   through the ring (q) alike: every item streams the whole K (C / 2 pairs).
 // * Consumer K loop: cuda_v19's (dequant of a scale group into A registers, wgmma.fence, four
 //   wgmmas gate / up x k16, one commit, wait_group 1), at N = 8 NTC <= 128: 128 accumulators a
-//   thread at NTC 16. setmaxnreg moves registers from the producer (32) to the consumers (240).
+//   thread at NTC 16. setmaxnreg moves registers from the producer (24) to the consumers (240).
 // * Epilogue: cuda_v10's `store_h_rows` (the D fragment of n-tile q is mma.sync's C fragment).
 // Numerics: cuda_v19's (W = bf16((q - 8) s), fp32 sums inside wgmma, k16 steps in K order).
 
@@ -113,6 +113,14 @@ __device__ __forceinline__ void dq_words(uint2 q2, u32 sw, u32 (&af)[2][4]) {
     af[jj][2] = dq(q >> 8, sg), af[jj][3] = dq(q >> 12, sg8);
   }
 }
+
+// setmaxnreg: the launch gives each of the 384 threads 168 registers (__launch_bounds__(384,
+// 1)); .inc blocks until the CTA's pool holds what it asks, and the pool is what the other
+// warpgroups gave back with .dec: the producer's 128 x (168 - 24) must cover the consumers'
+// 256 x (240 - 168), exactly as here (at 32 / 240 the consumers waited forever: session 52).
+constexpr int TC_LAUNCH_REGS = 65536 / 384 / 8 * 8, TC_PRODUCER_REGS = 24, TC_CONSUMER_REGS = 240;
+static_assert(128 * (TC_LAUNCH_REGS - TC_PRODUCER_REGS) >= 256 * (TC_CONSUMER_REGS - TC_LAUNCH_REGS),
+              "the consumers' setmaxnreg.inc is covered by the producer's .dec");
 
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -241,7 +249,7 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
   };
   u32 q = 0;  // chunk pairs this CTA has passed through the ring (both roles count alike)
   if (warp < 4) {  // the producer warpgroup: one thread issues every copy
-    setmaxnreg_dec<32>();
+    setmaxnreg_dec<TC_PRODUCER_REGS>();
     if (warp == 0 && lane == 0) {
       for (int it = blockIdx.y; it < n_items; it += gridDim.y, q += C / 2) {
         int e, start, cnt, p0;
@@ -250,7 +258,7 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
       }
     }
   } else {  // the consumer warpgroups
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<TC_CONSUMER_REGS>();
     for (int it = blockIdx.y; it < n_items; it += gridDim.y, q += C / 2) {  // CTA-uniform
       int e, start, cnt, p0;
       item(it, e, start, cnt, p0);
