@@ -32,8 +32,10 @@
 //   after the pass's wait_group 0. Producer and consumers count the pairs they have passed
 //   through the ring (q) alike: every item streams the whole K (C / 2 pairs).
 // * Consumer K loop: cuda_v19's (dequant of a scale group into A registers, wgmma.fence, four
-//   wgmmas gate / up x k16, one commit, wait_group 1), at N = 8 NTC <= 128: 128 accumulators a
-//   thread at NTC 16. setmaxnreg moves registers from the producer (24) to the consumers (240).
+//   wgmmas gate / up x k16, one commit, wait_group 1), a scale group an iteration (not
+//   unrolled: ptxas hoisted the next groups' dequant into registers), at N = 32, 64 or 128 by
+//   the pass's slots (`tc_tiles`): 128 accumulators a thread at N 128. setmaxnreg moves
+//   registers from the producer (24) to the consumers (240).
 // * Epilogue: cuda_v10's `store_h_rows` (the D fragment of n-tile q is mma.sync's C fragment).
 // Numerics: cuda_v19's (W = bf16((q - 8) s), fp32 sums inside wgmma, k16 steps in K order).
 
@@ -159,14 +161,14 @@ __device__ __forceinline__ void tc_produce(u64 w_ptr, u64 s_ptr, u64 xg_ptr, int
   }
 }
 
-// A consumer warp's pass of n = min(8 NTC, cnt - p0) slots on NTC n-tiles, unit u,
-// from pair count q0 on; every consumer thread calls it.
+// A consumer warp's pass of n = min(8 NTC, cnt - p0) slots on NTC n-tiles (acc's first NTC),
+// unit u, from pair count q0 on; every consumer thread calls it.
 template <int ST, int NTC>
-__device__ __forceinline__ void tc_consume(u64 h_ptr, int NU, int C, int ldo, u32 ring, u32 full,
-                                           u32 empty, int cw, int start, int cnt, int p0, u32 q0) {
+__device__ __forceinline__ void tc_consume(float (&acc)[2][16][4], u64 h_ptr, int NU, int C,
+                                           int ldo, u32 ring, u32 full, u32 empty, int cw,
+                                           int start, int cnt, int p0, u32 q0) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const int NP = C / 2, u = blockIdx.x * TC_WU + cw, n = min(8 * NTC, cnt - p0);
-  float acc[2][NTC][4];  // written first by the pass's first wgmmas (acc_in 0)
   // every consumer thread arrives: a lane-0 branch between the wgmmas made ptxas serialise
   // them (C7513)
   auto release = [&](u32 q) { mbar_arrive(empty + 8 * (q % ST)); };
@@ -209,12 +211,20 @@ __device__ __forceinline__ void tc_consume(u64 h_ptr, int NU, int C, int ldo, u3
   }
 }
 
+// The n-tiles a pass of min(8 NTC, left) slots runs on: the fewest of 4, 8, 16 (up to NTC) that
+// hold it. The consumers' instances share one accumulator array (declared by the caller): with
+// an array each, ptxas kept them apart and serialised the wgmmas at 240 registers (C7512).
+template <int NTC>
+__device__ __forceinline__ int tc_tiles(int left) {
+  const int nt = (min(8 * NTC, left) + 7) >> 3;
+  return nt <= 4 ? 4 : nt <= 8 ? 8 : 16;
+}
+
 // The launch body (cuda_v24.py wraps it in an extern "C" kernel a (ST, NTC), with
 // __launch_bounds__(384, 1)). Grid (ceil(NU / 8), Y): CTA column y takes the items y, y + Y, ...
 // of hot_items' list (experts of more than ht and at most hi slots, passes of P = 8 NTC slots,
-// every pass on NTC n-tiles: one consumer instance a kernel -- at two or more, ptxas kept
-// their registers apart and serialised the wgmmas at 240 registers, C7512).
-// Dynamic shared memory: 1 KB of alignment slack, the ring [ST][TC_STG], the item list.
+// each on `tc_tiles`' n-tiles). Dynamic shared memory: 1 KB of alignment slack, the ring
+// [ST][TC_STG], the item list.
 template <int ST, int NTC>
 __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u64 act_e_ptr,
                                             u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr,
@@ -254,7 +264,8 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
       for (int it = blockIdx.y; it < n_items; it += gridDim.y, q += C / 2) {
         int e, start, cnt, p0;
         item(it, e, start, cnt, p0);
-        tc_produce(w_ptr, s_ptr, xg_ptr, NU, C, SR, ST, ring, full, empty, NTC, e, start + p0, q);
+        tc_produce(w_ptr, s_ptr, xg_ptr, NU, C, SR, ST, ring, full, empty, tc_tiles<NTC>(cnt - p0),
+                   e, start + p0, q);
       }
     }
   } else {  // the consumer warpgroups
@@ -262,7 +273,16 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
     for (int it = blockIdx.y; it < n_items; it += gridDim.y, q += C / 2) {  // CTA-uniform
       int e, start, cnt, p0;
       item(it, e, start, cnt, p0);
-      tc_consume<ST, NTC>(h_ptr, NU, C, ldo, ring, full, empty, warp - 4, start, cnt, p0, q);
+      float acc[2][16][4];  // every instance's accumulators: written first by the pass's
+                            // first wgmmas (acc_in 0)
+      const int ntc = tc_tiles<NTC>(cnt - p0), cw = warp - 4;
+      if (ntc == 4) {
+        tc_consume<ST, 4>(acc, h_ptr, NU, C, ldo, ring, full, empty, cw, start, cnt, p0, q);
+      } else if constexpr (NTC >= 8) {
+        if (ntc == 8) tc_consume<ST, 8>(acc, h_ptr, NU, C, ldo, ring, full, empty, cw, start, cnt, p0, q);
+        else if constexpr (NTC >= 16)
+          tc_consume<ST, 16>(acc, h_ptr, NU, C, ldo, ring, full, empty, cw, start, cnt, p0, q);
+      }
     }
   }
 }
