@@ -109,18 +109,11 @@ template <> __device__ __forceinline__ void wgmma_rs<128>(float* d, const u32 (&
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(dlo), "r"(DESC_HI), "r"(acc_in));
 }
 
-// xp [T, KP] bf16 = x [T, ldx] (k_real inputs) in logical-k order, zeros past k_real. A thread
-// takes one 32-input group of one row: four 16-byte words in (word t: inputs 8t .. 8t + 7, as
-// four 4-byte pairs), four out (word 2 jj + kc: pair kc of half jj of every input word t), a
-// 4 x 4 transpose of 4-byte pairs.
-extern "C" __global__ void int4_moe_xperm(const u16* __restrict__ x, u16* __restrict__ xp,
-                                          int T, int ldx, int k_real, int KP) {
-  const int groups = KP / 32;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (long long)T * groups) return;
-  const int row = (int)(i / groups), G = (int)(i % groups), k0 = 32 * G;
-  u32 v[4][4];  // [input word t][pair m]
-  const u16* src = x + (size_t)row * ldx + k0;
+// One 32-input group of an activation row (src: its first input k0) as four 16-byte words of
+// 4-byte pairs, v[t][m] = inputs k0 + 8 t + 2 m, + 1 (zeros past k_real): what the permute
+// kernels (int4_moe_xperm here, cuda_v24.cu's int4_moe_xgather) write transposed.
+__device__ __forceinline__ void xperm_read(const u16* __restrict__ src, int k0, int k_real,
+                                           u32 (&v)[4][4]) {
   if (k0 + 32 <= k_real) {
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
@@ -138,6 +131,20 @@ extern "C" __global__ void int4_moe_xperm(const u16* __restrict__ x, u16* __rest
         v[t][m] = lo | (hi << 16);
       }
   }
+}
+
+// xp [T, KP] bf16 = x [T, ldx] (k_real inputs) in logical-k order, zeros past k_real. A thread
+// takes one 32-input group of one row: four 16-byte words in (word t: inputs 8t .. 8t + 7, as
+// four 4-byte pairs), four out (word 2 jj + kc: pair kc of half jj of every input word t), a
+// 4 x 4 transpose of 4-byte pairs.
+extern "C" __global__ void int4_moe_xperm(const u16* __restrict__ x, u16* __restrict__ xp,
+                                          int T, int ldx, int k_real, int KP) {
+  const int groups = KP / 32;
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (long long)T * groups) return;
+  const int row = (int)(i / groups), G = (int)(i % groups), k0 = 32 * G;
+  u32 v[4][4];  // [input word t][pair m]
+  xperm_read(x + (size_t)row * ldx + k0, k0, k_real, v);
   uint4* dst = (uint4*)(xp + (size_t)row * KP + k0);
 #pragma unroll
   for (int m = 0; m < 4; ++m) dst[m] = make_uint4(v[0][m], v[1][m], v[2][m], v[3][m]);

@@ -71,24 +71,7 @@ extern "C" __global__ void int4_moe_xgather(const u16* __restrict__ x, const int
   for (int G = threadIdx.x; G < KP / 32; G += blockDim.x) {
     const int k0 = 32 * G;
     u32 v[4][4];  // [input word t][pair m]
-    const u16* src = src_row + k0;
-    if (k0 + 32 <= k_real) {
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const uint4 w = *(const uint4*)(src + 8 * t);
-        v[t][0] = w.x, v[t][1] = w.y, v[t][2] = w.z, v[t][3] = w.w;
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < 4; ++t)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int k = k0 + 8 * t + 2 * m;
-          const u32 l = k < k_real ? src[8 * t + 2 * m] : 0u;
-          const u32 h = k + 1 < k_real ? src[8 * t + 2 * m + 1] : 0u;
-          v[t][m] = l | (h << 16);
-        }
-    }
+    xperm_read(src_row + k0, k0, k_real, v);
     uint4* dst = (uint4*)(xg + ((size_t)(G >> 1) * SR + s) * 64);
 #pragma unroll
     for (int m = 0; m < 4; ++m) dst[(4 * (G & 1) + m) ^ r] = make_uint4(v[0][m], v[1][m], v[2][m], v[3][m]);
