@@ -11,9 +11,10 @@ launches take 921.5 + 228.6 µs of the whole GPU (ncu: DRAM 36 %, issue-active 4
 an SM's warps); cuda_v19's wgmma form 802 + 233 µs at 32-slot passes, 755 + 232 at 64 (8 warps
 an SM, every pass dequantising the expert's weights again). Beside the cold launch (WS 1) they
 stretch it from ~1445 to ~2230 µs: the gate/up phase is 2404 of the op's ~3840 µs, where its
-bytes at copy speed take ~1850. At 128 slots a pass each weight is dequantised once for 128
-slots (the ~2500 hot slots at skewed T 512 in ~20 passes of the hottest experts), the tensor
-cores take the rest (~150 GFLOP: ~230 µs at 650 TFLOP/s), and one thread moves a 50 KB stage.
+bytes at copy speed take ~1850. At up to 128 slots a pass each weight is dequantised once for
+that many slots (the REAL bench's draws: ~2900 slots past 16 on 38-43 experts, 48-53 passes),
+the tensor cores take the rest (~170 GFLOP; 245-278 µs at tensor peak on 128 CTAs, README),
+and one thread moves a 50 KB stage.
 
 What: cuda_v21's op, tiles and dispatch with `launch_bands_tc` as the hot hook: at TC 1 (the
 default) the experts past WB (or WT without a band) take `int4_moe_xgather` then the TC launch
