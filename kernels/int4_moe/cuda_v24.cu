@@ -10,7 +10,7 @@
 //
 // Why (session 51 call 3 / session 52 call 1, H100, skewed T 512 at WS 0, by kernel): the cold
 // gate/up launch streams its experts at copy speed (1440-1514 µs), but the hot experts' gate/up
-// launches take 800-930 + 230 µs of the whole GPU for ~2500 slots (~130-180 TFLOP/s; ncu:
+// launches take 800-930 + 230 µs of the whole GPU for ~2900 slots (~150-210 TFLOP/s; ncu:
 // 36 % of DRAM, 46 % issue-active, 22 % of the warps an SM): cuda_v19's 32-slot (or 64)
 // passes dequantise every weight again each pass, and its 8 warps an SM copy the activations
 // 16 bytes a thread. Here a 128-slot pass dequantises each weight once for 128 slots, and one
@@ -21,13 +21,14 @@
 //   r x 128 + ((w ^ (r & 7)) << 4)). xgather writes every hot slot's row in exactly that image,
 //   once a call, in logical-k order (cuda_v19's permute) and sorted-slot order: row s of chunk
 //   c at xg + (c SR + s) x 128, word w at w ^ ((s - start) & 7), start the expert's first
-//   sorted position. A pass starts at start + 128 j, so its rows' (r & 7) is (s - start) & 7
-//   and a chunk of the stage is one contiguous bulk copy of 8 NTC x 128 bytes. Rows past the
+//   sorted position. A pass starts at start + P j (P = 8 NTC, a multiple of 8), so its rows'
+//   (r & 7) is (s - start) & 7 and a chunk of the stage is one contiguous bulk copy of (the
+//   pass's n-tiles x 8) rows of 128 bytes. Rows past the
 //   pass's slots (the next expert's, or never written) feed only columns that are never stored.
 // * Weights: a consumer warp's 2 KB of words and 256 B of scales of a chunk pair are
 //   contiguous in the repacked layout (cuda_v21's bulk ring): two bulk copies a warp.
 // * Ring: full[st] (one arrival with the stage's byte count) and empty[st] (one arrival a
-//   consumer thread). A consumer warp releases a stage once its wgmmas that read it are done:
+//   consumer thread). A consumer thread releases a stage once its wgmmas that read it are done:
 //   pair p's stage after pair p + 1's first scale group waits (wait_group 1), the last pair's
 //   after the pass's wait_group 0. Producer and consumers count the pairs they have passed
 //   through the ring (q) alike: every item streams the whole K (C / 2 pairs).
@@ -133,7 +134,7 @@ __device__ __forceinline__ void tc_produce(u64 w_ptr, u64 s_ptr, u64 xg_ptr, int
     for (int ch = 0; ch < 2; ++ch)
       bulk_g2s(stage + ch * (TC_P * 128), xg + (size_t)(2 * p + ch) * SR * 128, xbytes, fb);
 #pragma unroll 1
-    for (int w = 0; w < TC_WU; ++w) {  // (one thread, 40 registers: nothing held across warps)
+    for (int w = 0; w < TC_WU; ++w) {  // (one thread at 24 registers: nothing held across warps)
       const int u = blockIdx.x * TC_WU + w;
       const size_t unit = (size_t)e * NU + (u < NU ? u : 0);  // a padding warp streams unit 0
       bulk_g2s(stage + TC_XST + w * TC_WB, (const uint4*)w_ptr + (unit * C + 2 * p) * 64, TC_WB,
