@@ -680,6 +680,36 @@ def test_op_kernel_times_charge_each_kernel_to_its_innermost_range():
     assert cpu_per == {"moe": [1, 120.0]}
 
 
+def test_op_kernel_times_prefer_a_range_on_the_kernels_own_stream():
+    """A side stream's kernel that runs while another op's range is open on the main stream
+    goes to the range on its own stream (int4_moe's hot launch beside the shared expert), and
+    to any stream's innermost range where its own stream has none holding it."""
+    from types import SimpleNamespace as NS
+
+    from workbench.loopbench import op_kernel_times
+
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def ev(name, s, e, stream, ann=False):
+        return NS(name=name, device_type=cuda, time_range=NS(start=s, end=e),
+                  is_user_annotation=ann, device_resource_id=stream)
+
+    events = [ev("op::int4_moe", 0, 60, 7, ann=True), ev("op::int4_moe", 0, 100, 9, ann=True),
+              ev("op::shared", 60, 90, 7, ann=True), ev("cold", 20, 50, 7),
+              ev("hot_early", 10, 40, 9), ev("hot", 62, 70, 9),  # beside shared's range
+              ev("shared_k", 61, 80, 7), ev("tail", 120, 124, 7),
+              ev("op::combine", 200, 210, 7, ann=True), ev("late", 202, 206, 9)]
+    per = op_kernel_times(NS(events=lambda: events), cuda=True)
+    assert per == {"int4_moe": [2, 30.0 + 30.0 + 8.0], "shared": [1, 19.0],
+                   "combine": [1, 4.0], "(glue)": [0, 4.0]}  # late: stream 7's range (none on 9)
+    # without stream ids: time alone (the side kernel inside shared's narrower range)
+    for e in events:
+        e.device_resource_id = None
+    per = op_kernel_times(NS(events=lambda: events), cuda=True)
+    assert per == {"int4_moe": [2, 30.0 + 30.0], "shared": [1, 19.0 + 8.0],
+                   "combine": [1, 4.0], "(glue)": [0, 4.0]}
+
+
 def _ep8_forward(device, on: bool, kernels=None, fork: str = "before-route"):
     """The EP8 engine path's logits (bf16 rows, local dispatch) of one 3-row verify with the
     side streams (the shared expert beside the routed ones, forked `fork`; the attention's
