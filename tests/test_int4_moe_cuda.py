@@ -642,6 +642,19 @@ def _check(version, cases):
     assert bad.empty, bad.to_string()
 
 
+def test_kernel_args_pass_tensors_as_pointers_and_the_rest_as_i32():
+    # why: every raw launch (cuda_v1 / v3 / v10 / v19 / v24) converts its arguments here; a
+    # tensor passed as an int32, or a stride as a pointer, reads the wrong memory
+    import numpy as np
+
+    from workbench.kernels.int4_moe import cuda_v1
+
+    t = torch.zeros(4)
+    got = cuda_v1.kernel_args((t, 7, 2**31 - 1))
+    assert [type(v) for v in got] == [np.uint64, np.int32, np.int32]
+    assert got == (np.uint64(t.data_ptr()), np.int32(7), np.int32(2**31 - 1))
+
+
 @pytest.mark.gpu
 def test_a_refused_launch_names_what_it_asked_gpu():
     # why: a bare CUDA_ERROR_INVALID_VALUE names neither the launch nor the kernel's limits

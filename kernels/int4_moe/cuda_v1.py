@@ -134,6 +134,14 @@ def _attribute(fn, name: str):
         return f"? ({type(e).__name__})"
 
 
+def kernel_args(args: tuple) -> tuple:
+    """A raw kernel's arguments as cupy passes them: a tensor as its device pointer (u64),
+    anything else as an int (i32)."""
+    import numpy as np
+
+    return tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
+
+
 def run_kernel(fn, grid: tuple, block: tuple, conv: tuple, smem: int) -> None:
     """fn<<<grid, block, smem>>>(conv) on torch's current stream, after `opt_in`. A launch (or
     opt-in) the driver refuses raises with what it was asked and what the kernel allows (a bare
@@ -168,7 +176,7 @@ def _launch(mode: int, post: int, kpad: bool, c: dict, grid_x: int, args: tuple,
     kw, rw, u = c[f"KW{n}"], c[f"RW{n}"], c[f"U{n}"]
     fn = _kernel(*instance(mode, post, kpad, c, hout, items, skip, bk))
     args = (*args, c.get(f"PF0{n}", 0), c.get(f"PF{n}", 0))
-    conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
+    conv = kernel_args(args)
     conv += tuple(np.uint64(a.data_ptr() if isinstance(a, Tensor) else a) for a in l2)
     smem = ring_bytes(kw, rw, u, bk)
     run_kernel(fn, (-(-grid_x // rw), c["A_GRID"]), (32 * kw * rw,), conv, smem)

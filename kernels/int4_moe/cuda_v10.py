@@ -174,8 +174,6 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     version's build of the same launch (`_kernel`'s signature and arguments: cuda_v19's
     wgmma pass) needing smem_pad more bytes of shared memory, warps_a_unit warps a row unit
     (cuda_v20: 2) and its own knob check (`check_hot`'s signature)."""
-    import numpy as np
-
     (check or check_hot)(c, p.S, p.E, smem_pad)
     if not c["WIDE"] or p.S <= c["WT"]:
         return 0, None
@@ -189,7 +187,7 @@ def launch_hot(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int
     fn = (kernel or _kernel)(int(p.D % mma_layout.KALIGN != 0), wu, nt, st, mb)
     hi = c.get("WHI") or 2**31 - 1  # cuda_v12's band: only experts of at most WHI slots
     args = (w1, s1, xq, *p.meta, h, p.K, NU1, C1, xq.stride(0), p.D, p.Ip, ht, hi, items)
-    conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
+    conv = cuda_v1.kernel_args(args)
     side = Side(h.device, bool(c.get("WS", 0)), key=SIDE_KEY, priority=-100)
     side.fork()  # h allocated (zeroed), routing and xq written; all freed after the join
 

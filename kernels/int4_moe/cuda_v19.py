@@ -161,16 +161,13 @@ def check_rows16(xq: Tensor) -> None:
 def xperm(xq: Tensor, k_real: int, KP: int) -> Tensor:
     """xp [T, KP] bf16: xq's rows in logical-k order, zeros past k_real (cuda_v19.cu's
     int4_moe_xperm, on the current stream)."""
-    import numpy as np
-
     T = xq.shape[0]
     check_rows16(xq)
     xp = torch.empty(T, KP, dtype=torch.bfloat16, device=xq.device)
     n = T * (KP // 32)
     if n:
         fn = _xperm_kernel()
-        args = (np.uint64(xq.data_ptr()), np.uint64(xp.data_ptr()), np.int32(T),
-                np.int32(xq.stride(0)), np.int32(k_real), np.int32(KP))
+        args = cuda_v1.kernel_args((xq, xp, T, xq.stride(0), k_real, KP))
         cuda_v1.run_kernel(fn, (-(-n // 256),), (256,), args, 0)
     return xp
 

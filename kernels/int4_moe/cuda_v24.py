@@ -130,17 +130,13 @@ def xgather_reference(xq: Tensor, p, ht: int, KP: int) -> Tensor:
 def xgather(xq: Tensor, p, ht: int, KP: int, xg: Tensor | None = None) -> Tensor:
     """xg (cuda_v24.cu's layout; `xg_empty` where none is given) with the rows of the slots of
     experts past ht slots written, on the current stream (the other rows left as they were)."""
-    import numpy as np
-
     cuda_v19.check_rows16(xq)
     xg = xg_empty(p, KP, xq.device) if xg is None else xg
     slots, _, act_start, act_cnt, n_act = p.meta
     if p.S:
         args = (xq, slots, act_start, act_cnt, n_act, xg, p.S + P, p.K, xq.stride(0), p.D, KP,
                 ht, 2**31 - 1)
-        conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a)
-                     for a in args)
-        cuda_v1.run_kernel(_gather_kernel(), (p.S,), (128,), conv, 0)
+        cuda_v1.run_kernel(_gather_kernel(), (p.S,), (128,), cuda_v1.kernel_args(args), 0)
     return xg
 
 
@@ -148,8 +144,6 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
               ht: int):
     """The experts past ht slots: `xgather` then the TC launch, on WS's side stream (cuda_v10's
     SIDE_KEY, forked after xg is allocated); returns the join (which also releases xg)."""
-    import numpy as np
-
     KP = C1 * mma_layout.CHUNK
     items = cuda_v10.max_items(p.S, p.E, ht, 8 * c["TNT"])
     smem = smem_bytes(c["TST"], items)
@@ -162,9 +156,8 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
     def run():
         xgather(xq, p, ht, KP, xg)
         args = (w1, s1, xg, *p.meta[1:], h, NU1, C1, p.S + P, p.Ip, ht, 2**31 - 1, items)
-        conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a)
-                     for a in args)
-        cuda_v1.run_kernel(_kernel_tc(c["TST"], c["TNT"]), (gx, gy), (THREADS,), conv, smem)
+        cuda_v1.run_kernel(_kernel_tc(c["TST"], c["TNT"]), (gx, gy), (THREADS,),
+                           cuda_v1.kernel_args(args), smem)
 
     side.run(run)
     held = [xg]

@@ -35,7 +35,7 @@ from torch import Tensor
 from . import mma_layout
 from ._common import _require, check_inputs, with_cfg
 from .cuda_v1 import _SRC as _SRC_V1
-from .cuda_v1 import WARPS_TARGET, launch, operands, opt_in, run_kernel
+from .cuda_v1 import WARPS_TARGET, kernel_args, launch, operands, opt_in, run_kernel
 from .triton_v26 import expected_active
 
 SMAX = 64  # slots the fused launch routes in one CTA's shared memory (cuda_v3.cu)
@@ -133,14 +133,11 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     opt_in(fn, smem)  # before the occupancy query below (run_kernel's own opt-in is a no-op)
     n_items = min(E, S) * (-(-NU1 // (w // c["KW1"])) + NB2)
     grid = min(n_items, _grid_cap(fn, 32 * w, smem, x.device.index or 0))
-    import numpy as np
-
     args = (w1, s1, x, x.stride(0), D, NU1, C1, w2, s2, h[0], h[1], KP2, I, NU2, C2,
             topk_ids, int(topk_ids.dtype == torch.int64), topk_ids.stride(0), topk_ids.stride(1),
             wt, wt.stride(0), wt.stride(1), y, out, ctr, ctr.numel(), T, K, E,
             c["PF01"], c["PF1"], c["PF02"], c["PF2"])
-    conv = tuple(np.uint64(a.data_ptr()) if isinstance(a, Tensor) else np.int32(a) for a in args)
-    run_kernel(fn, (grid,), (32 * w,), conv, smem)
+    run_kernel(fn, (grid,), (32 * w,), kernel_args(args), smem)
     return out
 
 
