@@ -8,7 +8,9 @@ difference says the kernel reads rows the gather never wrote).
     python3 scripts/int4_moe_tc_debug.py [--T 17,128] [--cfgs "TNT=4;TNT=8;TST=2;TY=1"]
 
 Session 53 call 1 (H100): the smoke's T 128 / 512 came back NaN on ~every token with a hot
-expert, T 17 passed."""
+expert, T 17 passed. Call 2 (this script): the N 64 / 128 passes wrong, N 32 right but at TNT 8,
+every pass right under compute-sanitizer: a race, found in the SASS (the next scale group's
+dequant wrote the A registers of wgmmas still in flight; fixed with two A buffers)."""
 
 from __future__ import annotations
 
@@ -87,7 +89,9 @@ def main(argv=None) -> int:
 
     def hook(c, p, xq, w1, s1, NU1, C1, h):
         thr = c.get("WB", 0) or c["WT"]
-        hot = [(int(s), int(n)) for s, n in zip(p.meta[2].tolist(), p.meta[3].tolist()) if n > thr]
+        n_act = int(p.meta[4][0])
+        hot = [(int(s), int(n)) for s, n in zip(p.meta[2][:n_act].tolist(),
+                                                 p.meta[3][:n_act].tolist()) if n > thr]
         print(f"T {xq.shape[0]}: S {p.S}, WT {c['WT']}, WB {c.get('WB', 0)}, hot experts past "
               f"{thr}: {len(hot)} with {[n for _, n in hot]} slots", flush=True)
         if hot:

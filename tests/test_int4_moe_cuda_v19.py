@@ -89,13 +89,63 @@ def _k_loops(fn_sass: str, per_pair: int = 16) -> list[list[str]]:
     return [body for body in bodies if sum("HGMMA" in x for x in body) == per_pair]
 
 
+_NO_REG_WRITE = ("ST", "RED", "BRA", "BAR", "SYNCS", "WARPGROUP", "EXIT", "BSSY", "BSYNC",
+                 "WARPSYNC", "NOP", "ISETP", "FSETP", "PLOP3", "VOTEU", "R2UR", "U", "S2UR",
+                 "MEMBAR", "FENCE", "CCTL", "ELECT", "HGMMA")
+
+
+def _written_regs(ins: str) -> set[int]:
+    """The general registers a SASS instruction writes (its first operand; .64 / .WIDE two,
+    .128 four); none for stores, branches, barriers, predicate and uniform-register writes."""
+    parts = re.sub(r"^@!?U?P\w+\s+", "", ins).split(None, 1)
+    if len(parts) < 2 or parts[0].startswith(_NO_REG_WRITE):
+        return set()
+    m = re.fullmatch(r"R(\d+)", parts[1].split(",")[0].strip())
+    width = 4 if ".128" in parts[0] else 2 if (".64" in parts[0] or ".WIDE" in parts[0]) else 1
+    return set(range(int(m.group(1)), int(m.group(1)) + width)) if m else set()
+
+
+def _a_register_hazards(fn_sass: str) -> list[str]:
+    """Instructions of a loop holding HGMMAs that write an A register of a wgmma still in
+    flight (issued, its group not yet retired by WARPGROUP.DEPBAR.LE gsb0, n). A wgmma reads
+    its register A operand until it is done, so such a write changes its product, depending on
+    timing. Each backward-branch range is walked twice in address order (its back edge: the
+    last groups of one trip are in flight at the top of the next), forward branches ignored
+    (both sides' writes count)."""
+    ins = [(int(a, 16), i.strip()) for a, i in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);",
+                                                            fn_sass)]
+    at = {a: k for k, (a, _) in enumerate(ins)}
+    found = []
+    for k, (a, i) in enumerate(ins):
+        m = re.search(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", i)
+        if not m or int(m.group(1), 16) >= a or int(m.group(1), 16) not in at:
+            continue
+        body = ins[at[int(m.group(1), 16)]:k + 1]
+        if not any("HGMMA" in x for _, x in body):
+            continue
+        groups, open_ = [], set()  # A registers of the committed groups in flight, the open one
+        for a2, x in body + body:
+            if x.startswith("HGMMA"):
+                areg = re.fullmatch(r"R(\d+)", x.split(None, 1)[1].split(",")[1].strip())
+                if areg:  # (a descriptor A reads shared memory: nothing to overwrite)
+                    open_ |= set(range(int(areg.group(1)), int(areg.group(1)) + 4))
+                if "gsb0" in x:
+                    groups, open_ = groups + [open_], set()
+            elif x.startswith("WARPGROUP.DEPBAR.LE"):
+                keep = int(x.split(",")[-1], 16)
+                groups = groups[len(groups) - keep:] if keep else []
+            elif _written_regs(x) & open_.union(*groups):
+                found.append(f"{a2:#x}: {x}")
+    return found
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
 def test_v19_hot_kernels_build_for_sm90a_with_wgmma_and_no_local_memory(tmp_path, monkeypatch):
     # why: the instances the rule picks (WNT 4 / WST 6 and WNT 8 / WST 5 at one 8-warp CTA an
     # SM, cuda_v11's WMB 2 at T K >= 8 E, cuda_v12's band at four 4-warp CTAs) compile for
     # sm_90a with HGMMA and no HMMA, every n-tile count's K loop off local memory; the one-CTA
     # builds spill nothing at all (the band's 128 registers spill 12 bytes in its item loop,
-    # outside the K loops)
+    # outside the K loops); no wgmma's A registers written while it is in flight
     import triton
 
     monkeypatch.setenv("WORKBENCH_KERNEL_CACHE", str(tmp_path))
@@ -116,6 +166,7 @@ def test_v19_hot_kernels_build_for_sm90a_with_wgmma_and_no_local_memory(tmp_path
             assert len(loops) >= 2, name  # n-tile counts 2, 4 (, NT)
             for body in loops:
                 assert not any("LDL" in x or "STL" in x for x in body), name
+            assert not _a_register_hazards(fn), name
     assert cuda_v19.build_cubin(cuda_v19.source(picks))[0] == path  # cached by source
 
 

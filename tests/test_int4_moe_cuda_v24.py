@@ -22,7 +22,7 @@ from test_int4_moe_cuda_v10 import (
     every_expert_hot_on_edge_cases,
     same_bits_eager_and_replayed,
 )
-from test_int4_moe_cuda_v19 import _k_loops
+from test_int4_moe_cuda_v19 import _a_register_hazards, _k_loops
 
 from workbench.kernels.int4_moe import cuda_v19, cuda_v21, cuda_v24, mma_layout
 
@@ -121,7 +121,8 @@ def test_v24_tc_kernels_build_for_sm90a_without_spills_or_serialised_wgmma(tmp_p
     # why: 128 accumulators a consumer thread fit 240 registers only with one accumulator
     # array shared by the pass widths' instances and no lane-0 branch between the wgmmas
     # (C7512 / C7513 otherwise: ptxas serialises every wgmma, silently slow); setmaxnreg must
-    # be in the SASS, each instance's group loop (4 HGMMA m64 x N x k16) off local memory
+    # be in the SASS, each instance's group loop off local memory and free of writes to the A
+    # registers of a wgmma in flight
     monkeypatch.setenv("WORKBENCH_KERNEL_CACHE", str(tmp_path))
     picks = ((4, 16), (3, 16), (4, 8), (2, 4))
     path, log = cuda_v19.build_cubin(cuda_v24.source(picks))
@@ -138,10 +139,14 @@ def test_v24_tc_kernels_build_for_sm90a_without_spills_or_serialised_wgmma(tmp_p
         nt = int(name.split("_")[-1])
         assert re.search(rf"HGMMA\.64x{8 * nt}x16\.F32\.BF16", fn) and "HMMA" not in fn, name
         assert "USETMAXREG" in fn, name
-        loops = _k_loops(fn, per_pair=4)  # the scale-group loop: gate / up x 2 k16 steps
+        # the scale-group loop, two groups a trip (its two A buffers): gate / up x 2 k16 x 2
+        loops = _k_loops(fn, per_pair=8)
         assert len(loops) == {4: 1, 8: 2, 16: 3}[nt], name  # an instance a pass width up to NTC
         for body in loops:
             assert not any("LDL" in x or "STL" in x for x in body), name
+        # session 53: one A buffer in a rolled loop let the next group's dequant overwrite the
+        # registers of wgmmas still in flight (wrong sums at N 64 / 128, timing-dependent)
+        assert not _a_register_hazards(fn), (name, _a_register_hazards(fn)[:4])
     assert cuda_v19.build_cubin(cuda_v24.source(picks))[0] == path  # cached by source
 
 

@@ -162,29 +162,40 @@ __device__ __forceinline__ void tc_consume(float (&acc)[2][16][4], u64 h_ptr, in
     const u32 stage = ring + st * TC_STG;
     const u32 wsrc = stage + TC_XST + cw * TC_WB + lane * 16;
     const u32 ssrc = stage + TC_XST + TC_WU * TC_WB + cw * TC_SB + g * 16;
-#pragma unroll 1
-    for (int G = 0; G < 4; ++G) {  // scale group G = 2 ch + hf of the pair
-        const int ch = G >> 1, hf = G & 1;
-        // a group's words and scales are read right before its dequant (not the pair's at
-        // once: fewer registers beside the 128 accumulators)
-        u32 af[2][2][4];  // [tile][k16 step of the group][A register]
+    // a scale group: its words and scales read right before its dequant (not the pair's at
+    // once: fewer registers beside the 128 accumulators), wgmma.fence, four wgmmas, commit,
+    // wait_group 1 (the group before it is done)
+    auto group = [&](int G, u32 (&af)[2][2][4]) {  // G = 2 ch + hf of the pair
+      const int ch = G >> 1, hf = G & 1;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint2 wq = lds64(wsrc + (ch * 2 + i) * 512 + 8 * hf);  // words 2 hf, 2 hf + 1
-          dq_words(wq, lds32(ssrc + i * 128 + 4 * G), af[i]);
-        }
-        wg_fence();
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const u32 d = desc_lo(stage + ch * (TC_P * 128) + (2 * hf + jj) * 32);
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-            wgmma_rs<8 * NTC>(&acc[i][0][0], af[i][jj], d, (p | G | jj) != 0);
-        }
-        wg_commit();
-        wg_wait<1>();
-        if (G == 0 && p > 0) release(q - 1);  // pair p - 1's wgmmas are done
+      for (int i = 0; i < 2; ++i) {
+        const uint2 wq = lds64(wsrc + (ch * 2 + i) * 512 + 8 * hf);  // words 2 hf, 2 hf + 1
+        dq_words(wq, lds32(ssrc + i * 128 + 4 * G), af[i]);
       }
+      wg_fence();
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const u32 d = desc_lo(stage + ch * (TC_P * 128) + (2 * hf + jj) * 32);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          wgmma_rs<8 * NTC>(&acc[i][0][0], af[i][jj], d, (p | G | jj) != 0);
+      }
+      wg_commit();
+      wg_wait<1>();
+      if (G == 0 && p > 0) release(q - 1);  // pair p - 1's wgmmas are done
+    };
+    // Two A buffers, alternating: wait_group 1 leaves a group's wgmmas in flight while the next
+    // group dequantises, and a wgmma reads its A registers until it is done. With one buffer in
+    // a rolled loop the next group's dequant overwrote them (session 53: wrong sums at N 64 /
+    // 128, right under compute-sanitizer, which slows the issue); ptxas tracks the wgmma's
+    // registers through straight-line code only, so the buffers are two variables of one body
+    // (test_v24_..._no_a_register_hazard checks the SASS).
+#pragma unroll 1
+    for (int G = 0; G < 4; G += 2) {
+      u32 af0[2][2][4], af1[2][2][4];  // [tile][k16 step of the group][A register]
+      group(G, af0);
+      group(G + 1, af1);
+    }
   }
   wg_wait<0>();
   release(q0 + NP - 1);
