@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 from test_int4_moe_cuda_v10 import _close, _routing, every_expert_hot_on_edge_cases
-from test_int4_moe_cuda_v19 import _k_loops, columns_and_streams_change_no_bit
+from test_int4_moe_cuda_v19 import _a_register_hazards, _k_loops, columns_and_streams_change_no_bit
 
 from workbench.kernels.int4_moe import cuda_v19, cuda_v20
 
@@ -54,6 +54,7 @@ def test_v20_hot_kernel_builds_for_sm90a_with_wgmma_and_no_local_memory_in_its_l
         tmp_path, monkeypatch):
     # why: one tile's 64 accumulators a thread at N 128 fit one 8-warp CTA an SM; every n-tile
     # count's K loop (8 HGMMAs a pair: 4 scale groups x 2 k16 steps) stays off local memory
+    # and writes no A register of a wgmma in flight
     import re
 
     import triton
@@ -74,6 +75,7 @@ def test_v20_hot_kernel_builds_for_sm90a_with_wgmma_and_no_local_memory_in_its_l
         assert len(loops) >= 3, name  # n-tile counts 2, 4, 8 (, 16)
         for body in loops:
             assert not any("LDL" in x or "STL" in x for x in body), name
+        assert not _a_register_hazards(fn), name  # no A register written under its wgmma
 
 
 # ------------------------------------------------------------------ on the GPU
