@@ -127,10 +127,14 @@ def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,
     alloc = torch.empty if p.Ip == I else torch.zeros
     h = alloc(p.S, 2, p.Ip, dtype=torch.bfloat16, device=x.device)
     skip, join = hot(c, p, xq, w1, s1, NU1, C1, h) if hot else (0, None)
-    cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
-                    (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
-                    hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0),
-                    skip=skip, bk=tb1)
+    # SKIP 0 is "skip none" to the cold kernel, so a hot launch past 0 slots (WT 0: every expert
+    # on it) must not be joined by a cold launch writing the same rows of h: two writers of
+    # unequal numerics made the output depend on which finished last (session 53)
+    if join is None or skip > 0:
+        cuda_v1._launch(0, 1, D % mma_layout.KALIGN != 0, c | {"A_GRID": c["CU_A_GRID"]}, NU1,
+                        (w1, s1, xq, xq, *p.meta, h, h, K, NU1, C1, xq.stride(0), D, I, p.Ip),
+                        hout=1, items=c["IT1"], l2=l2_blocks(experts) if l2d else (0, 0, 0, 0),
+                        skip=skip, bk=tb1)
     return (tail or down_tail)(p, h, join, topk_ids, topk_weights, experts)
 
 
