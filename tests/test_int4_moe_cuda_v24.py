@@ -191,9 +191,9 @@ def test_v24_tc_forms_match_reference_gpu(real_experts, T, skew, cfg):
 def test_v24_every_expert_past_wt_is_cuda_v21s_bits_gpu(real_experts, T):
     # why: at WT 0 every expert past the band takes the TC launch here and cuda_v10's hot launch
     # in cuda_v21; the TC rows of h came out equal to cuda_v10's bit for bit (session 53 call 3,
-    # scripts/int4_moe_tc_debug.py: 306 experts at skewed T 17-512), so the ops' outputs are
-    # too, and a reference tolerance miss at WT 0 is cuda_v21's as well (session 53: one
-    # element of 3.7 M at T 512, 0.0229 against 0.02)
+    # scripts/int4_moe_tc_debug.py: 306 experts at skewed T 17-512), so the ops' outputs must
+    # be too. Session 53 call 4 found them unequal at T 512: the cold launch also ran at WT 0
+    # (SKIP 0 is "skip none") and wrote the same rows on another stream (cuda_v4, fixed)
     x, ids, w, ex = _routing(real_experts, T, 1.2, 2400 + T)
     assert torch.equal(cuda_v24.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}),
                        cuda_v21.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}))
