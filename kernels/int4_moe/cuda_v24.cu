@@ -187,9 +187,9 @@ __device__ __forceinline__ void tc_consume(float (&acc)[2][16][4], u64 h_ptr, in
     // Two A buffers, alternating: wait_group 1 leaves a group's wgmmas in flight while the next
     // group dequantises, and a wgmma reads its A registers until it is done. With one buffer in
     // a rolled loop the next group's dequant overwrote them (session 53: wrong sums at N 64 /
-    // 128, right under compute-sanitizer, which slows the issue); ptxas tracks the wgmma's
-    // registers through straight-line code only, so the buffers are two variables of one body
-    // (test_v24_..._no_a_register_hazard checks the SASS).
+    // 128, right under compute-sanitizer, which slows the issue). ptxas kept cuda_v19's
+    // unrolled groups' registers apart but not around this loop's back edge, so the buffers are
+    // two variables of one trip (the build test's `_a_register_hazards` checks the SASS).
 #pragma unroll 1
     for (int G = 0; G < 4; G += 2) {
       u32 af0[2][2][4], af1[2][2][4];  // [tile][k16 step of the group][A register]
