@@ -139,6 +139,28 @@ def _a_register_hazards(fn_sass: str) -> list[str]:
     return found
 
 
+
+_LOOP = """
+        /*1880*/                   LDS.64 R20, [R152] ;
+        /*1890*/                   HADD2.BF16_V2 {dst}, R154, -136, -136 ;
+        /*18a0*/                   WARPGROUP.ARRIVE ;
+        /*18b0*/                   HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR12], R88, UP0 ;
+        /*18c0*/                   HGMMA.64x128x16.F32.BF16 R24, R160, gdesc[UR16], R24, gsb0 ;
+        /*18d0*/                   WARPGROUP.DEPBAR.LE gsb0, {keep} ;
+        /*18e0*/               @P1 BRA 0x1880 ;
+"""
+
+
+@pytest.mark.parametrize("dst, keep, expected", [("R153", "0x1", 1), ("R162", "0x1", 1),
+                                                 ("R170", "0x1", 0), ("R153", "0x0", 0)])
+def test_a_register_hazard_check_on_a_synthetic_loop(dst, keep, expected):
+    # why: the build tests assert the check finds nothing, which a broken check would also do.
+    # Session 53's race in miniature: with DEPBAR keeping one group, the last trip's HGMMAs
+    # (A in R152-R155, R160-R163) are in flight at the loop's top, where the HADD2 writes dst;
+    # LDS.64 R20 (R20-R21) never counts; nothing is in flight after DEPBAR 0
+    found = _a_register_hazards(_LOOP.format(dst=dst, keep=keep))
+    assert len(found) == expected and all(dst in f for f in found), found
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
 def test_v19_hot_kernels_build_for_sm90a_with_wgmma_and_no_local_memory(tmp_path, monkeypatch):
     # why: the instances the rule picks (WNT 4 / WST 6 and WNT 8 / WST 5 at one 8-warp CTA an
