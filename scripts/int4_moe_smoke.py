@@ -18,25 +18,40 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
+def kimi_layer():
+    """One Kimi K2.6 MoE layer's routed experts on the GPU (seed 0) -> (experts, E, K, D)."""
+    from workbench.config import ModelConfig
+    from workbench.ops.cases import _experts, _Rand
+
+    cfg = ModelConfig.preset("kimi-k2.6")
+    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
+    return (_experts(_Rand(0, "cuda"), E, cfg.hidden_size, cfg.moe_intermediate), E, K,
+            cfg.hidden_size)
+
+
+def draw(T: int, skew: float, E: int, K: int, D: int):
+    """T tokens' routing on the GPU, seed T: (x [T, D], ids [T, K] (Zipf(skew), or uniform
+    distinct at skew 0), weights [T, K])."""
+    from workbench.ops.cases import _Rand
+
+    r = _Rand(T, "cuda")
+    ids = r.zipf(E, K, T, skew) if skew else r.distinct(E, K, T)
+    return r.normal(T, D), ids, r.uniform(T, K) + 0.05
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("version", help="an int4_moe module, e.g. cuda_v24")
     ap.add_argument("--T", default="128,512", help="token counts, comma-separated")
     ap.add_argument("--skew", type=float, default=1.2, help="Zipf skew (0: uniform distinct)")
     a = ap.parse_args(argv)
-    from workbench.config import ModelConfig
-    from workbench.ops.cases import _experts, _Rand
     from workbench.reference.int4_moe import int4_moe
 
     op = importlib.import_module(f"workbench.kernels.int4_moe.{a.version}").int4_moe_cuda
-    cfg = ModelConfig.preset("kimi-k2.6")
-    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
-    ex = _experts(_Rand(0, "cuda"), E, cfg.hidden_size, cfg.moe_intermediate)
+    ex, E, K, D = kimi_layer()
     ok_all = True
     for T in (int(t) for t in a.T.split(",")):
-        r = _Rand(T, "cuda")
-        ids = r.zipf(E, K, T, a.skew) if a.skew else r.distinct(E, K, T)
-        x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+        x, ids, w = draw(T, a.skew, E, K, D)
         op(x, ids, w, ex)  # build and warm up
         torch.cuda.synchronize()
         t0 = time.perf_counter()

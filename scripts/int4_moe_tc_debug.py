@@ -76,13 +76,11 @@ def main(argv=None) -> int:
     ap.add_argument("--skew", type=float, default=1.2)
     ap.add_argument("--cfgs", default="TNT=4;TNT=8;TST=2;TY=1", help="TC knob variants, ';'")
     a = ap.parse_args(argv)
-    from workbench.config import ModelConfig
-    from workbench.kernels.int4_moe import cuda_v10, cuda_v17, cuda_v24, mma_layout
-    from workbench.ops.cases import _experts, _Rand
+    from int4_moe_smoke import draw, kimi_layer  # (this folder: the smoke's layer and draws)
 
-    cfg = ModelConfig.preset("kimi-k2.6")
-    E, K = cfg.n_routed_experts, cfg.n_experts_per_tok
-    ex = _experts(_Rand(0, "cuda"), E, cfg.hidden_size, cfg.moe_intermediate)
+    from workbench.kernels.int4_moe import cuda_v10, cuda_v17, cuda_v24, mma_layout
+
+    ex, E, K, D = kimi_layer()
     variants = _cfgs(a.cfgs)
     real_xg_empty = cuda_v24.xg_empty
     state = {"ok": True}
@@ -121,9 +119,7 @@ def main(argv=None) -> int:
 
     op, _ = cuda_v17.on_tiles(cuda_v24.tiles, "", hot_for=hook)
     for T in (int(t) for t in a.T.split(",")):
-        r = _Rand(T, "cuda")
-        ids = r.zipf(E, K, T, a.skew) if a.skew else r.distinct(E, K, T)
-        x, w = r.normal(T, cfg.hidden_size), r.uniform(T, K) + 0.05
+        x, ids, w = draw(T, a.skew, E, K, D)
         op(x, ids, w, ex)
         torch.cuda.synchronize()
     return 0 if state["ok"] else 1
