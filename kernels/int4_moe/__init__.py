@@ -228,6 +228,10 @@ Versions (README.md has the design and the version log), each with the contract 
                ring by TMA bulk copies (activations gathered once a call into the tile's
                swizzled image), two consumer warpgroups on wgmma with register-A dequant
                (session 52: built, CPU-tested; not yet measured)
+    cuda_v25   cuda_v24 with the TC launch's ring filled by TPW 4 producer warps (each
+               arriving with its own bytes) instead of one thread, whose copy issue starved
+               the wgmmas (session 54 ncu: 29 % of consumer samples at the full wait, the
+               producer busy ~70 %); cuda_v24's bits
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -414,6 +418,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v24"): ("cuda_v21 with the hot experts' gate/up on a warp-specialised "
                                "256 x 128 wgmma tile fed by TMA bulk copies of gathered "
                                "activations", ("sm90", "cupy", "nvcc")),
+    ("int4_moe", "cuda_v25"): ("cuda_v24 with the TC launch's ring filled by 4 producer warps "
+                               "(each arriving with its own bytes) instead of one thread; "
+                               "cuda_v24's bits", ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

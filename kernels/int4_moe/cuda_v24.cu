@@ -27,7 +27,7 @@
 //   pass's slots (the next expert's, or never written) feed only columns that are never stored.
 // * Weights: a consumer warp's 2 KB of words and 256 B of scales of a chunk pair are
 //   contiguous in the repacked layout (cuda_v21's bulk ring): two bulk copies a warp.
-// * Ring: full[st] (one arrival with the stage's byte count) and empty[st] (one arrival a
+// * Ring: full[st] (PW arrivals, each with its producer's byte count) and empty[st] (one arrival a
 //   consumer thread). A consumer thread releases a stage once its wgmmas that read it are done:
 //   pair p's stage after pair p + 1's first scale group waits (wait_group 1), the last pair's
 //   after the pass's wait_group 0. Producer and consumers count the pairs they have passed
@@ -117,11 +117,16 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R));
 }
 
-// The producer's pass (one thread): the C / 2 chunk pairs of item (e, start + p0, 8 NTC rows)
-// into the ring from pair count q0 on.
+// A producer's pass (one thread of each of the PW producer warps, pw its warp): the C / 2
+// chunk pairs of item (e, start + p0, 8 NTC rows) into the ring from pair count q0 on. Warp pw
+// copies the weights and scales of consumer warps [pw, pw + 1) x TC_WU / PW, warp 0 also the
+// activations; each arrives on a stage's full barrier (PW arrivals) with its own bytes.
+template <int PW>
 __device__ __forceinline__ void tc_produce(u64 w_ptr, u64 s_ptr, u64 xg_ptr, int NU, int C, int SR,
                                            int ST, u32 ring, u32 full, u32 empty, int ntc, int e,
-                                           int row0, u32 q0) {
+                                           int row0, u32 q0, int pw) {
+  static_assert(TC_WU % PW == 0, "the consumer warps' copies split evenly over the producers");
+  constexpr int WN = TC_WU / PW;  // the consumer warps a producer copies for
   const int NP = C / 2;
   const u32 xbytes = 8 * ntc * 128;
   const char* xg = (const char*)xg_ptr + (size_t)row0 * 128;
@@ -129,12 +134,14 @@ __device__ __forceinline__ void tc_produce(u64 w_ptr, u64 s_ptr, u64 xg_ptr, int
     const u32 q = q0 + p, st = q % ST, k = q / ST;
     if (k > 0) mbar_wait(empty + 8 * st, (k - 1) & 1);  // its last use's wgmmas are done
     const u32 stage = ring + st * TC_STG, fb = full + 8 * st;
-    mbar_expect_tx(fb, 2 * xbytes + TC_WU * (TC_WB + TC_SB));
+    mbar_expect_tx(fb, (pw == 0 ? 2 * xbytes : 0) + WN * (TC_WB + TC_SB));
+    if (pw == 0) {
 #pragma unroll
-    for (int ch = 0; ch < 2; ++ch)
-      bulk_g2s(stage + ch * (TC_P * 128), xg + (size_t)(2 * p + ch) * SR * 128, xbytes, fb);
+      for (int ch = 0; ch < 2; ++ch)
+        bulk_g2s(stage + ch * (TC_P * 128), xg + (size_t)(2 * p + ch) * SR * 128, xbytes, fb);
+    }
 #pragma unroll 1
-    for (int w = 0; w < TC_WU; ++w) {  // (one thread at 24 registers: nothing held across warps)
+    for (int w = pw * WN; w < (pw + 1) * WN; ++w) {  // (24 registers: nothing held across warps)
       const int u = blockIdx.x * TC_WU + w;
       const size_t unit = (size_t)e * NU + (u < NU ? u : 0);  // a padding warp streams unit 0
       bulk_g2s(stage + TC_XST + w * TC_WB, (const uint4*)w_ptr + (unit * C + 2 * p) * 64, TC_WB,
@@ -220,7 +227,7 @@ __device__ __forceinline__ int tc_tiles(int left) {
 // of hot_items' list (experts of more than ht and at most hi slots, passes of P = 8 NTC slots,
 // each on `tc_tiles`' n-tiles). Dynamic shared memory: 1 KB of alignment slack, the ring
 // [ST][TC_STG], the item list.
-template <int ST, int NTC>
+template <int ST, int NTC, int PW = 1>
 __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u64 act_e_ptr,
                                             u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr,
                                             u64 h_ptr, int NU, int C, int SR, int ldo, int ht,
@@ -237,7 +244,7 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
   const u32 full = (u32)__cvta_generic_to_shared(bars), empty = full + 8 * ST;
   if (threadIdx.x == 0) {
     for (int st = 0; st < ST; ++st) {
-      mbar_init(full + 8 * st, 1);
+      mbar_init(full + 8 * st, PW);
       mbar_init(empty + 8 * st, 32 * TC_WU);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -253,14 +260,15 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
     cnt = ((const int*)act_cnt_ptr)[a];
   };
   u32 q = 0;  // chunk pairs this CTA has passed through the ring (both roles count alike)
-  if (warp < 4) {  // the producer warpgroup: one thread issues every copy
+  if (warp < 4) {  // the producer warpgroup: one thread of each of its first PW warps copies
+    static_assert(PW >= 1 && PW <= 4, "producer warps within the producer warpgroup");
     setmaxnreg_dec<TC_PRODUCER_REGS>();
-    if (warp == 0 && lane == 0) {
+    if (warp < PW && lane == 0) {
       for (int it = blockIdx.y; it < n_items; it += gridDim.y, q += C / 2) {
         int e, start, cnt, p0;
         item(it, e, start, cnt, p0);
-        tc_produce(w_ptr, s_ptr, xg_ptr, NU, C, SR, ST, ring, full, empty, tc_tiles<NTC>(cnt - p0),
-                   e, start + p0, q);
+        tc_produce<PW>(w_ptr, s_ptr, xg_ptr, NU, C, SR, ST, ring, full, empty,
+                       tc_tiles<NTC>(cnt - p0), e, start + p0, q, PW == 1 ? 0 : warp);
       }
     }
   } else {  // the consumer warpgroups

@@ -56,25 +56,29 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return cuda_v21.tiles(T, K, E, D, I, slots) | TC_DEFAULTS
 
 
-def kernel_name(st: int, nt: int) -> str:
-    return f"int4_moe_hot_tc_{st}_{nt}"
+def kernel_name(st: int, nt: int, pw: int = 1) -> str:
+    """The TC kernel of ring depth st, nt n-tiles a pass, pw producer warps (cuda_v25's TPW;
+    this version's launch: 1)."""
+    return f"int4_moe_hot_tc_{st}_{nt}" + (f"_p{pw}" if pw != 1 else "")
 
 
 def source(configs=()) -> str:
     """cuda_v1.cu + cuda_v10.cu + cuda_v19.cu + cuda_v24.cu and one extern "C" kernel a (ring
-    depth, n-tiles a pass) of `configs` (__launch_bounds__(384, 1) around `hot_tc_body`)."""
+    depth, n-tiles a pass[, producer warps: 1 where not given]) of `configs`
+    (__launch_bounds__(384, 1) around `hot_tc_body`)."""
     code = cuda_v19.source(files=(_SRC,))
-    for st, nt in configs:
+    for st, nt, *pw in configs:
+        pw = pw[0] if pw else 1
         code += (f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) '
-                 f"{kernel_name(st, nt)}({KERNEL_ARGS}) {{\n"
-                 f"  hot_tc_body<{st}, {nt}>(w_ptr, s_ptr, xg_ptr, act_e_ptr, act_start_ptr, "
+                 f"{kernel_name(st, nt, pw)}({KERNEL_ARGS}) {{\n"
+                 f"  hot_tc_body<{st}, {nt}, {pw}>(w_ptr, s_ptr, xg_ptr, act_e_ptr, act_start_ptr, "
                  "act_cnt_ptr, n_act_ptr, h_ptr, NU, C, SR, ldo, ht, hi, max_items);\n}\n")
     return code
 
 
 @functools.cache
-def _kernel_tc(st: int, nt: int):
-    return cuda_v19.module(source(((st, nt),))).get_function(kernel_name(st, nt))
+def _kernel_tc(st: int, nt: int, pw: int = 1):
+    return cuda_v19.module(source(((st, nt, pw),))).get_function(kernel_name(st, nt, pw))
 
 
 @functools.cache
@@ -141,9 +145,10 @@ def xgather(xq: Tensor, p, ht: int, KP: int, xg: Tensor | None = None) -> Tensor
 
 
 def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int, h: Tensor,
-              ht: int):
-    """The experts past ht slots: `xgather` then the TC launch, on WS's side stream (cuda_v10's
-    SIDE_KEY, forked after xg is allocated); returns the join (which also releases xg)."""
+              ht: int, pw: int = 1):
+    """The experts past ht slots: `xgather` then the TC launch (pw producer warps), on WS's side
+    stream (cuda_v10's SIDE_KEY, forked after xg is allocated); returns the join (which also
+    releases xg)."""
     KP = C1 * mma_layout.CHUNK
     items = cuda_v10.max_items(p.S, p.E, ht, 8 * c["TNT"])
     smem = smem_bytes(c["TST"], items)
@@ -156,7 +161,7 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
     def run():
         xgather(xq, p, ht, KP, xg)
         args = (w1, s1, xg, *p.meta[1:], h, NU1, C1, p.S + P, p.Ip, ht, 2**31 - 1, items)
-        cuda_v1.run_kernel(_kernel_tc(c["TST"], c["TNT"]), (gx, gy), (THREADS,),
+        cuda_v1.run_kernel(_kernel_tc(c["TST"], c["TNT"], pw), (gx, gy), (THREADS,),
                            cuda_v1.kernel_args(args), smem)
 
     side.run(run)
@@ -170,16 +175,17 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
 
 
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-                    h: Tensor) -> tuple:
+                    h: Tensor, check=check_tc, pw: int = 1) -> tuple:
     """cuda_v4's `hot` hook: at TC 0, or where no expert can be hot, cuda_v12's `launch_bands`
-    (cuda_v21's); else the TC launch for the experts past WB (WT where WB is 0) and cuda_v12's
-    band launch (cuda_v10's kernel) for WT + 1 .. WB, both on WS's stream; returns (the cold
-    launch's SKIP, WT; a join of both)."""
+    (cuda_v21's); else the TC launch (pw producer warps) for the experts past WB (WT where WB
+    is 0) and cuda_v12's band launch (cuda_v10's kernel) for WT + 1 .. WB, both on WS's stream;
+    returns (the cold launch's SKIP, WT; a join of both). check: the version's knob check
+    (cuda_v25's adds TPW)."""
     tc = c.get("TC", 1)
     _require(tc in (0, 1), "cfg['TC']", "0 or 1", tc)
     if not tc or not c["WIDE"] or p.S <= c["WT"]:
         return cuda_v12.launch_bands(c, p, xq, w1, s1, NU1, C1, h)
-    check_tc(c, p.S, p.E)
+    check(c, p.S, p.E)
     cuda_v10.check_hot(c, p.S, p.E)  # the cold launch's WT / WS / WIDE, by name
     wb = c.get("WB", 0)
     joins = []
@@ -188,7 +194,7 @@ def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1
                  f"0 or an int > WT ({c['WT']})", wb)
         band = cuda_v12.band_knobs(c)
         cuda_v10.check_hot(band, p.S, p.E)
-    joins.append(launch_tc(c, p, xq, w1, s1, NU1, C1, h, wb or c["WT"]))
+    joins.append(launch_tc(c, p, xq, w1, s1, NU1, C1, h, wb or c["WT"], pw))
     if wb:
         joins.append(cuda_v10.launch_hot(band, p, xq, w1, s1, NU1, C1, h)[1])
 
