@@ -33,6 +33,14 @@ def test_v25_knobs_refused_by_name(bad, match):
         cuda_v25.check_tc(cuda_v25.tiles(128, **KIMI) | bad, 128 * 8, 384)
 
 
+def test_v25_sweep_cli_takes_tpw_and_cuda_v24s_refuses_it():
+    # why: session 54 call 2's sweep refused TPW=2 rows (no knob of the vocabulary), and a
+    # knob cuda_v24 never reads must not time cuda_v24's defaults under its name
+    from workbench.kernels.int4_moe import _knobs
+
+    assert "TPW" in _knobs.knobs_read("cuda_v25") and "TPW" not in _knobs.knobs_read("cuda_v24")
+
+
 def _functions(sass: str) -> dict:
     """{kernel name: its SASS}."""
     return {fn.split("\n")[0].strip(): fn for fn in sass.split("Function : ")[1:]}
