@@ -28,6 +28,18 @@ def test_v12_tiles_are_v11s_with_a_band_from_t512():
             assert c["WB"] == 0
 
 
+def test_v12_band_knobs_default_where_the_tiles_have_no_band():
+    # why: a cfg WB at T 128 (tiles without WB*) raised KeyError 'WBU' from inside the hook
+    # (session 54 call 4's sweep died on it); a WB alone takes BAND's launch shape
+    c = cuda_v12.tiles(128, **KIMI) | {"WB": 32}
+    band = cuda_v12.band_knobs(c)
+    assert {k: band[k] for k in ("WU", "WNT", "WST", "WMB")} == {
+        k: cuda_v12.BAND[b] for b, k in cuda_v12.BAND_KEYS.items()}
+    assert band["WHI"] == 32
+    cuda_v10.check_hot(band, 128 * 8, 384)
+    assert cuda_v12.band_knobs(c | {"WBNT": 4})["WNT"] == 4  # a given band knob wins
+
+
 def test_v10_band_top_refused_by_name():
     c = cuda_v12.tiles(512, **KIMI)
     for bad in (8, 3, 16.0):  # at most WT, or not an int

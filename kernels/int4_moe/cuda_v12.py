@@ -41,8 +41,9 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
 
 
 def band_knobs(c: dict) -> dict:
-    """c with the band launch's knobs: WB* as cuda_v10's WU / WNT / WST / WMB, WHI = WB."""
-    return c | {k: c[b] for b, k in BAND_KEYS.items()} | {"WHI": c["WB"]}
+    """c with the band launch's knobs: WB* as cuda_v10's WU / WNT / WST / WMB (BAND's where c
+    has none: a cfg WB at a T whose tiles have no band), WHI = WB."""
+    return c | {k: c.get(b, BAND[b]) for b, k in BAND_KEYS.items()} | {"WHI": c["WB"]}
 
 
 def launch_bands(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
