@@ -232,6 +232,9 @@ Versions (README.md has the design and the version log), each with the contract 
                arriving with its own bytes) instead of one thread, whose copy issue starved
                the wgmmas (session 54 ncu: 29 % of consumer samples at the full wait, the
                producer busy ~70 %); cuda_v24's bits
+    cuda_v26   cuda_v25 with the TC launch on half its CTA columns past TYH 3 items a
+               column (the other CTAs exit, leaving SMs to the cold gate/up launch beside
+               it) and only from 512 slots a call (TC 0 below: cuda_v21's launches)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -421,6 +424,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v25"): ("cuda_v24 with the TC launch's ring filled by 4 producer warps "
                                "(each arriving with its own bytes) instead of one thread; "
                                "cuda_v24's bits", ("sm90", "cupy", "nvcc")),
+    ("int4_moe", "cuda_v26"): ("cuda_v25 with the TC launch on half its columns past 3 items "
+                               "a column and only from 512 slots a call (cuda_v21's launches "
+                               "below)", ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

@@ -224,10 +224,10 @@ __device__ __forceinline__ int tc_tiles(int left) {
 
 // The launch body (cuda_v24.py wraps it in an extern "C" kernel a (ST, NTC), with
 // __launch_bounds__(384, 1)). Grid (ceil(NU / 8), Y): CTA column y takes the items y, y + Y, ...
-// of hot_items' list (experts of more than ht and at most hi slots, passes of P = 8 NTC slots,
+// (Y / 2 columns past TYH items a column where TYH > 0) of hot_items' list (experts of more than ht and at most hi slots, passes of P = 8 NTC slots,
 // each on `tc_tiles`' n-tiles). Dynamic shared memory: 1 KB of alignment slack, the ring
 // [ST][TC_STG], the item list.
-template <int ST, int NTC, int PW = 1>
+template <int ST, int NTC, int PW = 1, int TYH = 0>
 __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u64 act_e_ptr,
                                             u64 act_start_ptr, u64 act_cnt_ptr, u64 n_act_ptr,
                                             u64 h_ptr, int NU, int C, int SR, int ldo, int ht,
@@ -259,12 +259,19 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
     e = ((const int*)act_e_ptr)[a], start = ((const int*)act_start_ptr)[a];
     cnt = ((const int*)act_cnt_ptr)[a];
   };
+  // TYH > 0 (cuda_v26): past TYH items a column only half of the launch's columns run (the
+  // others exit here, whole CTAs) and leave their SMs to the cold gate/up launch beside it
+  int cols = gridDim.y;
+  if constexpr (TYH > 0) {
+    if (n_items > TYH * cols) cols = max(1, cols / 2);
+    if (blockIdx.y >= cols) return;
+  }
   u32 q = 0;  // chunk pairs this CTA has passed through the ring (both roles count alike)
   if (warp < 4) {  // the producer warpgroup: one thread of each of its first PW warps copies
     static_assert(PW >= 1 && PW <= 4, "producer warps within the producer warpgroup");
     setmaxnreg_dec<TC_PRODUCER_REGS>();
     if (warp < PW && lane == 0) {
-      for (int it = blockIdx.y; it < n_items; it += gridDim.y, q += C / 2) {
+      for (int it = blockIdx.y; it < n_items; it += cols, q += C / 2) {
         int e, start, cnt, p0;
         item(it, e, start, cnt, p0);
         tc_produce<PW>(w_ptr, s_ptr, xg_ptr, NU, C, SR, ST, ring, full, empty,
@@ -273,7 +280,7 @@ __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u6
     }
   } else {  // the consumer warpgroups
     setmaxnreg_inc<TC_CONSUMER_REGS>();
-    for (int it = blockIdx.y; it < n_items; it += gridDim.y, q += C / 2) {  // CTA-uniform
+    for (int it = blockIdx.y; it < n_items; it += cols, q += C / 2) {  // CTA-uniform
       int e, start, cnt, p0;
       item(it, e, start, cnt, p0);
       float acc[2][16][4];  // every instance's accumulators: written first by the pass's

@@ -56,29 +56,32 @@ def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> d
     return cuda_v21.tiles(T, K, E, D, I, slots) | TC_DEFAULTS
 
 
-def kernel_name(st: int, nt: int, pw: int = 1) -> str:
-    """The TC kernel of ring depth st, nt n-tiles a pass, pw producer warps (cuda_v25's TPW;
-    this version's launch: 1)."""
-    return f"int4_moe_hot_tc_{st}_{nt}" + (f"_p{pw}" if pw != 1 else "")
+def kernel_name(st: int, nt: int, pw: int = 1, tyh: int = 0) -> str:
+    """The TC kernel of ring depth st, nt n-tiles a pass, pw producer warps (cuda_v25's TPW),
+    half the columns past tyh items a column (cuda_v26's TYH; 0: never); this version's
+    launch: pw 1, tyh 0."""
+    return (f"int4_moe_hot_tc_{st}_{nt}" + (f"_p{pw}" if pw != 1 else "")
+            + (f"_h{tyh}" if tyh else ""))
 
 
 def source(configs=()) -> str:
     """cuda_v1.cu + cuda_v10.cu + cuda_v19.cu + cuda_v24.cu and one extern "C" kernel a (ring
-    depth, n-tiles a pass[, producer warps: 1 where not given]) of `configs`
+    depth, n-tiles a pass[, producer warps: 1[, TYH: 0]]) of `configs`
     (__launch_bounds__(384, 1) around `hot_tc_body`)."""
     code = cuda_v19.source(files=(_SRC,))
-    for st, nt, *pw in configs:
-        pw = pw[0] if pw else 1
+    for st, nt, *form in configs:
+        pw, tyh = (*form, *(1, 0)[len(form):])  # the defaults of those not given
         code += (f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) '
-                 f"{kernel_name(st, nt, pw)}({KERNEL_ARGS}) {{\n"
-                 f"  hot_tc_body<{st}, {nt}, {pw}>(w_ptr, s_ptr, xg_ptr, act_e_ptr, act_start_ptr, "
-                 "act_cnt_ptr, n_act_ptr, h_ptr, NU, C, SR, ldo, ht, hi, max_items);\n}\n")
+                 f"{kernel_name(st, nt, pw, tyh)}({KERNEL_ARGS}) {{\n"
+                 f"  hot_tc_body<{st}, {nt}, {pw}, {tyh}>(w_ptr, s_ptr, xg_ptr, act_e_ptr, "
+                 "act_start_ptr, act_cnt_ptr, n_act_ptr, h_ptr, NU, C, SR, ldo, ht, hi, max_items);\n}\n")
     return code
 
 
 @functools.cache
-def _kernel_tc(st: int, nt: int, pw: int = 1):
-    return cuda_v19.module(source(((st, nt, pw),))).get_function(kernel_name(st, nt, pw))
+def _kernel_tc(st: int, nt: int, pw: int = 1, tyh: int = 0):
+    return cuda_v19.module(source(((st, nt, pw, tyh),))).get_function(
+        kernel_name(st, nt, pw, tyh))
 
 
 @functools.cache
@@ -145,9 +148,9 @@ def xgather(xq: Tensor, p, ht: int, KP: int, xg: Tensor | None = None) -> Tensor
 
 
 def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int, h: Tensor,
-              ht: int, pw: int = 1):
-    """The experts past ht slots: `xgather` then the TC launch (pw producer warps), on WS's side
-    stream (cuda_v10's SIDE_KEY, forked after xg is allocated); returns the join (which also
+              ht: int, pw: int = 1, tyh: int = 0):
+    """The experts past ht slots: `xgather` then the TC launch (pw producer warps, TYH tyh), on
+    WS's side stream (cuda_v10's SIDE_KEY, forked after xg is allocated); returns the join (which also
     releases xg)."""
     KP = C1 * mma_layout.CHUNK
     items = cuda_v10.max_items(p.S, p.E, ht, 8 * c["TNT"])
@@ -161,7 +164,7 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
     def run():
         xgather(xq, p, ht, KP, xg)
         args = (w1, s1, xg, *p.meta[1:], h, NU1, C1, p.S + P, p.Ip, ht, 2**31 - 1, items)
-        cuda_v1.run_kernel(_kernel_tc(c["TST"], c["TNT"], pw), (gx, gy), (THREADS,),
+        cuda_v1.run_kernel(_kernel_tc(c["TST"], c["TNT"], pw, tyh), (gx, gy), (THREADS,),
                            cuda_v1.kernel_args(args), smem)
 
     side.run(run)
@@ -175,12 +178,12 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
 
 
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-                    h: Tensor, check=check_tc, pw: int = 1) -> tuple:
+                    h: Tensor, check=check_tc, pw: int = 1, tyh: int = 0) -> tuple:
     """cuda_v4's `hot` hook: at TC 0, or where no expert can be hot, cuda_v12's `launch_bands`
-    (cuda_v21's); else the TC launch (pw producer warps) for the experts past WB (WT where WB
+    (cuda_v21's); else the TC launch (pw producer warps, TYH tyh) for the experts past WB (WT where WB
     is 0) and cuda_v12's band launch (cuda_v10's kernel) for WT + 1 .. WB, both on WS's stream;
     returns (the cold launch's SKIP, WT; a join of both). check: the version's knob check
-    (cuda_v25's adds TPW)."""
+    (cuda_v25's adds TPW, cuda_v26's TYH)."""
     tc = c.get("TC", 1)
     _require(tc in (0, 1), "cfg['TC']", "0 or 1", tc)
     if not tc or not c["WIDE"] or p.S <= c["WT"]:
@@ -194,7 +197,7 @@ def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1
                  f"0 or an int > WT ({c['WT']})", wb)
         band = cuda_v12.band_knobs(c)
         cuda_v10.check_hot(band, p.S, p.E)
-    joins.append(launch_tc(c, p, xq, w1, s1, NU1, C1, h, wb or c["WT"], pw))
+    joins.append(launch_tc(c, p, xq, w1, s1, NU1, C1, h, wb or c["WT"], pw, tyh))
     if wb:
         joins.append(cuda_v10.launch_hot(band, p, xq, w1, s1, NU1, C1, h)[1])
 
