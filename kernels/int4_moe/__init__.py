@@ -227,14 +227,17 @@ Versions (README.md has the design and the version log), each with the contract 
                launch: 256 weight rows x 128 slots a CTA, a producer warpgroup filling a
                ring by TMA bulk copies (activations gathered once a call into the tile's
                swizzled image), two consumer warpgroups on wgmma with register-A dequant
-               (session 52: built, CPU-tested; not yet measured)
+               (sessions 52-54, H100: exact; REAL bench skewed T 512 -6.5 % against
+               cuda_v21, skewed T 9-33 and uniform up to 2 % slower: not BEST)
     cuda_v25   cuda_v24 with the TC launch's ring filled by TPW 4 producer warps (each
                arriving with its own bytes) instead of one thread, whose copy issue starved
                the wgmmas (session 54 ncu: 29 % of consumer samples at the full wait, the
-               producer busy ~70 %); cuda_v24's bits
+               producer busy ~70 %); cuda_v24's bits; the TC launch 627 -> 499 µs (H100)
     cuda_v26   cuda_v25 with the TC launch on half its CTA columns past TYH 3 items a
                column (the other CTAs exit, leaving SMs to the cold gate/up launch beside
-               it) and only from 512 slots a call (TC 0 below: cuda_v21's launches)
+               it) and only from 512 slots a call (TC 0 below: cuda_v21's launches);
+               H100 REAL bench: skewed T 512 3335.4 vs cuda_v21's 3781.9 µs (1.19x
+               Humming), T 128 -5.6 %, uniform T 512 +1.0 %; the BEST candidate
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
