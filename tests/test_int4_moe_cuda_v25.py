@@ -26,8 +26,10 @@ def test_v25_tiles_are_v24s_with_producer_warps():
         assert cuda_v25.tiles(T, **KIMI) == cuda_v24.tiles(T, **KIMI) | {"TPW": 4}
 
 
-@pytest.mark.parametrize("bad, match", [({"TPW": 3}, r"cfg\['TPW'\]"), ({"TPW": 8}, r"cfg\['TPW'\]"),
-                                        ({"TPW": 0}, r"cfg\['TPW'\]"), ({"TST": 5}, r"cfg\['TST'\]")])
+@pytest.mark.parametrize("bad, match", [({"TPW": 3}, r"cfg\['TPW'\]"),
+                                        ({"TPW": 8}, r"cfg\['TPW'\]"),
+                                        ({"TPW": 0}, r"cfg\['TPW'\]"),
+                                        ({"TST": 5}, r"cfg\['TST'\]")])
 def test_v25_knobs_refused_by_name(bad, match):
     with pytest.raises(ValueError, match=match):
         cuda_v25.check_tc(cuda_v25.tiles(128, **KIMI) | bad, 128 * 8, 384)

@@ -224,8 +224,8 @@ __device__ __forceinline__ int tc_tiles(int left) {
 
 // The launch body (cuda_v24.py wraps it in an extern "C" kernel a (ST, NTC), with
 // __launch_bounds__(384, 1)). Grid (ceil(NU / 8), Y): CTA column y takes the items y, y + Y, ...
-// (Y / 2 columns past TYH items a column where TYH > 0) of hot_items' list (experts of more than ht and at most hi slots, passes of P = 8 NTC slots,
-// each on `tc_tiles`' n-tiles). Dynamic shared memory: 1 KB of alignment slack, the ring
+// (Y / 2 columns past TYH items a column where TYH > 0) of hot_items' list (experts of more
+// than ht and at most hi slots, passes of P = 8 NTC slots, each on `tc_tiles`' n-tiles). Dynamic shared memory: 1 KB of alignment slack, the ring
 // [ST][TC_STG], the item list.
 template <int ST, int NTC, int PW = 1, int TYH = 0>
 __device__ __forceinline__ void hot_tc_body(u64 w_ptr, u64 s_ptr, u64 xg_ptr, u64 act_e_ptr,

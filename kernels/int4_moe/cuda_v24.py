@@ -74,7 +74,8 @@ def source(configs=()) -> str:
         code += (f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) '
                  f"{kernel_name(st, nt, pw, tyh)}({KERNEL_ARGS}) {{\n"
                  f"  hot_tc_body<{st}, {nt}, {pw}, {tyh}>(w_ptr, s_ptr, xg_ptr, act_e_ptr, "
-                 "act_start_ptr, act_cnt_ptr, n_act_ptr, h_ptr, NU, C, SR, ldo, ht, hi, max_items);\n}\n")
+                 "act_start_ptr, act_cnt_ptr, n_act_ptr, h_ptr, NU, C, SR, ldo, ht, hi, "
+                 "max_items);\n}\n")
     return code
 
 
@@ -150,8 +151,8 @@ def xgather(xq: Tensor, p, ht: int, KP: int, xg: Tensor | None = None) -> Tensor
 def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int, h: Tensor,
               ht: int, pw: int = 1, tyh: int = 0):
     """The experts past ht slots: `xgather` then the TC launch (pw producer warps, TYH tyh), on
-    WS's side stream (cuda_v10's SIDE_KEY, forked after xg is allocated); returns the join (which also
-    releases xg)."""
+    WS's side stream (cuda_v10's SIDE_KEY, forked after xg is allocated); returns the join
+    (which also releases xg)."""
     KP = C1 * mma_layout.CHUNK
     items = cuda_v10.max_items(p.S, p.E, ht, 8 * c["TNT"])
     smem = smem_bytes(c["TST"], items)
@@ -180,10 +181,10 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
                     h: Tensor, check=check_tc, pw: int = 1, tyh: int = 0) -> tuple:
     """cuda_v4's `hot` hook: at TC 0, or where no expert can be hot, cuda_v12's `launch_bands`
-    (cuda_v21's); else the TC launch (pw producer warps, TYH tyh) for the experts past WB (WT where WB
-    is 0) and cuda_v12's band launch (cuda_v10's kernel) for WT + 1 .. WB, both on WS's stream;
-    returns (the cold launch's SKIP, WT; a join of both). check: the version's knob check
-    (cuda_v25's adds TPW, cuda_v26's TYH)."""
+    (cuda_v21's); else the TC launch (pw producer warps, TYH tyh) for the experts past WB (WT
+    where WB is 0) and cuda_v12's band launch (cuda_v10's kernel) for WT + 1 .. WB, both on
+    WS's stream; returns (the cold launch's SKIP, WT; a join of both). check: the version's
+    knob check (cuda_v25's adds TPW, cuda_v26's TYH)."""
     tc = c.get("TC", 1)
     _require(tc in (0, 1), "cfg['TC']", "0 or 1", tc)
     if not tc or not c["WIDE"] or p.S <= c["WT"]:

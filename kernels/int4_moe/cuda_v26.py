@@ -51,8 +51,9 @@ def check_tc(c: dict, S: int, E: int) -> None:
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
                     h: Tensor) -> tuple:
     """cuda_v24's hot hook with the TC kernel of TPW producer warps and TYH."""
-    return cuda_v24.launch_bands_tc(c, p, xq, w1, s1, NU1, C1, h, check=check_tc,
-                                    pw=c.get("TPW", cuda_v25.TC_DEFAULTS["TPW"]), tyh=c.get("TYH", 0))
+    pw = c.get("TPW", cuda_v25.TC_DEFAULTS["TPW"])
+    return cuda_v24.launch_bands_tc(c, p, xq, w1, s1, NU1, C1, h, check=check_tc, pw=pw,
+                                    tyh=c.get("TYH", 0))
 
 
 # the op and its CLI: cuda_v25's with TYH and the TC rule
