@@ -25,7 +25,7 @@ KIMI = dict(K=8, E=384, D=7168, I=2048)
 def test_v26_tiles_are_v25s_with_tyh_and_the_tc_rule():
     for T, tc in ((1, 0), (17, 0), (63, 0), (64, 1), (65, 1), (512, 1)):
         c = cuda_v26.tiles(T, **KIMI)
-        assert c == cuda_v25.tiles(T, **KIMI) | {"TYH": 3, "TC": tc}, T
+        assert c == cuda_v25.tiles(T, **KIMI) | {"TYH": 3, "TLO": 0, "TC": tc}, T
     # the slot hint (an EP rank's share) decides, not T K
     assert cuda_v26.tiles(512, **KIMI, slots=100)["TC"] == 0
     assert cuda_v26.tiles(17, **KIMI, slots=600)["TC"] == 1
@@ -37,8 +37,18 @@ def test_v26_tyh_refused_by_name(bad):
         cuda_v26.check_tc(cuda_v26.tiles(512, **KIMI) | {"TYH": bad}, 4096, 384)
 
 
-def test_v26_sweep_cli_reads_tyh_and_cuda_v25_does_not():
-    assert "TYH" in _knobs.knobs_read("cuda_v26") and "TYH" not in _knobs.knobs_read("cuda_v25")
+@pytest.mark.parametrize("T, bad", [(512, 16), (512, 3), (128, 8), (512, -1), (512, 32.0)])
+def test_v26_tlo_refused_by_name(T, bad):
+    # why: the middle tier takes WB (WT where WB is 0) + 1 .. TLO slots; a TLO at or below
+    # that would hand the TC launch experts the band launch also computes (two writers of h)
+    with pytest.raises(ValueError, match=r"cfg\['TLO'\]"):
+        cuda_v26.check_tc(cuda_v26.tiles(T, **KIMI) | {"TLO": bad}, T * 8, 384)
+    cuda_v26.check_tc(cuda_v26.tiles(T, **KIMI) | {"TLO": 33}, T * 8, 384)
+
+
+def test_v26_sweep_cli_reads_tyh_and_tlo_and_cuda_v25_does_not():
+    for knob in ("TYH", "TLO"):
+        assert knob in _knobs.knobs_read("cuda_v26") and knob not in _knobs.knobs_read("cuda_v25")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
@@ -80,6 +90,18 @@ def test_v26_is_cuda_v25s_bits_and_the_reference_gpu(real_experts, T, skew, cfg)
     v25_cfg = {k: v for k, v in cfg.items() if k != "TYH"} or None
     assert torch.equal(got, cuda_v25.int4_moe_cuda(x, ids, w, ex, cfg=v25_cfg)), cfg
     _close(got, x, ids, w, ex)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, skew", [(128, 1.2), (512, 0.0), (512, 1.2)])
+def test_v26_middle_tier_gpu(real_experts, T, skew):
+    # why: TLO past every count puts every expert past WB (WT) on cuda_v10's hot launch at the
+    # hot knobs: cuda_v21's launches, so its bits; TLO 32 splits them between that launch and
+    # the TC launch, each expert's rows of h written by exactly one of them
+    x, ids, w, ex = _routing(real_experts, T, skew, 3300 + T)
+    assert torch.equal(cuda_v26.int4_moe_cuda(x, ids, w, ex, cfg={"TLO": 2**14}),
+                       cuda_v21.int4_moe_cuda(x, ids, w, ex))
+    _close(cuda_v26.int4_moe_cuda(x, ids, w, ex, cfg={"TLO": 32}), x, ids, w, ex)
 
 
 @pytest.mark.gpu

@@ -51,9 +51,9 @@ KNOWN_KNOBS = frozenset({
     "IT1", "KS1", "KS2", "KW1", "KW2", "L2D", "LMIN1", "LMIN2", "LY", "MINB", "NH2", "NN1",
     "NN2", "NP", "PF", "PF01", "PF02", "PF1", "PF2", "PH", "PROGS1", "PROGS2", "RO", "ROUTE1",
     "ROUTE_SORT", "RW1", "RW2", "SMB", "SNT", "SPLIT1", "SPLIT2", "SST", "SU", "S_EXP", "TB1",
-    "TC", "TNT", "TPS1", "TPS2", "TPW", "TST", "TY", "TYH", "U", "U1", "U2", "W", "WB", "WBMB",
-    "WBNT", "WBST", "WBU", "WG", "WHI", "WIDE", "WMB", "WNT", "WS", "WST", "WT", "WU", "WY",
-    "XB1", "XB2", "maxnreg", "stages", "warps"})
+    "TC", "TLO", "TNT", "TPS1", "TPS2", "TPW", "TST", "TY", "TYH", "U", "U1", "U2", "W", "WB",
+    "WBMB", "WBNT", "WBST", "WBU", "WG", "WHI", "WIDE", "WMB", "WNT", "WS", "WST", "WT", "WU",
+    "WY", "XB1", "XB2", "maxnreg", "stages", "warps"})
 
 
 def with_cfg(tiles: dict, cfg: dict | None) -> dict:

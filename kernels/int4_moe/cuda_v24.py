@@ -179,12 +179,15 @@ def launch_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
 
 
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-                    h: Tensor, check=check_tc, pw: int = 1, tyh: int = 0) -> tuple:
+                    h: Tensor, check=check_tc, pw: int = 1, tyh: int = 0,
+                    tlo: int = 0) -> tuple:
     """cuda_v4's `hot` hook: at TC 0, or where no expert can be hot, cuda_v12's `launch_bands`
     (cuda_v21's); else the TC launch (pw producer warps, TYH tyh) for the experts past WB (WT
     where WB is 0) and cuda_v12's band launch (cuda_v10's kernel) for WT + 1 .. WB, both on
     WS's stream; returns (the cold launch's SKIP, WT; a join of both). check: the version's
-    knob check (cuda_v25's adds TPW, cuda_v26's TYH)."""
+    knob check (cuda_v25's adds TPW, cuda_v26's TYH). tlo > 0 (cuda_v26's TLO): the experts of
+    WB (WT) + 1 .. tlo slots on cuda_v10's hot launch at c's hot knobs (cuda_v21's launch for
+    them), the TC launch past tlo only."""
     tc = c.get("TC", 1)
     _require(tc in (0, 1), "cfg['TC']", "0 or 1", tc)
     if not tc or not c["WIDE"] or p.S <= c["WT"]:
@@ -198,7 +201,15 @@ def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1
                  f"0 or an int > WT ({c['WT']})", wb)
         band = cuda_v12.band_knobs(c)
         cuda_v10.check_hot(band, p.S, p.E)
-    joins.append(launch_tc(c, p, xq, w1, s1, NU1, C1, h, wb or c["WT"], pw, tyh))
+    lo = wb or c["WT"]  # the TC launch's experts: past lo slots (past tlo with a middle tier)
+    if tlo:
+        _require(isinstance(tlo, int) and tlo > lo, "cfg['TLO']",
+                 f"0 or an int > WB / WT ({lo})", tlo)
+        cuda_v10.check_hot(c | {"WT": lo, "WHI": tlo}, p.S, p.E)  # named before any launch
+    joins.append(launch_tc(c, p, xq, w1, s1, NU1, C1, h, tlo or lo, pw, tyh))
+    if tlo:
+        joins.append(cuda_v10.launch_hot(c | {"WT": lo, "WHI": tlo}, p, xq, w1, s1, NU1, C1,
+                                         h)[1])
     if wb:
         joins.append(cuda_v10.launch_hot(band, p, xq, w1, s1, NU1, C1, h)[1])
 

@@ -18,7 +18,11 @@ traces/gpu/session54/call4-5):
   cuda_v21 at skewed T 9 / 17 and 2 % ahead from T 65 (520 slots).
 
 What: cuda_v25's op and kernel (`hot_tc_body<ST, NTC, PW, TYH>`, cuda_v24.cu) with TYH (0:
-cuda_v25's columns), and tiles with TC = 1 from TC_SLOTS slots (T K, or the hint). The same
+cuda_v25's columns), and tiles with TC = 1 from TC_SLOTS slots (T K, or the hint). TLO (0, the
+measured default): past WB (WT) .. TLO slots on cuda_v10's hot launch at the hot knobs, the TC
+launch past TLO only -- a knob for the next measurement (uniform T 512's ~15 experts of 17-25
+slots ran 1 % slower on the TC launch's N-32 passes than on cuda_v21's hot launch, session 54
+call 6), not a measured choice. The same
 items on fewer columns are the same sums: cuda_v25's bits (TC 1), cuda_v21's (TC 0). GPU only
 (cupy, nvcc 12+ for sm_90a). Dimension legend: cuda_v24's.
 """
@@ -36,16 +40,21 @@ TYH = 3  # items a column past which half the TC launch's columns run
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
-    """Shapes only (graph-safe): cuda_v25's tiles with TYH, and TC 0 below TC_SLOTS slots."""
+    """Shapes only (graph-safe): cuda_v25's tiles with TYH, TLO 0, and TC 0 below TC_SLOTS
+    slots."""
     S = T * K if slots is None else slots
-    return cuda_v25.tiles(T, K, E, D, I, slots) | {"TYH": TYH, "TC": int(S >= TC_SLOTS)}
+    return cuda_v25.tiles(T, K, E, D, I, slots) | {"TYH": TYH, "TLO": 0,
+                                                   "TC": int(S >= TC_SLOTS)}
 
 
 def check_tc(c: dict, S: int, E: int) -> None:
-    """cuda_v25's TC knob checks and TYH (names the cfg key)."""
+    """cuda_v25's TC knob checks, TYH and TLO (names the cfg key)."""
     cuda_v25.check_tc(c, S, E)
     _require(isinstance(c["TYH"], int) and 0 <= c["TYH"] < 2**10, "cfg['TYH']",
              "an int in [0, 1024) (0: every column runs)", c["TYH"])
+    lo = c.get("WB") or c["WT"]
+    _require(c["TLO"] == 0 or (isinstance(c["TLO"], int) and c["TLO"] > lo), "cfg['TLO']",
+             f"0 or an int > WB / WT ({lo}): the middle tier's top slot count", c["TLO"])
 
 
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
@@ -53,7 +62,7 @@ def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1
     """cuda_v24's hot hook with the TC kernel of TPW producer warps and TYH."""
     pw = c.get("TPW", cuda_v25.TC_DEFAULTS["TPW"])
     return cuda_v24.launch_bands_tc(c, p, xq, w1, s1, NU1, C1, h, check=check_tc, pw=pw,
-                                    tyh=c.get("TYH", 0))
+                                    tyh=c.get("TYH", 0), tlo=c.get("TLO", 0))
 
 
 # the op and its CLI: cuda_v25's with TYH and the TC rule
