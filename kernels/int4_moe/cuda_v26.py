@@ -18,12 +18,12 @@ traces/gpu/session54/call4-5):
   cuda_v21 at skewed T 9 / 17 and 2 % ahead from T 65 (520 slots).
 
 What: cuda_v25's op and kernel (`hot_tc_body<ST, NTC, PW, TYH>`, cuda_v24.cu) with TYH (0:
-cuda_v25's columns), and tiles with TC = 1 from TC_SLOTS slots (T K, or the hint). TLO (0, the
-measured default): past WB (WT) .. TLO slots on cuda_v10's hot launch at the hot knobs, the TC
-launch past TLO only -- a knob for the next measurement (uniform T 512's ~15 experts of 17-25
-slots ran 1 % slower on the TC launch's N-32 passes than on cuda_v21's hot launch, session 54
-call 6), not a measured choice. The same
-items on fewer columns are the same sums: cuda_v25's bits (TC 1), cuda_v21's (TC 0). GPU only
+cuda_v25's columns), and tiles with TC = 1 from TC_SLOTS slots (T K, or the hint). The same
+items on fewer columns are the same sums: cuda_v25's bits (TC 1), cuda_v21's (TC 0). TLO (0,
+the measured default): the experts of WB (WT) + 1 .. TLO slots on cuda_v10's hot launch at the
+hot knobs (cuda_v21's bits for them), the TC launch past TLO only -- a knob for the next
+measurement (uniform T 512's ~15 experts of 17-25 slots ran 1 % slower on the TC launch's N-32
+passes than on cuda_v21's hot launch, session 54 call 6), not a measured choice. GPU only
 (cupy, nvcc 12+ for sm_90a). Dimension legend: cuda_v24's.
 """
 
