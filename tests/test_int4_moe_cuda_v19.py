@@ -139,7 +139,6 @@ def _a_register_hazards(fn_sass: str) -> list[str]:
     return found
 
 
-
 _LOOP = """
         /*1880*/                   LDS.64 R20, [R152] ;
         /*1890*/                   HADD2.BF16_V2 {dst}, R154, -136, -136 ;
@@ -160,6 +159,7 @@ def test_a_register_hazard_check_on_a_synthetic_loop(dst, keep, expected):
     # LDS.64 R20 (R20-R21) never counts; nothing is in flight after DEPBAR 0
     found = _a_register_hazards(_LOOP.format(dst=dst, keep=keep))
     assert len(found) == expected and all(dst in f for f in found), found
+
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
 def test_v19_hot_kernels_build_for_sm90a_with_wgmma_and_no_local_memory(tmp_path, monkeypatch):

@@ -185,7 +185,6 @@ def test_v24_tc_forms_match_reference_gpu(real_experts, T, skew, cfg):
     _close(cuda_v24.int4_moe_cuda(x, ids, w, ex, cfg=cfg or None), x, ids, w, ex)
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", (128, 512))
 def test_v24_every_expert_past_wt_is_cuda_v21s_bits_gpu(real_experts, T):
@@ -197,6 +196,7 @@ def test_v24_every_expert_past_wt_is_cuda_v21s_bits_gpu(real_experts, T):
     x, ids, w, ex = _routing(real_experts, T, 1.2, 2400 + T)
     assert torch.equal(cuda_v24.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}),
                        cuda_v21.int4_moe_cuda(x, ids, w, ex, cfg={"WT": 0}))
+
 
 @pytest.mark.gpu
 def test_v24_every_expert_hot_on_edge_cases_gpu():

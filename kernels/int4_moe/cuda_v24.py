@@ -202,14 +202,12 @@ def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1
         band = cuda_v12.band_knobs(c)
         cuda_v10.check_hot(band, p.S, p.E)
     lo = wb or c["WT"]  # the TC launch's experts: past lo slots (past tlo with a middle tier)
+    mid = c | {"WT": lo, "WHI": tlo}  # the middle tier (tlo > lo: the version's check)
     if tlo:
-        _require(isinstance(tlo, int) and tlo > lo, "cfg['TLO']",
-                 f"0 or an int > WB / WT ({lo})", tlo)
-        cuda_v10.check_hot(c | {"WT": lo, "WHI": tlo}, p.S, p.E)  # named before any launch
+        cuda_v10.check_hot(mid, p.S, p.E)  # named before any launch
     joins.append(launch_tc(c, p, xq, w1, s1, NU1, C1, h, tlo or lo, pw, tyh))
     if tlo:
-        joins.append(cuda_v10.launch_hot(c | {"WT": lo, "WHI": tlo}, p, xq, w1, s1, NU1, C1,
-                                         h)[1])
+        joins.append(cuda_v10.launch_hot(mid, p, xq, w1, s1, NU1, C1, h)[1])
     if wb:
         joins.append(cuda_v10.launch_hot(band, p, xq, w1, s1, NU1, C1, h)[1])
 

@@ -43,10 +43,11 @@ def check_tc(c: dict, S: int, E: int) -> None:
 
 
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
-                    h: Tensor) -> tuple:
-    """cuda_v24's hot hook with the TC kernel of TPW producer warps."""
-    return cuda_v24.launch_bands_tc(c, p, xq, w1, s1, NU1, C1, h, check=check_tc,
-                                    pw=c.get("TPW", TC_DEFAULTS["TPW"]))
+                    h: Tensor, check=check_tc, **form) -> tuple:
+    """cuda_v24's hot hook with the TC kernel of TPW producer warps; check and form (tyh, tlo):
+    a later version's knob check and kernel form (cuda_v26's)."""
+    return cuda_v24.launch_bands_tc(c, p, xq, w1, s1, NU1, C1, h, check=check,
+                                    pw=c.get("TPW", TC_DEFAULTS["TPW"]), **form)
 
 
 # the op and its CLI: cuda_v24's with TPW producer warps

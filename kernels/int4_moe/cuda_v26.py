@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import cuda_v17, cuda_v24, cuda_v25
+from . import cuda_v17, cuda_v25
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
@@ -59,9 +59,8 @@ def check_tc(c: dict, S: int, E: int) -> None:
 
 def launch_bands_tc(c: dict, p, xq: Tensor, w1: Tensor, s1: Tensor, NU1: int, C1: int,
                     h: Tensor) -> tuple:
-    """cuda_v24's hot hook with the TC kernel of TPW producer warps and TYH."""
-    pw = c.get("TPW", cuda_v25.TC_DEFAULTS["TPW"])
-    return cuda_v24.launch_bands_tc(c, p, xq, w1, s1, NU1, C1, h, check=check_tc, pw=pw,
+    """cuda_v25's hot hook with TYH and TLO."""
+    return cuda_v25.launch_bands_tc(c, p, xq, w1, s1, NU1, C1, h, check=check_tc,
                                     tyh=c.get("TYH", 0), tlo=c.get("TLO", 0))
 
 
