@@ -36,7 +36,6 @@ import functools
 
 import triton
 import triton.language as tl
-from torch import Tensor
 
 from . import cuda_v4, cuda_v17, cuda_v26
 from ._common import _require
