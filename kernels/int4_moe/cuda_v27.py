@@ -6,9 +6,10 @@ Why (session 52 call 2, H100 80GB, ncu of cuda_v21's launches at skewed T 512,
 traces/gpu/session52/call2/ncu_s512.csv.gz; the slot counts from the bench's Zipf draws):
 `expert_tile` (triton_v7) runs a program's N tile over the whole K once per BM-slot chunk of
 its expert. The cold down launch takes the experts of at most HOT (64) slots at BM2 16, so an
-expert of 17-64 slots streams its 128-row x 2048-input weight tile 2-4 times. The launch keeps
-~3 programs an SM resident for ~27 µs each, ~50 MB in flight against the H100's 50 MB L2, so
-the second pass finds its lines gone: the cold down read **2.99 GB** from DRAM in 1088 µs where
+expert of 17-64 slots streams its 128-row x 2048-input weight tile 2-4 times. By the launch's
+ncu row (21504 programs, 54.3 waves in 1088 µs: ~20 µs a program, ~3 resident an SM, ~50 MB
+of tiles in flight against the H100's 50 MB L2) the second pass finds its lines gone: an
+estimate the bytes bear out: the cold down read **2.99 GB** from DRAM in 1088 µs where
 its ~330 experts hold ~2.7 GB (Zipf 1.2 draws of T 512 on 384 experts: 26-28 experts of 17-64
 slots, 1-3 extra passes each, ~0.3 GB). BM2 8 (twice the passes) was 6 % slower (call 2).
 A launch of BM2_MID (64) slot chunks reads each of those experts once; the cold launch keeps
@@ -21,8 +22,7 @@ most MID slots (triton_v7's grid, BM2), `_gemm_band_kernel` on the experts of MI
 slots (triton_v16's `hot_launch` on it: BN_HOT N tiles x min(MID_GRID, the experts of > MID
 slots the expected slots allow) programs, program h taking the band's experts of rank h,
 h + H, ... by position, each `expert_tile` at BM2_MID over all of K), then triton_v16's hot
-launch;
-elsewhere (MID 0, no hot launch, a split K) cuda_v26's hook (triton_v29's
+launch; elsewhere (MID 0, no hot launch, a split K) cuda_v26's hook (triton_v29's
 `grid_gemm_idle_last`). Knobs: MID (16; 0: cuda_v26's launches and bits), BM2_MID (64),
 MID_GRID (32). Numerics: the same tiles and fp32 chain a slot as the cold launch's (within the
 reference's tolerance; at BM2_MID = BM2 the cold launch's bits: CPU test). Unmeasured: the
