@@ -241,7 +241,10 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v27   cuda_v26 with the down GEMM's experts of MID + 1 .. HOT slots (17-64) on a
                launch of 64-slot chunks, each streaming its weights once (the cold down's
                16-slot chunks re-read them from DRAM: 2.99 GB read for ~2.7 GB of experts at
-               skewed T 512, session 52 ncu); unmeasured (session 55)
+               skewed T 512, session 52 ncu); H100 (session 56): at BM2_MID 32 skewed
+               T 512 -2.7 % against cuda_v26 in process, skewed T 128 +0.9 %
+    cuda_v28   cuda_v27's middle down launch only at the wide down tile (BN 128: T >= 384),
+               at BM2_MID 32; cuda_v26's launches and bits below (session 56)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -437,6 +440,9 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v27"): ("cuda_v26 with the down GEMM's 17-64-slot experts on a launch "
                                "of 64-slot chunks (their weights streamed once, not once a "
                                "16-slot chunk)", ("sm90", "cupy", "nvcc")),
+    ("int4_moe", "cuda_v28"): ("cuda_v27's middle down launch only at the wide down tile "
+                               "(T >= 384) at 32-slot chunks; cuda_v26's launches below",
+                               ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "
