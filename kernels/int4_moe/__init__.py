@@ -244,7 +244,9 @@ Versions (README.md has the design and the version log), each with the contract 
                skewed T 512, session 52 ncu); H100 (session 56): at BM2_MID 32 skewed
                T 512 -2.7 % against cuda_v26 in process, skewed T 128 +0.9 %
     cuda_v28   cuda_v27's middle down launch only at the wide down tile (BN 128: T >= 384),
-               at BM2_MID 32; cuda_v26's launches and bits below (session 56)
+               at BM2_MID 32; cuda_v26's launches and bits below; H100 REAL bench
+               (session 56): skewed T 512 3354.0 vs cuda_v26 3440.5 vs cuda_v21 3855.4 µs
+               (1.23x Humming, 83.0 % of copy); the BEST candidate
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -309,7 +311,12 @@ _MOD = "workbench.kernels.int4_moe"
 # 14 shapes (skewed T 128 1980.5 vs 2039.7 µs, T 512 3885.6 vs 3953.4, uniform T 128 3048.5 vs
 # 3104.0), T 1 tied, uniform T 9 slower (609.6 vs 599.6; 612.8 vs 598.6 in call 6); ncu (call 2,
 # skewed T 128): the cold gate/up launch moves the same DRAM bytes with half the L2 sectors
-# (155.6 M vs 310.7 M: no L2 prefetch) and a third of the L2 requests
+# (155.6 M vs 310.7 M: no L2 prefetch) and a third of the L2 requests.
+# Not yet BEST: cuda_v28 (session 56, H100, traces/gpu/session56): REAL bench with Humming
+# skewed T 512 / 128 3354.0 / 1874.0 µs against cuda_v21's 3855.4 / 1980.3, the other shapes
+# within 0.5 %; GPU tests 10 + the shared suites 21 passed, the trained exact suite 21 passed
+# under it; not cuda_v21's bits from 512 slots (the TC launch, the band), so it waits for
+# memcheck of the band launch and `small`'s exact suite whole under it (plan session56_e)
 BEST = "cuda_v21"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
