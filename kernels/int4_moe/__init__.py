@@ -247,6 +247,9 @@ Versions (README.md has the design and the version log), each with the contract 
                at BM2_MID 32; cuda_v26's launches and bits below; H100 REAL bench
                (session 56): skewed T 512 3354.0 vs cuda_v26 3440.5 vs cuda_v21 3855.4 µs
                (1.23x Humming, 83.0 % of copy); the BEST candidate
+    cuda_v29   cuda_v28 with the middle down launch on a side stream beside the hot down
+               (MS 1: the band's DRAM stream and the hot down's MMA work on the same SMs,
+               184 KB of shared memory together); cuda_v28's bits; unmeasured (session 56)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -450,6 +453,8 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
     ("int4_moe", "cuda_v28"): ("cuda_v27's middle down launch only at the wide down tile "
                                "(T >= 384) at 32-slot chunks; cuda_v26's launches below",
                                ("sm90", "cupy", "nvcc")),
+    ("int4_moe", "cuda_v29"): ("cuda_v28 with the middle down launch on a side stream beside "
+                               "the hot down launch; cuda_v28's bits", ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "

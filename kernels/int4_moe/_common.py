@@ -47,14 +47,13 @@ def _require(ok: bool, arg: str, expected: str, got) -> None:
 KNOWN_KNOBS = frozenset({
     "AB", "A_GRID", "BD_COMBINE", "BK1", "BK2", "BM", "BM1", "BM1_HOT", "BM2", "BM2_HOT",
     "BM2_MID", "BN", "BN1", "BN2", "BN_HOT", "CH1", "CH2", "CL", "CU_A_GRID", "DN", "DS", "EA",
-    "EF", "F8", "FC", "FL", "FP", "FS", "FUSE_T", "GB", "GS", "GU", "HI", "HOT", "HOT_GRID",
-    "HS", "IL", "IT1", "KS1", "KS2", "KW1", "KW2", "L2D", "LMIN1", "LMIN2", "LY", "MID",
-    "MID_GRID", "MINB", "NH2", "NN1", "NN2", "NP", "PF", "PF01", "PF02", "PF1", "PF2", "PH",
-    "PROGS1", "PROGS2", "RO", "ROUTE1", "ROUTE_SORT", "RW1", "RW2", "SMB", "SNT", "SPLIT1",
-    "SPLIT2", "SST", "SU", "S_EXP", "TB1", "TC", "TLO", "TNT", "TPS1", "TPS2", "TPW", "TST",
-    "TY", "TYH", "U", "U1", "U2", "W", "WB", "WBMB", "WBNT", "WBST", "WBU", "WG", "WHI",
-    "WIDE", "WMB", "WNT", "WS", "WST", "WT", "WU", "WY", "XB1", "XB2", "maxnreg", "stages",
-    "warps"})
+    "EF", "F8", "FC", "FL", "FP", "FS", "FUSE_T", "GB", "GS", "GU", "HI", "HOT", "HOT_GRID", "HS",
+    "IL", "IT1", "KS1", "KS2", "KW1", "KW2", "L2D", "LMIN1", "LMIN2", "LY", "MID", "MID_GRID",
+    "MINB", "MS", "NH2", "NN1", "NN2", "NP", "PF", "PF01", "PF02", "PF1", "PF2", "PH", "PROGS1",
+    "PROGS2", "RO", "ROUTE1", "ROUTE_SORT", "RW1", "RW2", "SMB", "SNT", "SPLIT1", "SPLIT2", "SST",
+    "SU", "S_EXP", "TB1", "TC", "TLO", "TNT", "TPS1", "TPS2", "TPW", "TST", "TY", "TYH", "U", "U1",
+    "U2", "W", "WB", "WBMB", "WBNT", "WBST", "WBU", "WG", "WHI", "WIDE", "WMB", "WNT", "WS", "WST",
+    "WT", "WU", "WY", "XB1", "XB2", "maxnreg", "stages", "warps"})
 
 
 def with_cfg(tiles: dict, cfg: dict | None) -> dict:

@@ -98,19 +98,31 @@ def mid_programs(c: dict, max_active: int) -> int:
     return max(1, min(c["MID_GRID"], max_active, c["S_EXP"] // (c["MID"] + 1)))
 
 
-def grid_gemm_mid(n: int, c: dict, r, NT: int, args: tuple, kw: dict) -> None:
+def grid_gemm_mid(n: int, c: dict, r, NT: int, args: tuple, kw: dict, side=None) -> None:
     """A GEMM launch hook (triton_v7's `gemm` signature): the down GEMM (n 2) in three launches
     where triton_v16 splits it (`hot_mode`) and MID > 0 -- the cold one on experts of at most
     MID slots, `_gemm_band_kernel` on MID + 1 .. HOT at BM2_MID, triton_v16's hot launch past
-    HOT -- each slot row of y written by exactly one of them; else cuda_v26's hook."""
+    HOT -- each slot row of y written by exactly one of them; else cuda_v26's hook. side: a
+    `workbench.streams.Side` the band launch runs on, forked after the cold launch and joined
+    after the hot one (cuda_v29); None: all three on the current stream."""
     if n != 2 or not check_mid(c) or not hot_mode(c, r.bad.shape[0]):
         return grid_gemm_idle_last(n, c, r, NT, args, kw)
     grid_gemm(n, c, r, NT, args, dict(kw, HOT=c["MID"]))  # cold: counts <= MID
-    # the band on the hot launch's N tiles (BN_HOT: its descriptors' boxes; at BN 128 a 64-slot
-    # chunk spills at 4 warps, sm_90 build) at BM2_MID-slot chunks
-    hot_launch(n, c | {"BM2_HOT": c["BM2_MID"]}, r, args, dict(kw, LO=c["MID"]),
-               kernel=_gemm_band_kernel, programs=mid_programs(c, r.max_active))
+
+    def band():
+        # the band on the hot launch's N tiles (BN_HOT: its descriptors' boxes; at BN 128 a
+        # 64-slot chunk spills at 4 warps, sm_90 build) at BM2_MID-slot chunks
+        hot_launch(n, c | {"BM2_HOT": c["BM2_MID"]}, r, args, dict(kw, LO=c["MID"]),
+                   kernel=_gemm_band_kernel, programs=mid_programs(c, r.max_active))
+
+    if side is None:
+        band()
+    else:
+        side.fork()
+        side.run(band)
     hot_launch(n, c, r, args, kw)
+    if side is not None:
+        side.join()
 
 
 # the op and its CLI: cuda_v26's with the middle down launch
