@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench import ops, traces_io, tracing
+from workbench import bench_knobs, ops, traces_io, tracing
 from workbench import peers as peer_registry
 from workbench.ops.registry import REFERENCE, OpSpec
 
@@ -435,6 +435,17 @@ def _names(which, known: list[str], what: str) -> list[str]:
     return names
 
 
+def _variant_names(which, spec: OpSpec) -> list[str]:
+    """_names of the variants, where each may carry knobs (`bench_knobs`: "cuda_v28@TB1=4",
+    checked here by name and form, their values by the op at the call)."""
+    if which in (None, "all", "none"):
+        return _names(which, list(spec.variants), f"variants of {spec.name!r}")
+    names = which.split(",") if isinstance(which, str) else list(which)
+    _names([bench_knobs.split(n)[0] for n in names], list(spec.variants),
+           f"variants of {spec.name!r}")
+    return names
+
+
 def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, device=None, *,
           cases=None, only=None, seed: int = 0, max_seconds: float = 60.0,
           graph: str = "auto", rounds: int = 1,
@@ -442,7 +453,8 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
           save_as: str | None = None, command: str | None = None) -> pd.DataFrame:
     """Benchmark the variants (and peers) of `op` on its cases; one row per (case, impl).
 
-    op: a registered name or an OpSpec; variants / peers: "all", "none" or a list / "a,b";
+    op: a registered name or an OpSpec; variants / peers: "all", "none" or a list / "a,b"
+    (a variant may carry knobs, `workbench/bench_knobs.py`: "cuda_v28@TB1=4");
     shapes: "real" | "edge" (make_inputs(shapes, seed, cfg, device)); cfg: ModelConfig or a
     preset name (default kimi-k2.6 on CUDA, tiny on CPU); cases: explicit Case list instead;
     only: case labels (a list, or one label) to keep of those, e.g. "B=1 k=8 P=1024".
@@ -469,7 +481,7 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
             raise ValueError(f"only: expected case labels of {spec.name!r} ({shapes}) among "
                              f"{known}, got {missing}")
         cases = [c for c in cases if c.label in only]
-    vnames = _names(variants, list(spec.variants), f"variants of {spec.name!r}")
+    vnames = _variant_names(variants, spec)
     plist = [peer_registry.get_peer(spec.name, n)
              for n in _names(peers, peer_registry.peer_names(spec.name), f"peers of {spec.name!r}")]
     ceil = ceilings(device)
@@ -483,8 +495,9 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
         # must still leave the rows of the cases it finished (appended per case below).
         print(f"[bench] {spec.name} case {i + 1}/{len(cases)}: {case.label}", file=sys.stderr)
         checked = {}
-        for v in vnames if check else ():
-            if v != REFERENCE and spec.variant(v).unavailable_reason() is None:
+        for v in vnames if check else ():  # (a knob variant: the direct compare below)
+            if (v != REFERENCE and v in spec.variants
+                    and spec.variant(v).unavailable_reason() is None):
                 try:
                     checked[v] = _module_check(spec, v, [case], device)
                 except Exception as e:  # a broken checker must not hide the direct compare
@@ -504,12 +517,14 @@ def bench(op, variants="all", peers="all", shapes: str = "real", cfg=None, devic
         for name, kind, peer in impls:
             row = {**base, "variant": name, "kind": kind, "ok": None, "note": ""}
             rows.append(row)
-            why = (peer.unavailable_reason() if peer else spec.variant(name).unavailable_reason())
+            vname, knobs = bench_knobs.split(name)
+            why = (peer.unavailable_reason() if peer else spec.variant(vname).unavailable_reason())
             if why:
                 row["note"] = f"{'not installed' if 'package' in why else 'unavailable'}: {why}"
                 continue
             try:
-                fn = peer.loaded() if peer else spec.variant(name).load()
+                fn = peer.loaded() if peer else bench_knobs.with_knobs(
+                    spec.variant(vname).load(), knobs, name)
                 pcall = (tuple(peer.prepare(case)), {}) if peer else call
                 if check and name != REFERENCE:
                     verdict = (checked.get(name) or {}).get(case.label) if not peer else None
@@ -588,7 +603,8 @@ def bench_main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", help="a registered op, or 'all'")
     p.add_argument("--shapes", default="real", choices=["real", "edge"])
-    p.add_argument("--variants", default="all", help="all | v1,v2")
+    p.add_argument("--variants", default="all",
+                   help="all | v1,v2; a variant with knobs: v1@KNOB=VALUE+KNOB=VALUE")
     p.add_argument("--peers", default="all", help="all | none | p1,p2")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     p.add_argument("--preset", default=None, help="ModelConfig preset for REAL shapes "
