@@ -14,9 +14,9 @@ Why (session 56 calls 1 and 3, H100 80GB, traces/gpu/session56): cuda_v27 agains
   are mostly still there; the band only adds a launch behind it.
 So the band pays where the cold launch's tiles are wide and its chunks are 16 slots (the L2
 re-read that motivated cuda_v27), and a 32-slot chunk (two CTAs an SM fit, where 64 slots'
-116.8 KB held one) streams it faster than a 64-slot one. Unmeasured between T 384 and 511 and
-on EP8 ranks; T 256-383 (BN 64, BM2 16) and the small hinted calls' BN 128 at BM2 8 stay MID 0 until
-measured.
+116.8 KB held one) streams it faster than a 64-slot one. Unmeasured between T 384 and 511
+and on EP8 ranks; T 256-383 (BN 64, BM2 16) and the small hinted calls' BN 128 at BM2 8 stay
+MID 0 until measured.
 
 What: cuda_v27's op, hook and knobs; only `tiles` changes. Dimension legend: cuda_v27's.
 """
