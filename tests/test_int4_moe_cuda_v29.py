@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_int4_moe_cuda_v10 import _routing, same_bits_eager_and_replayed
+from test_int4_moe_cuda_v22 import _Side
 from test_int4_moe_kernel import _bits_equal, _hot_case, _poisoned_buffers
 
 from workbench.kernels.int4_moe import _knobs, cuda_v27, cuda_v28, cuda_v29, triton_v16
@@ -45,28 +46,21 @@ def test_v29_hook_forks_the_band_after_the_cold_launch_and_joins_after_the_hot(m
     # stream made), and the current stream must wait for it before the combine reads y
     seen = []
 
-    class Recorder:
-        def __init__(self, device, on, key, priority=0):
+    class Recorder(_Side):  # cuda_v22's recorder, also noting whether a stream was asked for
+        def __init__(self, device, on, key="model", priority=0):
+            super().__init__(device, on, key, priority)
             seen.append(("side", on, key))
 
-        def fork(self):
-            seen.append("fork")
-
-        def run(self, fn):
-            seen.append("run")
-            return fn()
-
-        def join(self):
-            seen.append("join")
-
+    monkeypatch.setattr(_Side, "seen", seen)
     monkeypatch.setattr(cuda_v29, "Side", Recorder)
     monkeypatch.setattr(cuda_v27, "grid_gemm", lambda n, c, r, NT, a, kw: seen.append("cold"))
     monkeypatch.setattr(cuda_v27, "hot_launch", lambda n, c, r, a, kw, kernel=None, programs=None:
                         seen.append("band" if kernel is cuda_v27._gemm_band_kernel else "hot"))
     c = cuda_v29.tiles(512, **KIMI) | {"MS": ms}
     cuda_v29.grid_gemm_mid_side(2, c, _R, 56, (), {"BM": 16})
-    assert seen == [("side", bool(ms), cuda_v29.MID_KEY), "cold", "fork", "run", "band", "hot",
-                    "join"]
+    key = cuda_v29.MID_KEY
+    assert seen == [("side", bool(ms), key), "cold", ("fork", key), ("run", key), "band", "hot",
+                    ("join", key)]
 
 
 def test_v29_ms_0_and_the_cpu_run_on_one_stream():

@@ -37,6 +37,8 @@ import functools
 import triton
 import triton.language as tl
 
+from workbench.streams import Side
+
 from . import cuda_v4, cuda_v17, cuda_v26
 from ._common import _require
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
@@ -104,7 +106,7 @@ def grid_gemm_mid(n: int, c: dict, r, NT: int, args: tuple, kw: dict, side=None)
     MID slots, `_gemm_band_kernel` on MID + 1 .. HOT at BM2_MID, triton_v16's hot launch past
     HOT -- each slot row of y written by exactly one of them; else cuda_v26's hook. side: a
     `workbench.streams.Side` the band launch runs on, forked after the cold launch and joined
-    after the hot one (cuda_v29); None: all three on the current stream."""
+    after the hot one (cuda_v29); None: an off Side, all three on the current stream."""
     if n != 2 or not check_mid(c) or not hot_mode(c, r.bad.shape[0]):
         return grid_gemm_idle_last(n, c, r, NT, args, kw)
     grid_gemm(n, c, r, NT, args, dict(kw, HOT=c["MID"]))  # cold: counts <= MID
@@ -115,14 +117,11 @@ def grid_gemm_mid(n: int, c: dict, r, NT: int, args: tuple, kw: dict, side=None)
         hot_launch(n, c | {"BM2_HOT": c["BM2_MID"]}, r, args, dict(kw, LO=c["MID"]),
                    kernel=_gemm_band_kernel, programs=mid_programs(c, r.max_active))
 
-    if side is None:
-        band()
-    else:
-        side.fork()
-        side.run(band)
+    side = side or Side(r.bad.device, False)  # off: fork / join nothing, run on this stream
+    side.fork()
+    side.run(band)
     hot_launch(n, c, r, args, kw)
-    if side is not None:
-        side.join()
+    side.join()
 
 
 # the op and its CLI: cuda_v26's with the middle down launch
