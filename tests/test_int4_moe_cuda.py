@@ -409,6 +409,31 @@ def test_emulation_loads_the_fragment_layout_only_for_cuda_versions():
     assert all(getattr(b, L.LAYOUT_ATTR) == "mma" for b in r.buffers())
 
 
+
+@pytest.mark.parametrize("v", CUDA_VERSIONS)
+def test_every_cuda_version_names_the_gemms_the_load_step_repacks(v):
+    # why: the EP8 emulation repacks a rank's experts in place by the version's REPACKED; session
+    # 57's cuda_v28 lacked the name, the load step's old default repacked its down weights too,
+    # and its Triton down GEMM refused them mid-step on the GPU. cuda_v1-v3 read both GEMMs in
+    # the mma layout (check_inputs' mma_ok=True); from cuda_v4 the down GEMM reads the checkpoint
+    mod = importlib.import_module(f"workbench.kernels.int4_moe.{v}")
+    both = v in ("cuda_v1", "cuda_v2", "cuda_v3")
+    assert mod.REPACKED == (("gate_up", "down") if both else ("gate_up",))
+
+
+def test_emulation_load_step_refuses_a_cuda_version_without_repacked(monkeypatch):
+    # why: no silent default layout: a version that does not say what it reads is an error
+    import sys
+    import types
+
+    from workbench.dist.emulate import load_for
+
+    monkeypatch.setitem(sys.modules, "workbench.kernels.int4_moe.cuda_v999",
+                        types.ModuleType("cuda_v999"))
+    with pytest.raises(ValueError, match=r"kernels\['int4_moe'\].*REPACKED.*cuda_v999"):
+        load_for({"int4_moe": "cuda_v999"}, torch.nn.Module())
+
+
 # ------------------------------------------------------------------ the launch rule (CPU)
 
 

@@ -46,6 +46,8 @@ from . import mma_layout
 from ._common import _require, check_inputs, combine, with_cfg
 from .triton_v26 import expected_active
 
+# the GEMMs whose experts the load step repacks (emulate.load_for): both read the mma layout
+REPACKED = ("gate_up", "down")
 SMS = 132  # H200 multiprocessors (the tile rule's target; shapes only, not read off a device)
 WARPS_TARGET = 24 * SMS  # warps a GEMM launch aims at: ~24 resident a multiprocessor
 # warps a CTA splits one unit's K over, by GEMM: the CTA's registers fit one SM at the K

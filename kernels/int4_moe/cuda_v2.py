@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .cuda_v1 import launch, tiles  # noqa: F401  (tiles: the same rule)
+from .cuda_v1 import REPACKED, launch, tiles  # noqa: F401  (tiles: the same rule)
 
 
 def int4_moe_cuda(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts, *,

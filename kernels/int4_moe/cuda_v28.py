@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 
 from . import cuda_v4, cuda_v17, cuda_v26, cuda_v27
+from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 WIDE_DOWN = (128, 16)  # the down GEMM's (BN, BM2) from which the band launch pays (session 56)
 

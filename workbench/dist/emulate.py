@@ -181,9 +181,14 @@ def load_for(kernels, model: DistKimiModel) -> None:
 
     from .moe import LocalExperts
 
-    # the GEMMs the version reads repacked (cuda_v4 / v5: gate / up only; the others: both)
-    gemms = getattr(importlib.import_module(f"workbench.kernels.int4_moe.{variant}"),
-                    "REPACKED", ("gate_up", "down"))
+    # the GEMMs the version reads repacked (cuda_v1-v3: both; cuda_v4 on: gate / up only).
+    # No default: session 57's cuda_v28 lacked the name, a default of both repacked its down
+    # weights, and its Triton down GEMM refused them mid-step
+    mod = importlib.import_module(f"workbench.kernels.int4_moe.{variant}")
+    gemms = getattr(mod, "REPACKED", None)
+    if gemms is None:
+        raise ValueError(f"kernels['int4_moe']: expected a CUDA version that names the GEMMs it "
+                         f"reads repacked (REPACKED), got {variant!r} without it")
     for m in model.modules():
         if isinstance(m, LocalExperts):
             mma_layout.replace_with_repacked(m, gemms)
