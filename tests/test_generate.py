@@ -142,7 +142,7 @@ def test_gpu_cuda_graph_step_equals_eager(tiny_gpu_pair, budget):
 @pytest.mark.gpu
 @pytest.mark.parametrize("budget", [None, 8, 128])
 def test_gpu_engine_preset_graph_equals_eager(tiny_gpu_pair, budget):
-    """The engine preset (what the full-size emulation times: int4_moe cuda_v15, the engine's
+    """The engine preset (what the full-size emulation times: int4_moe ENGINE, the engine's
     dense ops and tree_mla) in the decode loop: every step captured and replayed emits the
     eager loop's tokens and accepted lengths. Its kernels are not batch-invariant, so DDTree
     vs AR is not asserted here (the optimized preset's tests above do that)."""

@@ -257,13 +257,13 @@ def test_replace_gate_up_only_leaves_down_to_the_checkpoint_versions():
 
 
 def test_presets_run_their_versions_where_they_can_and_portable_elsewhere():
-    # why: the engine preset (what the full-size emulation times) takes cuda_v15, the optimized
-    # one (the decode loop's) BEST; a machine without CUDA or cupy (this CPU box, the demo)
-    # gets PORTABLE, triton_v34, not an error
+    # why: the engine preset (what the full-size emulation times) takes ENGINE (cuda_v28 from
+    # session 57), the optimized one (the decode loop's) BEST; a machine without CUDA or cupy
+    # (this CPU box, the demo) gets PORTABLE, triton_v34, not an error
     from workbench import ops
     from workbench.kernels import int4_moe
 
-    assert ops.PRESETS["engine"]["int4_moe"] == int4_moe.ENGINE == "cuda_v15"
+    assert ops.PRESETS["engine"]["int4_moe"] == int4_moe.ENGINE == "cuda_v28"
     assert ops.PRESETS["optimized"]["int4_moe"] == int4_moe.BEST
     assert int4_moe.PORTABLE == "triton_v34"
     for preset, version in (("engine", int4_moe.ENGINE), ("optimized", int4_moe.BEST)):

@@ -246,10 +246,12 @@ Versions (README.md has the design and the version log), each with the contract 
     cuda_v28   cuda_v27's middle down launch only at the wide down tile (BN 128: T >= 384),
                at BM2_MID 32; cuda_v26's launches and bits below; H100 REAL bench
                (session 56): skewed T 512 3354.0 vs cuda_v26 3440.5 vs cuda_v21 3855.4 µs
-               (1.23x Humming, 83.0 % of copy); the BEST candidate
+               (1.23x Humming, 83.0 % of copy); BEST and ENGINE from session 57
     cuda_v29   cuda_v28 with the middle down launch on a side stream beside the hot down
                (MS 1: the band's DRAM stream and the hot down's MMA work on the same SMs,
-               184 KB of shared memory together); cuda_v28's bits; unmeasured (session 56)
+               184 KB of shared memory together); cuda_v28's bits; H100 (session 57):
+               within the rounds' spread of cuda_v28 at skewed / uniform T 512 (a measured
+               negative, not BEST)
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -315,12 +317,14 @@ _MOD = "workbench.kernels.int4_moe"
 # 3104.0), T 1 tied, uniform T 9 slower (609.6 vs 599.6; 612.8 vs 598.6 in call 6); ncu (call 2,
 # skewed T 128): the cold gate/up launch moves the same DRAM bytes with half the L2 sectors
 # (155.6 M vs 310.7 M: no L2 prefetch) and a third of the L2 requests.
-# Not yet BEST: cuda_v28 (session 56, H100, traces/gpu/session56): REAL bench with Humming
-# skewed T 512 / 128 3354.0 / 1874.0 µs against cuda_v21's 3855.4 / 1980.3, the other shapes
-# within 0.5 %; GPU tests 10 + the shared suites 21 passed, the trained exact suite 21 passed
-# under it; not cuda_v21's bits from 512 slots (the TC launch, the band), so it waits for
-# memcheck of the band launch and `small`'s exact suite whole under it (plan session56_e)
-BEST = "cuda_v21"
+# cuda_v28 from session 57 (H100 80GB; traces/gpu/session56, traces/gpu/session57): REAL bench
+# with Humming (session 56 call 4) skewed T 512 / 128 3354.0 / 1874.0 µs against cuda_v21's
+# 3855.4 / 1980.3, the other shapes within 0.5 %; GPU tests 10 + the shared suites 21 passed;
+# not cuda_v21's bits from 512 slots (the TC launch, the band), so the suites ran under it: the
+# trained exact suite 21 passed (session 56 call 5), memcheck at skewed T 512 0 errors and
+# `small`'s DDTree == AR suite at C 1 / 8, AR and DDTree 1-128, 14 passed (session 57 calls 1-2;
+# every divergence a reference tie or an explained near-tie); `small` at C 32 not run under it
+BEST = "cuda_v28"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
@@ -339,8 +343,13 @@ BEST = "cuda_v21"
 # passed; the BEST candidate from session 39: the trained token-exact suite with cuda_v14 (whose
 # unhinted launches it runs) 21 of 21 under the real-loop witness (traces/gpu/session39 call 1);
 # BEST from session 43
-ENGINE = "cuda_v15"
-# what a preset selects where its version cannot run here (cuda_v15 without CUDA or cupy: the
+# cuda_v28 from session 57 (H100 80GB, traces/gpu/session57; the 16-layer EP8 step, DDTree-16,
+# graph-replayed ms): call 6 cuda_v15 / cuda_v21 at C 1 / 8 / 32 4.66 / 4.56, 10.16 / 9.81,
+# 16.48 / 16.30 (call 5: C 1 / 8 4.51 / 4.44, 9.83 / 9.55); call 7 (ABAB) cuda_v21 / cuda_v28
+# 4.47 / 4.41 and 4.47 / 4.43, 9.61 / 9.52 and 9.55 / 9.53, 15.95 / 15.49 and 15.99 / 15.46
+# (C 32's hints pass 264 slots, where cuda_v28's band runs); larger budgets not re-measured
+ENGINE = "cuda_v28"
+# what a preset selects where its version cannot run here (cuda_v28 without CUDA or cupy: the
 # CPU tests, the CPU demo): triton_v34, the fastest version that runs everywhere (BEST sessions
 # 24-42)
 PORTABLE = "triton_v34"

@@ -168,10 +168,10 @@ def load_for(kernels, model: DistKimiModel) -> None:
     of a full-size rank's 71 GB of experts does not fit beside the first; each version's
     `REPACKED` names the GEMMs it reads that way (cuda_v4 / cuda_v5: gate / up). kernels: a
     selection as `ops.use` takes it (a preset name is resolved for this machine: "engine"
-    selects cuda_v15 where CUDA and cupy are). Other selections: nothing to do."""
+    selects ENGINE, cuda_v28, where CUDA and cupy are). Other selections: nothing to do."""
     import importlib
 
-    if isinstance(kernels, str):  # a preset name ("engine": int4_moe cuda_v15 where it runs)
+    if isinstance(kernels, str):  # a preset name ("engine": int4_moe ENGINE where it runs)
         kernels = ops.resolve_selection(kernels)
     variant = kernels.get("int4_moe", "") if isinstance(kernels, dict) else ""
     if not str(variant).startswith("cuda_"):
