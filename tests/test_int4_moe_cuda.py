@@ -22,7 +22,7 @@ CUDA_VERSIONS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda_v6
                  "cuda_v8", "cuda_v9", "cuda_v10", "cuda_v11", "cuda_v12", "cuda_v13",
                  "cuda_v14", "cuda_v15", "cuda_v16", "cuda_v17", "cuda_v18", "cuda_v19",
                  "cuda_v20", "cuda_v21", "cuda_v22", "cuda_v23", "cuda_v24", "cuda_v25",
-                 "cuda_v26", "cuda_v27", "cuda_v28", "cuda_v29")
+                 "cuda_v26", "cuda_v27", "cuda_v28", "cuda_v29", "cuda_v30")
 
 
 def _mats(E, N, KI, n, seed):

@@ -252,6 +252,11 @@ Versions (README.md has the design and the version log), each with the contract 
                184 KB of shared memory together); cuda_v28's bits; H100 (session 57):
                within the rounds' spread of cuda_v28 at skewed / uniform T 512 (a measured
                negative, not BEST)
+    cuda_v30   cuda_v28 with the cold gate/up launch's K in 4 parts a unit (cuda_v18's
+               KSPLIT) on unhinted calls of 9-17 tokens: 128 shorter CTAs an expert, so a
+               draw whose experts overrun 4 waves of 528 CTAs leaves a quarter of the tail;
+               H100 (session 57, as cuda_v28 knobs): REAL uniform T 9 566.4 vs 591.8 µs
+               (1.03x Humming); not cuda_v28's bits there; the GPU tests wait
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -464,6 +469,8 @@ DESCRIPTIONS: dict[tuple[str, str], str | tuple] = {
                                ("sm90", "cupy", "nvcc")),
     ("int4_moe", "cuda_v29"): ("cuda_v28 with the middle down launch on a side stream beside "
                                "the hot down launch; cuda_v28's bits", ("sm90", "cupy", "nvcc")),
+    ("int4_moe", "cuda_v30"): ("cuda_v28 with the cold gate/up launch's K in 4 parts a unit on "
+                               "unhinted calls of 9-17 tokens", ("sm90", "cupy", "nvcc")),
     ("int4_moe", "triton_v1"): "Triton W4A16 MoE on the checkpoint layout: GPU routing metadata, "
     "fused dequant gate/up + SiLU*mul, down, ordered combine; 4 launches, no sync",
     ("int4_moe", "triton_v2"): "v1 on a repacked planar INT4 layout (one scale per 32-input slab, "
