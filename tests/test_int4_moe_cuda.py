@@ -409,7 +409,6 @@ def test_emulation_loads_the_fragment_layout_only_for_cuda_versions():
     assert all(getattr(b, L.LAYOUT_ATTR) == "mma" for b in r.buffers())
 
 
-
 @pytest.mark.parametrize("v", CUDA_VERSIONS)
 def test_every_cuda_version_names_the_gemms_the_load_step_repacks(v):
     # why: the EP8 emulation repacks a rank's experts in place by the version's REPACKED; session

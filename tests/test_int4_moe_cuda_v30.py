@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_int4_moe_cuda_v10 import _close, _routing, same_bits_eager_and_replayed
 
-from workbench.kernels.int4_moe import cuda_v1, cuda_v4, cuda_v18, cuda_v28, cuda_v30
+from workbench.kernels.int4_moe import cuda_v1, cuda_v4, cuda_v18, cuda_v28, cuda_v30, mma_layout
 
 KIMI = dict(K=8, E=384, D=7168, I=2048)
 
@@ -27,7 +27,19 @@ def test_v30_tiles_are_v28s_with_ksplit_on_unhinted_9_to_17_tokens(T, hint, spli
     v28 = cuda_v28.tiles(T, **KIMI, slots=hint)
     want = v28 | cuda_v18.KSPLIT if split else v28
     assert cuda_v30.tiles(T, **KIMI, slots=hint) == want
-    assert cuda_v30.ksplit(T, hint) is split
+    assert cuda_v30.ksplit(T, hint, KIMI["D"], KIMI["I"]) is split
+
+
+@pytest.mark.parametrize("D, I, fits", [(7168, 2048, True), (512, 64, True), (64, 32, False),
+                                        (256, 64, False)])
+def test_ksplit_only_where_its_k_parts_divide_the_chunk_pairs(D, I, fits):
+    # why: `cuda_v1.operands` refuses a KW1 that does not divide the gate/up chunk pairs (the
+    # kernel would drop the remainder); tiny (D 64: one pair) runs the optimized loop on the GPU
+    # at T 9-17 and tiny-dist's EP ranks take cuda_v18's hinted rule: both keep the rule's KW1
+    pairs = mma_layout.dims(I, D, True)[1] // 2
+    assert cuda_v18.ksplit_fits(D, I) is fits is (pairs % 4 == 0)
+    for c in (cuda_v30.tiles(9, 8, 384, D, I), cuda_v18.tiles(17, 8, 48, D, I, 17)):
+        assert (c["KW1"] == 4) is fits and pairs % c["KW1"] == 0, (D, I, c["KW1"])
 
 
 @pytest.mark.parametrize("T", [9, 17])

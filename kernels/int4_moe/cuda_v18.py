@@ -30,10 +30,17 @@ invariant). GPU only (cupy). Dimension legend: cuda_v1.cu's and cuda_v10.cu's.
 
 from __future__ import annotations
 
-from . import cuda_v15, cuda_v17
+from . import cuda_v15, cuda_v17, mma_layout
 from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 KSPLIT = {"KW1": 4, "RW1": 1}  # small hinted, E / 3 <= hint < 5 E / 2: 4 K parts a unit
+
+
+def ksplit_fits(D: int, I: int) -> bool:
+    """Whether KSPLIT's K parts divide the gate/up GEMM's chunk pairs (`cuda_v1.operands`
+    refuses a KW1 that does not): 56 at Kimi's D 7168, 1 at tiny's D 64 (session 57: a rule
+    that ignored the widths would have made tiny's calls a ValueError)."""
+    return (mma_layout.dims(I, D, True)[1] // 2) % KSPLIT["KW1"] == 0
 
 
 def ksplit(E: int, slots: int | None) -> bool:
@@ -44,7 +51,7 @@ def ksplit(E: int, slots: int | None) -> bool:
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only (graph-safe): cuda_v17's tiles, with KSPLIT where `ksplit`."""
     c = cuda_v17.tiles(T, K, E, D, I, slots)
-    return c | KSPLIT if ksplit(E, slots) else c
+    return c | KSPLIT if ksplit(E, slots) and ksplit_fits(D, I) else c
 
 
 # the op and its CLI: cuda_v17's dispatch on this file's tiles

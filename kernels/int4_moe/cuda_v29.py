@@ -27,8 +27,8 @@ import functools
 from workbench.streams import Side
 
 from . import cuda_v4, cuda_v17, cuda_v26, cuda_v27, cuda_v28
-from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 from ._common import _require
+from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 
 MID_KEY = "int4_moe_mid"  # the band launch's side stream (one a device)
 

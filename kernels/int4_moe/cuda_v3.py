@@ -35,8 +35,15 @@ from torch import Tensor
 from . import mma_layout
 from ._common import _require, check_inputs, with_cfg
 from .cuda_v1 import _SRC as _SRC_V1
-from .cuda_v1 import REPACKED  # noqa: F401  (the load step reads REPACKED)
-from .cuda_v1 import WARPS_TARGET, kernel_args, launch, operands, opt_in, run_kernel
+from .cuda_v1 import (  # noqa: F401  (REPACKED: the load step reads it)
+    REPACKED,
+    WARPS_TARGET,
+    kernel_args,
+    launch,
+    operands,
+    opt_in,
+    run_kernel,
+)
 from .triton_v26 import expected_active
 
 SMAX = 64  # slots the fused launch routes in one CTA's shared memory (cuda_v3.cu)

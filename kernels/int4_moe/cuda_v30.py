@@ -17,7 +17,8 @@ CTA's bytes, so the tail, by four. Measured against cuda_v28 (KW1 1, RW1 4):
   cuda_v28,cuda_v28@KW1=4+RW1=1 --peers humming --case ...`, medians of 2): uniform T 9 591.8
   -> **566.4 µs (1.03x Humming's 582.0; 99.8 % of the floor)**, skewed T 9 368.2 -> 367.1,
   uniform T 17 928.1 -> 924.9.
-The rule keeps to the measured tokens; T 2-8 and 18-32 would need their own A/B.
+The rule keeps to the measured tokens; T 2-8 and 18-32 would need their own A/B. It applies
+only where 4 parts divide the gate/up chunk pairs (`cuda_v18.ksplit_fits`: not tiny's D 64).
 
 What: cuda_v28's op on `tiles` below (its hooks: cuda_v26's hot bands, cuda_v27's middle down
 launch). The gate/up dot products sum 4 fp32 partials a unit in part order (cuda_v1's KW1 > 1,
@@ -36,15 +37,17 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 KSPLIT_T = (9, 17)  # unhinted tokens (inclusive) that take cuda_v18's KSPLIT (session 57)
 
 
-def ksplit(T: int, slots: int | None) -> bool:
-    """Whether an unhinted call of T tokens takes 4 gate/up K parts a unit (shapes only)."""
-    return slots is None and KSPLIT_T[0] <= T <= KSPLIT_T[1]
+def ksplit(T: int, slots: int | None, D: int, I: int) -> bool:
+    """Whether an unhinted call of T tokens takes 4 gate/up K parts a unit (shapes only; only
+    where the parts divide the chunk pairs: not at tiny's widths)."""
+    return (slots is None and KSPLIT_T[0] <= T <= KSPLIT_T[1]
+            and cuda_v18.ksplit_fits(D, I))
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only (graph-safe): cuda_v28's tiles, with cuda_v18's KSPLIT where `ksplit`."""
     c = cuda_v28.tiles(T, K, E, D, I, slots)
-    return c | cuda_v18.KSPLIT if ksplit(T, slots) else c
+    return c | cuda_v18.KSPLIT if ksplit(T, slots, D, I) else c
 
 
 # the op and its CLI: cuda_v28's hooks on these tiles
