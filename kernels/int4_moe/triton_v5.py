@@ -511,7 +511,9 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
     ex = _experts(r, E_loc, D, I)  # 9.5 GB at --ep 1
     per_expert = sum(t[0].numel() * t.element_size() for t in ex)
     fns = {name: _cli_config(name, launcher or int4_moe_triton) for name in a.cfgs.split(";")}
-    print("T     config                 us      TB/s (touched experts)  graph")
+    # experts: the draw's active experts (session 57: at uniform T 9 the time followed them
+    # through the cold launch's waves, 66 vs 67-68, which the TB/s column alone hid)
+    print("T     config                 us      TB/s (touched experts)  graph  experts")
     refused = 0  # rows whose config the op refused (`refused_or`)
     for T in map(int, a.T.split(",")):
         ids = r.distinct(E, K, T)
@@ -539,8 +541,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
                     refused += 1
                     continue
                 seen[name].append(t.us)
-                print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph}",
-                      flush=True)
+                print(f"{T:<5} {name:<20} {t.us:9.1f} {touched / t.us / 1e6:8.2f}  {t.graph!s:<5}  "
+                      f"{n_act}", flush=True)
                 if a.by_kernel:
                     _print_by_kernel(functools.partial(fn, x, ids, w, ex, **extra),
                                      phase_bytes=(gu, touched - gu))
@@ -550,7 +552,8 @@ def _main(argv=None, launcher=None, default_cfgs: str = "base;nodequant",
                     continue
                 med = sorted(us)[(len(us) - 1) // 2]  # the lower middle, as bench --rounds
                 print(f"{T:<5} {name:<20} {med:9.1f} {touched / med / 1e6:8.2f}  median of "
-                      f"{a.rounds}: " + " ".join(f"{u:.1f}" for u in us), flush=True)
+                      f"{a.rounds} ({n_act} experts): " + " ".join(f"{u:.1f}" for u in us),
+                      flush=True)
     os.environ.pop("INT4_MOE_V5_ABLATE", None)
     return 1 if refused else 0  # every other row timed; the refused ones said why
 
