@@ -133,13 +133,14 @@ pd.DataFrame(rows)
 # Effective GB/s on touched-expert bytes against the copy-bandwidth floor and the peers, from
 # `traces/int4_moe.csv` (written by `python -m workbench bench int4_moe --shapes real
 # --variants ... --peers humming` on the GPU), uniform routing on the left and the bench's
-# skewed routing (Zipf 1.2) on the right. The rows are those of ONE run: the BEST version's
-# latest REAL run (its command, within the hour it started), so every line was measured on the
-# same card beside the others (the file keeps every run, from H200s and H100s alike); the BEST
-# version drawn thick, the card in the title. A BEST whose changes reach only an EP rank's hinted
-# calls (cuda_v17, cuda_v18: the REAL bench's unhinted calls run cuda_v16's launches) has no
-# REAL run of its own: the latest REAL run stands in, its versions named in the legend. Without
-# that file the plot shows the H200's floor.
+# skewed routing (Zipf 1.2) on the right. The rows are those of ONE run (its command on one
+# card, within the hour it started), so every line was measured beside the others (the file
+# keeps every run, from H200s and H100s alike): of the BEST version's REAL runs the one with
+# the most cases (a knob A/B on a few `--case`s, session 57, is not the table), then the
+# latest; the BEST version drawn thick, the card in the title. A BEST whose changes reach only
+# an EP rank's hinted calls (cuda_v17, cuda_v18: the REAL bench's unhinted calls run cuda_v16's
+# launches) has no REAL run of its own: the latest widest REAL run stands in, its versions
+# named in the legend. Without that file the plot shows the H200's floor.
 
 # %%
 from workbench.kernels.int4_moe import BEST
@@ -150,9 +151,13 @@ if not bench.empty:  # the run: the BEST version's latest REAL bench, all its ro
     real = bench[(bench["ok"] != False) & (bench["device"] != "cpu")  # noqa: E712
                  & bench["case"].str.contains("E=384")]
     mine = real[real["variant"] == BEST]
-    last = (mine if not mine.empty else real).sort_values("timestamp").iloc[-1]
+    # a run = one command on one card within its hour; the widest one (most REAL cases), then
+    # the latest: a knob A/B on three cases (`--case ...`, session 57) is not the table
+    runs = (mine if not mine.empty else real).assign(hour=lambda d: d["timestamp"].str[:13])
+    width = runs.groupby(["command", "gpu", "hour"])["case"].transform("nunique")
+    last = runs.assign(width=width).sort_values(["width", "timestamp"]).iloc[-1]
     run = real[(real["command"] == last["command"]) & (real["gpu"] == last["gpu"])
-               & (real["timestamp"].str[:13] == last["timestamp"][:13])]
+               & (real["timestamp"].str[:13] == last["hour"])]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
 for ax, routing in zip(axes, ("uniform", "skewed")):
     if not bench.empty:
