@@ -291,7 +291,7 @@ def op_ranges():
         yield
 
 
-def op_kernel_times(prof, cuda: bool) -> dict[str, list]:
+def op_kernel_times(prof, cuda: bool, glue: dict | None = None) -> dict[str, list]:
     """{op: [calls, µs]} of a profiler run under `op_ranges`. GPU: every kernel's device time
     charged to the innermost device-side "op::<name>" range holding it (the ranges sit on the
     GPU timeline around their own kernels: session 19 call 1's probe), a range on the kernel's
@@ -300,7 +300,8 @@ def op_kernel_times(prof, cuda: bool) -> dict[str, list]:
     time; session 51 read moe_route's 11.4 µs a layer against its 3.9 µs kernel), any stream's
     where none on its own holds it; kernels outside every range to "(glue)"; calls = the op's
     ranges. CPU: each op range's CPU time (nested op ranges count in both). A graph replay's
-    kernels carry no ranges: profile an eager call."""
+    kernels carry no ranges: profile an eager call. glue: a dict to fill with "(glue)"'s
+    kernels by name, {kernel: [calls, µs]} (what the step runs outside the registry ops)."""
     dev = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     ranges, kernels = [], []
     for e in prof.events():
@@ -310,7 +311,7 @@ def op_kernel_times(prof, cuda: bool) -> dict[str, list]:
         if e.name.startswith(OP_RANGE):
             ranges.append((*span, e.name[len(OP_RANGE):]))
         elif cuda and not getattr(e, "is_user_annotation", False):
-            kernels.append(span)
+            kernels.append((*span, e.name))
     per: dict[str, list] = {}
     for start, end, _, name in ranges:
         acc = per.setdefault(name, [0, 0.0])
@@ -329,10 +330,14 @@ def op_kernel_times(prof, cuda: bool) -> dict[str, list]:
                 best = (rs, re_, name)
         return best
 
-    for ks, ke, stream in kernels:
+    for ks, ke, stream, kname in kernels:
         best = (innermost(ks, ke, stream) if stream is not None else None) or innermost(
             ks, ke, None)
         per.setdefault(best[2] if best else "(glue)", [0, 0.0])[1] += ke - ks
+        if best is None and glue is not None:
+            acc = glue.setdefault(kname, [0, 0.0])
+            acc[0] += 1
+            acc[1] += ke - ks
     return per
 
 

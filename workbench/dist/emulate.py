@@ -302,13 +302,18 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4, graph: bool = Fals
 
 def _op_time(fn, comm: StandInComm, device) -> dict:
     """One more eager call of fn() under torch.profiler with every registry op in a range of
-    its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs)]}, largest first, "(glue)" for
-    the kernels between ops. A pass of its own: the ranges' device-side annotations must not
-    reach `_kernel_time`'s busy time."""
+    its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs)], "glue": [(kernel, calls, µs)]},
+    largest first, "(glue)" for the kernels between ops and "glue" naming them. A pass of its
+    own: the ranges' device-side annotations must not reach `_kernel_time`'s busy time."""
     from workbench.loopbench import op_kernel_times
 
-    per = op_kernel_times(*_profiled(fn, comm, device, ranges=True))
-    return {"ops": sorted(((k, n, us) for k, (n, us) in per.items()), key=lambda r: -r[2])}
+    glue: dict = {}
+    per = op_kernel_times(*_profiled(fn, comm, device, ranges=True), glue=glue)
+
+    def ranked(d):
+        return sorted(((k, n, us) for k, (n, us) in d.items()), key=lambda r: -r[2])
+
+    return {"ops": ranked(per), "glue": ranked(glue)}
 
 
 @torch.no_grad()
@@ -466,7 +471,7 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "floor_tokens_per_s": batch * tau / meas["floor_s"] if meas.get("floor_s") else math.nan,
             "kernel_tokens_per_s": batch * tau / (kernel + comm_s),
             "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", []),
-            "op_list": meas.get("ops", [])}
+            "op_list": meas.get("ops", []), "glue_list": meas.get("glue", [])}
 
 
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
@@ -489,8 +494,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
     engine does, so the optimized kernels run on it; the CPU proof path keeps ACC partials.
     on_rows(rows) is called after every configuration (a long run cut short keeps its table).
-    op_table: each row's "op_list" holds the step's kernel time by registry op (one more
-    profiled eager call a configuration). graph: kernel_ms from a profiled CUDA-graph replay
+    op_table: each row's "op_list" holds the step's kernel time by registry op and its
+    "glue_list" the kernels outside every op by name (one more profiled eager call a
+    configuration). graph: kernel_ms from a profiled CUDA-graph replay
     of the step (`_kernel_time`). shared_stream (default on from session 20: -0.23 ms at C 1
     DDTree-16, -0.17 at C 8 AR in graph replays, nothing slower): the EP engine path runs the
     shared expert on a side stream beside the router and the routed experts
@@ -597,6 +603,9 @@ def main(argv=None) -> int:
     p.add_argument("--op-table", help="write every configuration's kernel time by registry op "
                    "here (CSV: layout, C, mode, op, calls, us; '(glue)': kernels between ops), "
                    "from one more profiled eager call with the ops in profiler ranges")
+    p.add_argument("--glue-table", help="write the kernels of --op-table's '(glue)' here by "
+                   "name (CSV: layout, C, mode, kernel, calls, us; the same profiled call, "
+                   "taken even without --op-table; GPU kernels only: empty on CPU)")
     p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
                    "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
     p.add_argument("--ep-dispatch", default="local", choices=EP_DISPATCH,
@@ -648,16 +657,19 @@ def main(argv=None) -> int:
 
     def save(rows):  # the table so far, with the run's provenance on every row
         if a.csv:
-            pd.DataFrame([{**{k: v for k, v in r.items() if k not in ("kernel_list", "op_list")},
+            lists = ("kernel_list", "op_list", "glue_list")
+            pd.DataFrame([{**{k: v for k, v in r.items() if k not in lists},
                            **meta} for r in rows]).to_csv(a.csv, index=False)
         for path, col, field in ((a.kernel_table, "kernel", "kernel_list"),
-                                 (a.op_table, "op", "op_list")):
+                                 (a.op_table, "op", "op_list"),
+                                 (a.glue_table, "kernel", "glue_list")):
             if path:  # one configuration's rows once (the links repeat them)
                 seen = {(r["layout"], r["C"], r["mode"], r["drafter_layout"]): r for r in rows}
+                head = ["layout", "C", "mode", "drafter_layout", col, "calls", "us", *meta]
                 pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2],
                                "drafter_layout": key[3], col: k, "calls": n, "us": us, **meta}
-                              for key, r in seen.items() for k, n, us in r[field]]
-                             ).to_csv(path, index=False)
+                              for key, r in seen.items() for k, n, us in r[field]],
+                             columns=head).to_csv(path, index=False)
 
     links = (NVLINK4, PCIE5)
     if a.measured_link:
@@ -667,7 +679,8 @@ def main(argv=None) -> int:
     rows = emulate(a.preset, a.layouts.split(","), [int(x) for x in a.batches.split(",")],
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
-                   on_rows=save, ep_dispatch=a.ep_dispatch, op_table=bool(a.op_table),
+                   on_rows=save, ep_dispatch=a.ep_dispatch,
+                   op_table=bool(a.op_table or a.glue_table),
                    graph=a.graph, shared_stream=a.shared_stream == "on",
                    attn_stream=a.attn_stream == "on", priority=a.main_priority,
                    fork=a.shared_fork, drafter_layout=tuple(a.drafter_layout.split(",")),
