@@ -27,7 +27,7 @@ def test_v30_tiles_are_v28s_with_ksplit_on_unhinted_9_to_17_tokens(T, hint, spli
     v28 = cuda_v28.tiles(T, **KIMI, slots=hint)
     want = v28 | cuda_v18.KSPLIT if split else v28
     assert cuda_v30.tiles(T, **KIMI, slots=hint) == want
-    assert cuda_v30.ksplit(T, hint, KIMI["D"], KIMI["I"]) is split
+    assert cuda_v30.ksplit(T, hint) is split
 
 
 @pytest.mark.parametrize("D, I, fits", [(7168, 2048, True), (512, 64, True), (64, 32, False),

@@ -43,6 +43,12 @@ def ksplit_fits(D: int, I: int) -> bool:
     return (mma_layout.dims(I, D, True)[1] // 2) % KSPLIT["KW1"] == 0
 
 
+def with_ksplit(c: dict, D: int, I: int) -> dict:
+    """Tiles c with KSPLIT where its K parts fit the widths (`ksplit_fits`), else c: what every
+    rule that takes KSPLIT (this file's hinted one, cuda_v30's unhinted one) applies."""
+    return c | KSPLIT if ksplit_fits(D, I) else c
+
+
 def ksplit(E: int, slots: int | None) -> bool:
     """Whether KSPLIT applies: a small hinted call (cuda_v15's cut) of E / 3 to 5 E / 2 slots."""
     return (cuda_v15.small_hinted(slots, E) and 3 * slots >= E and 2 * slots < 5 * E)
@@ -51,7 +57,7 @@ def ksplit(E: int, slots: int | None) -> bool:
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
     """Shapes only (graph-safe): cuda_v17's tiles, with KSPLIT where `ksplit`."""
     c = cuda_v17.tiles(T, K, E, D, I, slots)
-    return c | KSPLIT if ksplit(E, slots) and ksplit_fits(D, I) else c
+    return with_ksplit(c, D, I) if ksplit(E, slots) else c
 
 
 # the op and its CLI: cuda_v17's dispatch on this file's tiles

@@ -37,17 +37,16 @@ from .cuda_v4 import REPACKED  # noqa: F401  (the load step reads REPACKED)
 KSPLIT_T = (9, 17)  # unhinted tokens (inclusive) that take cuda_v18's KSPLIT (session 57)
 
 
-def ksplit(T: int, slots: int | None, D: int, I: int) -> bool:
-    """Whether an unhinted call of T tokens takes 4 gate/up K parts a unit (shapes only; only
-    where the parts divide the chunk pairs: not at tiny's widths)."""
-    return (slots is None and KSPLIT_T[0] <= T <= KSPLIT_T[1]
-            and cuda_v18.ksplit_fits(D, I))
+def ksplit(T: int, slots: int | None) -> bool:
+    """Whether an unhinted call of T tokens asks for 4 gate/up K parts a unit (shapes only)."""
+    return slots is None and KSPLIT_T[0] <= T <= KSPLIT_T[1]
 
 
 def tiles(T: int, K: int, E: int, D: int, I: int, slots: int | None = None) -> dict:
-    """Shapes only (graph-safe): cuda_v28's tiles, with cuda_v18's KSPLIT where `ksplit`."""
+    """Shapes only (graph-safe): cuda_v28's tiles, with cuda_v18's KSPLIT where `ksplit` asks
+    and the widths fit it (`cuda_v18.with_ksplit`: not tiny's D 64)."""
     c = cuda_v28.tiles(T, K, E, D, I, slots)
-    return c | cuda_v18.KSPLIT if ksplit(T, slots, D, I) else c
+    return cuda_v18.with_ksplit(c, D, I) if ksplit(T, slots) else c
 
 
 # the op and its CLI: cuda_v28's hooks on these tiles

@@ -655,14 +655,16 @@ def main(argv=None) -> int:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     meta = {**run_metadata(device), "kernels": a.kernels or "reference"}
 
+    # the side tables: (path, their key column, the row field holding their rows)
+    tables = ((a.kernel_table, "kernel", "kernel_list"), (a.op_table, "op", "op_list"),
+              (a.glue_table, "kernel", "glue_list"))
+
     def save(rows):  # the table so far, with the run's provenance on every row
         if a.csv:
-            lists = ("kernel_list", "op_list", "glue_list")
+            lists = {field for _, _, field in tables}  # not columns of the main table
             pd.DataFrame([{**{k: v for k, v in r.items() if k not in lists},
                            **meta} for r in rows]).to_csv(a.csv, index=False)
-        for path, col, field in ((a.kernel_table, "kernel", "kernel_list"),
-                                 (a.op_table, "op", "op_list"),
-                                 (a.glue_table, "kernel", "glue_list")):
+        for path, col, field in tables:
             if path:  # one configuration's rows once (the links repeat them)
                 seen = {(r["layout"], r["C"], r["mode"], r["drafter_layout"]): r for r in rows}
                 head = ["layout", "C", "mode", "drafter_layout", col, "calls", "us", *meta]
