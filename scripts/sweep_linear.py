@@ -2,13 +2,16 @@
 at the EP8 rank's decode projections, against cuBLAS and linear_triton_v1, each call timed alone.
 
     PYTHONPATH=. python3 scripts/sweep_linear.py [--rows 1,9,17,33] [--kernel triton_v2]
-                                                 [--cold-mb 0] [--csv out.csv]
+                                                 [--cold-mb 0] [--set ep8] [--csv out.csv]
 
 --kernel triton_v4 sweeps v4's kernel (BN 64 / 128, BK 128 / 256, SPLIT around its rule) and
 times v3 and v4's defaults beside cuBLAS. --cold-mb N rotates over copies of the weight
 totalling >= N MB inside the timed graph, so each call streams its weight from HBM as in the
 decode step (the H200's L2 is 50 MB: a lone 30 MB weight replayed back to back stays in it;
-session 10's sweep ran warm).
+session 10's sweep ran warm). --set drafter-tp8 times the DFlash drafter's projections as a
+rank of its tensor-parallel layout holds them (workbench/dist/drafter.py; the EP8 emulation's
+draft), --set drafter the whole ones (one GPU), each also under the drafter's own rule
+(kernels/drafter/_gemm.proj: "drafter" rows), beside linear_triton_v5's dispatch ("triton_v5").
 
 Why: the emulated rank's target GEMMs take ~5 ms a step at C 1, budget 16 (session 8), each a
 few µs of latency around 1-7 µs of weight bytes; v2's default policy (`tiles`) is a guess until
@@ -44,6 +47,23 @@ def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_up/8": (cfg.hidden_size, 2 * F_sh // 8), "down/8": (F_sh // 8, cfg.hidden_size)}
 
 
+def drafter_shapes(cfg: ModelConfig, world: int) -> dict[str, tuple[int, int]]:
+    """{name: (K, N)} of the drafter's projections on one of `world` tensor-parallel ranks
+    (its q heads, its KV heads or the one it reads, F / world MLP columns); names are
+    kernels/drafter/_gemm.proj's, suffixed /world past one rank."""
+    d = cfg.drafter
+    hq, hkv = d.num_heads // world, max(1, d.num_kv_heads // world)
+    sfx = f"/{world}" if world > 1 else ""
+    return {f"qkv{sfx}": (d.hidden_size, (hq + 2 * hkv) * d.head_dim),
+            f"o{sfx}": (hq * d.head_dim, d.hidden_size),
+            f"gate_up{sfx}": (d.hidden_size, 2 * d.intermediate_size // world),
+            f"down{sfx}": (d.intermediate_size // world, d.hidden_size)}
+
+
+SETS = {"ep8": shapes, "drafter-tp8": lambda cfg: drafter_shapes(cfg, 8),
+        "drafter": lambda cfg: drafter_shapes(cfg, 1)}
+
+
 def rotating(call, ws: list):
     """A no-argument fn calling call(w) on the next of `ws` each time (a graph captured over
     len(ws) calls streams every copy once a round)."""
@@ -69,13 +89,18 @@ def main() -> None:
     ap.add_argument("--rows", default="1,9,17,33")
     ap.add_argument("--kernel", default="triton_v2", choices=("triton_v2", "triton_v4"))
     ap.add_argument("--cold-mb", type=float, default=0.0)
+    ap.add_argument("--set", default="ep8", choices=sorted(SETS),
+                    help="which projections (ep8: the target's on an EP8 rank)")
     ap.add_argument("--csv", default=None)
     a = ap.parse_args()
     cfg = ModelConfig.preset("kimi-k2.6")
     g = torch.Generator(device="cuda").manual_seed(0)
     mod = l2 if a.kernel == "triton_v2" else l4
     rows = []
-    for (name, (K, N)), M in itertools.product(shapes(cfg).items(),
+    from workbench.kernels.dense import linear_triton_v5 as l5
+    from workbench.kernels.drafter._gemm import proj
+
+    for (name, (K, N)), M in itertools.product(SETS[a.set](cfg).items(),
                                                [int(m) for m in a.rows.split(",")]):
         x = torch.randn(M, K, generator=g, device="cuda").to(torch.bfloat16)
         w = (torch.randn(N, K, generator=g, device="cuda") * K**-0.5).to(torch.bfloat16)
@@ -97,6 +122,11 @@ def main() -> None:
                           us(functools.partial(l3.linear, x))))
             found.append((name, M, "triton_v4", f"default {tuple(l4.tiles(M, N, K))}",
                           us(functools.partial(l4.linear, x))))
+            found.append((name, M, "triton_v5", "dispatch", us(functools.partial(l5.linear, x))))
+        if a.set != "ep8":  # the drafter's own rule for this projection (its name sans /w)
+            pname = name.split("/")[0]
+            found.append((name, M, "drafter", "proj",
+                          us(lambda w, x=x, pname=pname: proj(x, w, pname))))
         bm = max(16, 1 << (min(M, 64) - 1).bit_length())
         for bn, bk, split, warps, stages in grid_for(a.kernel, M, N, K):
             if split > 1 and K // split < bk:  # a slice shorter than one K step

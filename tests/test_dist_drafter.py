@@ -194,20 +194,26 @@ def test_drafter_layouts_are_checked_in_one_place():
 
 def test_tp_block_body_is_the_kernels_or_an_error_never_the_reference_in_disguise():
     assert tp_block_body(exact=True) is None and tp_block_body(exact=False) is None  # reference
-    with ops.use(drafter="triton_v2"):
-        assert tp_block_body(exact=False).__name__ == "block_hidden"
-        with pytest.raises(ValueError, match="exact layout runs the reference body"):
-            tp_block_body(exact=True)
+    from workbench.kernels.drafter import triton_v2, triton_v3
+
+    for name, mod in (("triton_v2", triton_v2), ("triton_v3", triton_v3)):
+        with ops.use(drafter=name):
+            assert tp_block_body(exact=False) is mod.block_hidden
+            with pytest.raises(ValueError, match="exact layout runs the reference body"):
+                tp_block_body(exact=True)
     with ops.use(drafter="triton_v1"):  # v1 adds its projections in place: no reduce hook
         with pytest.raises(ValueError, match="needs a block body taking reduce= for variant "
                            "'triton_v1'"):
             tp_block_body(exact=False)
 
 
-def test_kernel_body_reduces_each_row_parallel_projection():
-    # the triton_v2 body calls `reduce` on every o_proj and down_proj output before it joins
-    # the residual; an identity reduce leaves the bits of the plain call
-    from workbench.kernels.drafter.triton_v2 import block_hidden
+@pytest.mark.parametrize("version", ["triton_v2", "triton_v3"])
+def test_kernel_body_reduces_each_row_parallel_projection(version):
+    # the triton_v2 / v3 body calls `reduce` on every o_proj and down_proj output before it
+    # joins the residual; an identity reduce leaves the bits of the plain call
+    import importlib
+
+    block_hidden = importlib.import_module(f"workbench.kernels.drafter.{version}").block_hidden
 
     target = workbench.build_model(CFG, seed=SEED)
     dr = build_drafter(CFG, seed=SEED)

@@ -1,4 +1,4 @@
-"""drafter kernels (kernels/drafter/ triton_v1, triton_v2) against the reference drafter.
+"""drafter kernels (kernels/drafter/ triton_v1, triton_v2, triton_v3) against the reference drafter.
 
 The reference accumulates in float64 and rounds each op to bf16; triton_v1 runs bf16 GEMMs with
 fp32 accumulation, so whole-step log-probs agree within a dtype-derived tolerance and ids agree
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from workbench.config import ModelConfig
-from workbench.kernels.drafter import BEST, register, triton_v1, triton_v2
+from workbench.kernels.drafter import BEST, register, triton_v1, triton_v2, triton_v3
 from workbench.kernels.drafter._attention import block_attention
 from workbench.kernels.drafter._gemm import SKINNY, proj
 from workbench.kernels.drafter._lm_head_topk import lm_head_topk, tiles_v1, tiles_v2
@@ -48,7 +48,8 @@ def _setup(cfg: ModelConfig, starts, seed=0, device="cpu", window_cfg=None):
     return drafter, target, cache, bonus, torch.tensor(starts, device=device)
 
 
-STEPS = {"triton_v1": triton_v1.draft_topk_triton, "triton_v2": triton_v2.draft_topk_triton}
+STEPS = {"triton_v1": triton_v1.draft_topk_triton, "triton_v2": triton_v2.draft_topk_triton,
+         "triton_v3": triton_v3.draft_topk_triton}
 
 
 @pytest.fixture(params=sorted(STEPS))
@@ -272,6 +273,42 @@ def test_proj(name, M, N, K):
     assert (err <= 2 * BF16_U * ref.abs() + 1e-3).all(), f"max |d| {err.max():.3g}"
 
 
+@pytest.mark.parametrize("M,N,K", [
+    (8, 1280, 64),  # N < WIDE_N: linear_triton_v3's rule (the TP8 qkv shard's side)
+    (8, 2304, 48),  # N >= WIDE_N: v4's swap-AB split-K kernel (o / down / gate_up shards)
+    (64, 2100, 32),  # the last row count the Triton kernels serve
+    (65, 40, 16),  # past 64 rows: cuBLAS (torch on CPU)
+])
+def test_proj_v3(M, N, K):
+    """triton_v3's projections are linear_triton_v5's, whatever the name, within one bf16
+    rounding of the float64 product."""
+    from workbench.kernels.dense import linear_triton_v5
+
+    g = torch.Generator().manual_seed(M * N + K)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    w = torch.randn(N, K, generator=g).to(torch.bfloat16)
+    y = triton_v3.proj(x, w, "o")
+    assert torch.equal(y, linear_triton_v5.linear(x, w))
+    assert torch.equal(y, triton_v3.proj(x, w, "qkv"))
+    ref = x.double() @ w.double().T
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    err = (y.double() - ref).abs()
+    assert (err <= 2 * BF16_U * ref.abs() + 1e-3).all(), f"max |d| {err.max():.3g}"
+
+
+def test_v3_is_v2_but_its_projections(tiny):
+    """triton_v3 runs triton_v2's body with another projection rule: with v2's own projections
+    passed in, its body is v2's bit for bit; as shipped it is within the step tolerance
+    (test_step_edge) and drafts v2's ids wherever v2's margins are clear of bf16 noise."""
+    from workbench.kernels.drafter import _gemm
+
+    args = _setup(tiny, (0, 9, 41), seed=13)
+    assert torch.equal(triton_v2._block_hidden(*args, proj=_gemm.proj),
+                       triton_v2.block_hidden(*args))
+    _assert_close_to_reference(args, 4, triton_v3.draft_topk_triton)
+    assert triton_v3.block_hidden(*args).shape == triton_v2.block_hidden(*args).shape
+
+
 # ---------------------------------------------------------------- registry and decode loop
 
 
@@ -282,6 +319,7 @@ def test_registered():
     register()
     assert ops.op_spec("drafter").variant(BEST).load() is triton_v2.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v1").load() is draft_topk_triton
+    assert ops.op_spec("drafter").variant("triton_v3").load() is triton_v3.draft_topk_triton
     assert ops.op_spec("drafter_materialize").variant("triton_v1").load() is materialize_triton
     assert ops.PRESETS["optimized"]["drafter_materialize"] == "triton_v1"
 

@@ -1,0 +1,52 @@
+"""drafter triton_v3: triton_v2's step with every projection on the dense linear op's engine
+dispatch (kernels/dense linear_triton_v5) instead of triton_v2's per-name table (_gemm.SKINNY).
+
+Why: triton_v2's skinny tiles were picked at the whole drafter's widths (session 9: o [7168 x
+8192], gate_up [36864 x 7168], ...). The EP8 emulation runs the tensor-parallel drafter, whose
+rank holds an eighth of each projection: qkv [1280 x 7168], o [7168 x 1024] (the target's own
+o shard), gate_up [4608 x 7168], down [7168 x 2304]. There, at C 1 DDTree-16 (8 rows a draft),
+triton_v2's 18 skinny GEMMs took 283 µs (2.4 TB/s on 682 MB) and its 6 cuBLAS qkv GEMMs 53 µs
+(2.1 TB/s) on an H100 (session 57 call 5's kernel table), where linear_triton_v5 was tuned on
+exactly such EP8-rank shapes (v4's swap-AB split-K for N >= 2048, v3's rule below).
+Which rule wins where is `scripts/sweep_linear.py --set drafter-tp8 / drafter` and the EP8
+emulation's draft with drafter=triton_v2 against triton_v3.
+
+Numerics: fp32 accumulation, one bf16 rounding per projection as triton_v2; v4's split-K sums
+its K slices in another order than v2's skinny kernel (the drafter's tolerance, not bitwise).
+Legend: M rows, K in features, N out features.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch import Tensor
+
+from ..dense import linear_triton_v5
+from ._common import check_block_args
+from ._lm_head_topk import tiles_v2
+from .triton_v1 import draft
+from .triton_v2 import _block_hidden
+
+
+def proj(x: Tensor, w: Tensor, name: str) -> Tensor:
+    """x [M, K] bf16 @ w [N, K]^T -> [M, N] bf16 on linear_triton_v5 (cuBLAS past 64 rows, as
+    triton_v2); `name` is unused: the rule goes by shape."""
+    return linear_triton_v5.linear(x, w)
+
+
+_body = functools.partial(_block_hidden, proj=proj)
+
+
+def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
+                      k: int) -> tuple[Tensor, Tensor]:
+    """Same contract as `workbench.reference.drafter.draft_topk`."""
+    return draft(drafter, target, cache, bonus, start, k, _body, tiles_v2)
+
+
+def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor, *,
+                 reduce=None) -> Tensor:
+    """triton_v2.block_hidden on this version's projections (the tensor-parallel drafter's
+    body: `reduce` sums the ranks' o_proj / down_proj partials)."""
+    check_block_args(drafter, cache, bonus, start)
+    return _body(drafter, target, cache, bonus, start, reduce)
