@@ -297,16 +297,14 @@ def test_proj_v3(M, N, K):
 
 
 def test_v3_is_v2_but_its_projections(tiny):
-    """triton_v3 runs triton_v2's body with another projection rule: with v2's own projections
-    passed in, its body is v2's bit for bit; as shipped it is within the step tolerance
-    (test_step_edge) and drafts v2's ids wherever v2's margins are clear of bf16 noise."""
+    """triton_v3 runs triton_v2's body with another projection rule (its whole step against
+    the reference: test_step_edge): given v2's projections, that body is v2's bit for bit."""
     from workbench.kernels.drafter import _gemm
 
     args = _setup(tiny, (0, 9, 41), seed=13)
     assert torch.equal(triton_v2._block_hidden(*args, proj=_gemm.proj),
                        triton_v2.block_hidden(*args))
-    _assert_close_to_reference(args, 4, triton_v3.draft_topk_triton)
-    assert triton_v3.block_hidden(*args).shape == triton_v2.block_hidden(*args).shape
+    assert triton_v3._body.keywords == {"proj": triton_v3.proj}
 
 
 # ---------------------------------------------------------------- registry and decode loop
