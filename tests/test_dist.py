@@ -30,7 +30,7 @@ from workbench.dist.launch import DistributedError, DistributedTimeout, run_dist
 from workbench.dist.layout import Layout, LayoutError, latent_cache_bytes, shard_tensor
 from workbench.dist.model import build_dist_model
 from workbench.dist.moe import ACC
-from workbench.dist.vocab import dist_argmax, dist_sample, dist_topk_logprobs
+from workbench.dist.vocab import dist_argmax, dist_sample, dist_topk_logprobs, stable_topk
 from workbench.generate import generate
 from workbench.reference.drafter import build_drafter
 from workbench.reference.tree_build import topk_logprobs
@@ -274,6 +274,26 @@ def test_vocab_parallel_argmax_topk_and_sampling_use_global_ids():
     chi2 = float(((counts[keep] - 20000 * p[keep]) ** 2 / (20000 * p[keep])).sum())
     dof = int(keep.sum()) - 1
     assert chi2 < dof + 5 * (2 * dof) ** 0.5, chi2
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (37, 1), (37, 8), (37, 37), (2048, 16)])
+def test_stable_topk_is_the_stable_sorts_first_k(n, k):
+    """Bit for bit the first k of torch.sort(stable, descending), values and indices, on rows
+    full of ties (a few distinct values), -inf, both signs of zero, negatives and positives."""
+    g = torch.Generator().manual_seed(n * 100 + k)
+    x = torch.randint(-3, 3, (3, 4, n), generator=g).float() * 0.5  # many exact ties
+    x[0] = torch.randn(4, n, generator=g)  # no ties
+    x[1, 0, ::3] = -torch.inf
+    x[1, 1, ::2] = -0.0  # ranks as +0.0 (equal to it), lower index first
+    x[1, 2] = -torch.inf  # a whole row of -inf
+    x[2, 3] = torch.linspace(-1e30, 1e30, n)  # extremes
+    for row in (x, x[..., : max(k, n // 2)]):
+        kk = min(k, row.shape[-1])
+        vals, idx = torch.sort(row, dim=-1, descending=True, stable=True)
+        got_v, got_i = stable_topk(row, kk)
+        assert torch.equal(got_i, idx[..., :kk])
+        assert torch.equal(got_v, vals[..., :kk])
+        assert got_i.dtype == torch.int64 and got_v.dtype == torch.float32
 
 
 # -- layouts and shards -----------------------------------------------------------------------

@@ -47,6 +47,29 @@ def dist_sample(local: torch.Tensor, vocab_start: int, temperature: float,
     return dist_argmax(local.double() / temperature + g, vocab_start, comm)
 
 
+def stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first k of `torch.sort(x, -1, descending=True, stable=True)` (values, indices), x
+    fp32 [..., n], 1 <= k <= n < 2^32, from ONE torch.topk over unique int64 keys.
+
+    Why: the vocab-parallel draft head sorted its whole shard to keep k of it: at K2.6 a
+    [B, L, 20480] radix sort, 69 µs of the EP8 rank's C 1 DDTree-16 step and 128 µs at C 8
+    (H200, session 58 call 1's glue table), for 8 candidates a row.
+    Key = (the value's fp32 bits mapped to an order-preserving int32) * 2^32 + (n - 1 - index):
+    distinct for every element, ordered by value and then by LOWER index first, so topk's
+    unspecified tie order cannot show and the result is the stable sort's bit for bit. The
+    values are gathered from x (not decoded), zeros canonicalised (+0.0 for -0.0, which the
+    sort treats as equal). NaN: the sort ranks every NaN first; here only a positive-sign NaN
+    is, a negative-sign one last (a NaN log-prob is a poisoned input either way)."""
+    n = x.shape[-1]
+    b = (x.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 -> +0.0
+    ordered = torch.where(b < 0, b ^ 0x7FFFFFFF, b).long()  # float order as signed int order
+    low = (n - 1) - torch.arange(n, device=x.device, dtype=torch.int64)  # lower index: larger
+    key = ordered * (1 << 32) + low
+    top = torch.topk(key, k, dim=-1, sorted=True).values
+    idx = (n - 1) - (top & 0xFFFFFFFF)
+    return x.gather(-1, idx), idx
+
+
 def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
                        comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
     """Vocab-parallel `topk_logprobs` (ddtree.md §2.1): local [B, L, V/world] fp32 ->
@@ -54,7 +77,8 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
 
     1. each rank: shard max m_r and sum_r exp(x - m_r); one all-gather -> global
        logZ = M + log(sum_r s_r exp(m_r - M))  (online-softmax merge, one collective);
-    2. each rank: its top-k of (x - M) - log S (torch's log_softmax rounding order), global ids;
+    2. each rank: its top-k of (x - M) - log S (torch's log_softmax rounding order), global ids
+       (`stable_topk`: a stable sort's first k, without sorting the shard);
     3. one all-gather of world*k candidates -> stable sort -> top-k.
     """
     local = local.float()
@@ -65,8 +89,8 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
     S = (ms[..., 1] * torch.exp(ms[..., 0] - M)).sum(-1, keepdim=True)
     lp = (local - M) - torch.log(S)
     kl = min(k, local.shape[-1])
-    vals, idx = torch.sort(lp, dim=-1, descending=True, stable=True)
-    cand = torch.stack([vals[..., :kl].double(), (idx[..., :kl] + vocab_start).double()], -1)
+    vals, idx = stable_topk(lp, kl)
+    cand = torch.stack([vals.double(), (idx + vocab_start).double()], -1)
     allc = comm.all_gather_cat(cand, -2)  # [B, L, world*kl, 2], rank order = id order
     kk = min(k, allc.shape[-2])
     v, order = torch.sort(allc[..., 0], dim=-1, descending=True, stable=True)
