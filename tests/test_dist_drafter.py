@@ -194,9 +194,9 @@ def test_drafter_layouts_are_checked_in_one_place():
 
 def test_tp_block_body_is_the_kernels_or_an_error_never_the_reference_in_disguise():
     assert tp_block_body(exact=True) is None and tp_block_body(exact=False) is None  # reference
-    from workbench.kernels.drafter import triton_v2, triton_v3
+    from workbench.kernels.drafter import triton_v2, triton_v3, triton_v4
 
-    for name, mod in (("triton_v2", triton_v2), ("triton_v3", triton_v3)):
+    for name, mod in (("triton_v2", triton_v2), ("triton_v3", triton_v3), ("triton_v4", triton_v4)):
         with ops.use(drafter=name):
             assert tp_block_body(exact=False) is mod.block_hidden
             with pytest.raises(ValueError, match="exact layout runs the reference body"):
@@ -207,9 +207,9 @@ def test_tp_block_body_is_the_kernels_or_an_error_never_the_reference_in_disguis
             tp_block_body(exact=False)
 
 
-@pytest.mark.parametrize("version", ["triton_v2", "triton_v3"])
+@pytest.mark.parametrize("version", ["triton_v2", "triton_v4"])
 def test_kernel_body_reduces_each_row_parallel_projection(version):
-    # the triton_v2 / v3 body calls `reduce` on every o_proj and down_proj output before it
+    # the triton_v2 / v4 body calls `reduce` on every o_proj and down_proj output before it
     # joins the residual; an identity reduce leaves the bits of the plain call
     import importlib
 

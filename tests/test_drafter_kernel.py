@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from workbench.config import ModelConfig
-from workbench.kernels.drafter import BEST, register, triton_v1, triton_v2, triton_v3
+from workbench.kernels.drafter import BEST, register, triton_v1, triton_v2, triton_v3, triton_v4
 from workbench.kernels.drafter._attention import block_attention
 from workbench.kernels.drafter._gemm import SKINNY, proj
 from workbench.kernels.drafter._lm_head_topk import lm_head_topk, tiles_v1, tiles_v2
@@ -48,8 +48,9 @@ def _setup(cfg: ModelConfig, starts, seed=0, device="cpu", window_cfg=None):
     return drafter, target, cache, bonus, torch.tensor(starts, device=device)
 
 
+# triton_v3 (a measured negative) is checked on one case below (test_v3_...)
 STEPS = {"triton_v1": triton_v1.draft_topk_triton, "triton_v2": triton_v2.draft_topk_triton,
-         "triton_v3": triton_v3.draft_topk_triton}
+         "triton_v4": triton_v4.draft_topk_triton}
 
 
 @pytest.fixture(params=sorted(STEPS))
@@ -296,15 +297,43 @@ def test_proj_v3(M, N, K):
     assert (err <= 2 * BF16_U * ref.abs() + 1e-3).all(), f"max |d| {err.max():.3g}"
 
 
-def test_v3_is_v2_but_its_projections(tiny):
-    """triton_v3 runs triton_v2's body with another projection rule (its whole step against
-    the reference: test_step_edge): given v2's projections, that body is v2's bit for bit."""
+def test_v3_v4_are_v2_but_their_projections(tiny):
+    """triton_v3 / v4 run triton_v2's body with another projection rule: given v2's
+    projections, that body is v2's bit for bit; v3's whole step is within the reference's
+    tolerance (v4's: test_step_edge)."""
     from workbench.kernels.drafter import _gemm
 
     args = _setup(tiny, (0, 9, 41), seed=13)
     assert torch.equal(triton_v2._block_hidden(*args, proj=_gemm.proj),
                        triton_v2.block_hidden(*args))
     assert triton_v3._body.keywords == {"proj": triton_v3.proj}
+    assert triton_v4._body.keywords == {"proj": triton_v4.proj}
+    assert _assert_close_to_reference(args, 4, triton_v3.draft_topk_triton) >= 0.5
+
+
+@pytest.mark.parametrize("M,N,K", [
+    (8, 1280, 600),  # the qkv shard's side: v4's SPLIT > 1 needs K >= 512
+    (16, 96, 48),  # BK 256 past K: masked steps
+    (17, 64, 40),  # past 16 rows: triton_v2's rule (cuBLAS for qkv; torch on CPU)
+])
+def test_proj_v4(M, N, K):
+    """triton_v4's projections: the swap-AB kernel at BK 256 up to 16 rows, v2's rule above;
+    within one bf16 rounding of the float64 product."""
+    from workbench.kernels.dense import linear_triton_v4
+
+    g = torch.Generator().manual_seed(M * N + K)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    w = torch.randn(N, K, generator=g).to(torch.bfloat16)
+    y = triton_v4.proj(x, w, "qkv")
+    if M <= triton_v4.MAX_ROWS:
+        assert triton_v4.tiles(M, N, K)[:3] == (16, 64, 256)  # BM, BN, BK
+        assert torch.equal(y, linear_triton_v4.linear(x, w, tiles_for=triton_v4.tiles))
+    else:
+        assert torch.equal(y, proj(x, w, "qkv"))
+    ref = x.double() @ w.double().T
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    err = (y.double() - ref).abs()
+    assert (err <= 2 * BF16_U * ref.abs() + 1e-3).all(), f"max |d| {err.max():.3g}"
 
 
 # ---------------------------------------------------------------- registry and decode loop
@@ -318,6 +347,7 @@ def test_registered():
     assert ops.op_spec("drafter").variant(BEST).load() is triton_v2.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v1").load() is draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v3").load() is triton_v3.draft_topk_triton
+    assert ops.op_spec("drafter").variant("triton_v4").load() is triton_v4.draft_topk_triton
     assert ops.op_spec("drafter_materialize").variant("triton_v1").load() is materialize_triton
     assert ops.PRESETS["optimized"]["drafter_materialize"] == "triton_v1"
 

@@ -8,8 +8,10 @@ o shard), gate_up [4608 x 7168], down [7168 x 2304]. There, at C 1 DDTree-16 (8 
 triton_v2's 18 skinny GEMMs took 283 µs (2.4 TB/s on 682 MB) and its 6 cuBLAS qkv GEMMs 53 µs
 (2.1 TB/s) on an H100 (session 57 call 5's kernel table), where linear_triton_v5 was tuned on
 exactly such EP8-rank shapes (v4's swap-AB split-K for N >= 2048, v3's rule below).
-Which rule wins where is `scripts/sweep_linear.py --set drafter-tp8 / drafter` and the EP8
-emulation's draft with drafter=triton_v2 against triton_v3.
+Measured (H200, session 58 call 1): a negative. The EP8 emulation's draft (C 1 / 8 DDTree-16)
+took 0.657 / 0.780 ms against triton_v2's 0.640 / 0.765: v5 sends the narrow qkv shard (N 1280)
+to v3's rule, 11.88 µs at 8 rows against cuBLAS's 9.34 (`scripts/sweep_linear.py --set
+drafter-tp8`), more than v5 gains on o and gate_up. triton_v4 takes the sweep's winners.
 
 Numerics: fp32 accumulation, one bf16 rounding per projection as triton_v2; v4's split-K sums
 its K slices in another order than v2's skinny kernel (the drafter's tolerance, not bitwise).
