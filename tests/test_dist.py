@@ -674,7 +674,25 @@ def test_emulation_op_table_charges_the_step_to_registry_ops(tmp_path):
     layers = CFG.num_layers
     assert ar.loc["tree_mla", "calls"] == layers and ar.loc["rope", "calls"] == layers
     assert ar.loc["int4_moe", "calls"] == layers - CFG.first_k_dense
-    assert "tree_build" in set(ops_[ops_["mode"] == "DDTree-8"].op)
+    dd = ops_[ops_["mode"] == "DDTree-8"].set_index("op")
+    assert "tree_build" in dd.index
+    # the draft's code outside registry ops has rows of its own (loopbench.op_range), once a
+    # draft; AR drafts nothing
+    from workbench.dist.vocab import DRAFT_BODY, DRAFT_TOPK
+
+    assert dd.loc[DRAFT_BODY, "calls"] >= 1 and dd.loc[DRAFT_TOPK, "calls"] >= 1
+    assert not {DRAFT_BODY, DRAFT_TOPK} & set(ar.index)
+
+
+def test_op_range_is_a_range_only_under_op_ranges():
+    import contextlib
+
+    from workbench.loopbench import op_range, op_ranges
+
+    assert isinstance(op_range("x"), contextlib.nullcontext)  # outside: nothing, not timed
+    with op_ranges():
+        assert not isinstance(op_range("x"), contextlib.nullcontext)
+    assert isinstance(op_range("x"), contextlib.nullcontext)
 
 
 def test_op_kernel_times_charge_each_kernel_to_its_innermost_range():

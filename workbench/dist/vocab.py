@@ -98,6 +98,10 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
     return v[..., :kk].float().contiguous(), ids.long().contiguous()
 
 
+# the op table's names (`loopbench.op_range`) for the draft's code outside registry ops
+DRAFT_BODY, DRAFT_TOPK = "(drafter body)", "(draft head top-k)"
+
+
 class DistDrafter:
     """A replicated DFlashDrafter for the decode loop on a DistKimiModel: the loop calls
     `draft_override`, which runs the selected `drafter` variant's block forward (the
@@ -122,16 +126,20 @@ class DistDrafter:
 
     def draft_override(self, drafter, target, cache, bonus, start, k):
         """(logprobs fp32 [B, L, k], global ids int64 [B, L, k]), as the `drafter` op."""
+        from workbench.loopbench import op_range  # the op table's rows (profiling only)
+
         with target.log("draft"):
             body = self._body()
-            if body is None:
-                z = self.drafter.forward_block(cache, block_ids(self.cfg, bonus), start,
-                                               target)[:, 1:]  # [B, L, D]
-            else:
-                z = body(self.drafter, target, cache, bonus, start).view(
-                    bonus.shape[0], self.cfg.depth, -1)
+            with op_range(DRAFT_BODY):
+                if body is None:
+                    z = self.drafter.forward_block(cache, block_ids(self.cfg, bonus), start,
+                                                   target)[:, 1:]  # [B, L, D]
+                else:
+                    z = body(self.drafter, target, cache, bonus, start).view(
+                        bonus.shape[0], self.cfg.depth, -1)
             local = ops.get("lm_head")(z, target.lm_head_shard.weight)  # [B, L, V/w]
-            return dist_topk_logprobs(local, target.vocab_start, k, target.comm)
+            with op_range(DRAFT_TOPK):
+                return dist_topk_logprobs(local, target.vocab_start, k, target.comm)
 
 
 def block_body():
