@@ -298,16 +298,15 @@ def test_proj_v3(M, N, K):
 
 
 def test_v3_v4_are_v2_but_their_projections(tiny):
-    """triton_v3 / v4 run triton_v2's body with another projection rule: given v2's
-    projections, that body is v2's bit for bit; v3's whole step is within the reference's
-    tolerance (v4's: test_step_edge)."""
+    """triton_v3 / v4 are triton_v2's step on another projection rule (`triton_v2.on_proj`):
+    on v2's own projections that step is v2's bit for bit, v4's is on_proj(v4's proj)'s; v3's
+    whole step is within the reference's tolerance (v4's: test_step_edge)."""
     from workbench.kernels.drafter import _gemm
 
     args = _setup(tiny, (0, 9, 41), seed=13)
-    assert torch.equal(triton_v2._block_hidden(*args, proj=_gemm.proj),
-                       triton_v2.block_hidden(*args))
-    assert triton_v3._body.keywords == {"proj": triton_v3.proj}
-    assert triton_v4._body.keywords == {"proj": triton_v4.proj}
+    _, v2_again = triton_v2.on_proj(_gemm.proj)
+    assert torch.equal(v2_again(*args), triton_v2.block_hidden(*args))
+    assert torch.equal(triton_v4.block_hidden(*args), triton_v2.on_proj(triton_v4.proj)[1](*args))
     assert _assert_close_to_reference(args, 4, triton_v3.draft_topk_triton) >= 0.5
 
 

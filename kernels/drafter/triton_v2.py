@@ -25,6 +25,8 @@ Legend: B batch, L depths, S = L + 1, Hq/Hkv heads, d head_dim, D hidden, V voca
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -54,6 +56,27 @@ def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor, *,
     workbench/dist/drafter.py; None: the whole projection, as here)."""
     check_block_args(drafter, cache, bonus, start)
     return _block_hidden(drafter, target, cache, bonus, start, reduce)
+
+
+def on_proj(proj_fn):
+    """(draft_topk_triton, block_hidden) of a version that is this step with another
+    projection rule, proj_fn(x [M, K], w [N, K], name) -> [M, N] bf16 (triton_v3, v4): this
+    file's two contracts, `reduce` included."""
+    body = functools.partial(_block_hidden, proj=proj_fn)
+
+    def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
+                          k: int) -> tuple[Tensor, Tensor]:
+        """Same contract as `workbench.reference.drafter.draft_topk`."""
+        return draft(drafter, target, cache, bonus, start, k, body, tiles_v2)
+
+    def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor, *,
+                     reduce=None) -> Tensor:
+        """triton_v2.block_hidden on this rule's projections (the tensor-parallel drafter's
+        body: `reduce` sums the ranks' o_proj / down_proj partials)."""
+        check_block_args(drafter, cache, bonus, start)
+        return body(drafter, target, cache, bonus, start, reduce)
+
+    return draft_topk_triton, block_hidden
 
 
 def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor,

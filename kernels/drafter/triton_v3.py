@@ -20,15 +20,10 @@ Legend: M rows, K in features, N out features.
 
 from __future__ import annotations
 
-import functools
-
 from torch import Tensor
 
 from ..dense import linear_triton_v5
-from ._common import check_block_args
-from ._lm_head_topk import tiles_v2
-from .triton_v1 import draft
-from .triton_v2 import _block_hidden
+from .triton_v2 import on_proj
 
 
 def proj(x: Tensor, w: Tensor, name: str) -> Tensor:
@@ -37,18 +32,5 @@ def proj(x: Tensor, w: Tensor, name: str) -> Tensor:
     return linear_triton_v5.linear(x, w)
 
 
-_body = functools.partial(_block_hidden, proj=proj)
-
-
-def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
-                      k: int) -> tuple[Tensor, Tensor]:
-    """Same contract as `workbench.reference.drafter.draft_topk`."""
-    return draft(drafter, target, cache, bonus, start, k, _body, tiles_v2)
-
-
-def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor, *,
-                 reduce=None) -> Tensor:
-    """triton_v2.block_hidden on this version's projections (the tensor-parallel drafter's
-    body: `reduce` sums the ranks' o_proj / down_proj partials)."""
-    check_block_args(drafter, cache, bonus, start)
-    return _body(drafter, target, cache, bonus, start, reduce)
+# the registry's entry points: triton_v2's step on `proj`
+draft_topk_triton, block_hidden = on_proj(proj)
