@@ -1,4 +1,4 @@
-"""drafter kernels (kernels/drafter/ triton_v1, triton_v2, triton_v3) against the reference drafter.
+"""drafter kernels (kernels/drafter/ triton_v1 .. triton_v4) against the reference drafter.
 
 The reference accumulates in float64 and rounds each op to bf16; triton_v1 runs bf16 GEMMs with
 fp32 accumulation, so whole-step log-probs agree within a dtype-derived tolerance and ids agree

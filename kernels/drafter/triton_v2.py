@@ -82,7 +82,7 @@ def on_proj(proj_fn):
 def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor,
                   reduce=None, proj=proj) -> Tensor:
     """proj(x [M, K], w [N, K], name) -> [M, N] bf16: the version's projection rule
-    (here _gemm.proj; triton_v3 passes its own)."""
+    (here _gemm.proj; triton_v3 / v4 pass their own through `on_proj`)."""
     c = drafter.cfg
     B, L, S = bonus.shape[0], c.depth, c.block_size
     Hq, Hkv, d, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
