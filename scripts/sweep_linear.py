@@ -36,6 +36,8 @@ from workbench.kernels.dense import linear_triton_v1 as l1
 from workbench.kernels.dense import linear_triton_v2 as l2
 from workbench.kernels.dense import linear_triton_v3 as l3
 from workbench.kernels.dense import linear_triton_v4 as l4
+from workbench.kernels.dense import linear_triton_v5 as l5
+from workbench.kernels.drafter._gemm import proj
 
 
 def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -97,9 +99,6 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     mod = l2 if a.kernel == "triton_v2" else l4
     rows = []
-    from workbench.kernels.dense import linear_triton_v5 as l5
-    from workbench.kernels.drafter._gemm import proj
-
     for (name, (K, N)), M in itertools.product(SETS[a.set](cfg).items(),
                                                [int(m) for m in a.rows.split(",")]):
         x = torch.randn(M, K, generator=g, device="cuda").to(torch.bfloat16)

@@ -292,12 +292,17 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4, graph: bool = Fals
     if prof is None:
         prof, cuda = _profiled(fn, comm, device)
     per = kernel_times(prof, cuda)
-    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])
+    ranked = _ranked(per)
     total = sum(v[1] for v in per.values()) * 1e-6
     return {"kernel_s": busy_us(prof) * 1e-6 if cuda else total, "kernel_total_s": total,
-            "top_kernels": "; ".join(f"{k[:48]} {v[1] / 1e3:.2f} ms x{v[0]}"
-                                     for k, v in ranked[:top]),
-            "kernels": [(k, v[0], v[1]) for k, v in ranked], **extra}
+            "top_kernels": "; ".join(f"{k[:48]} {us / 1e3:.2f} ms x{n}"
+                                     for k, n, us in ranked[:top]),
+            "kernels": ranked, **extra}
+
+
+def _ranked(per: dict) -> list[tuple]:
+    """{name: [calls, µs]} -> [(name, calls, µs)], most µs first (the side tables' rows)."""
+    return sorted(((k, n, us) for k, (n, us) in per.items()), key=lambda r: -r[2])
 
 
 def _op_time(fn, comm: StandInComm, device) -> dict:
@@ -309,11 +314,7 @@ def _op_time(fn, comm: StandInComm, device) -> dict:
 
     glue: dict = {}
     per = op_kernel_times(*_profiled(fn, comm, device, ranges=True), glue=glue)
-
-    def ranked(d):
-        return sorted(((k, n, us) for k, (n, us) in d.items()), key=lambda r: -r[2])
-
-    return {"ops": ranked(per), "glue": ranked(glue)}
+    return {"ops": _ranked(per), "glue": _ranked(glue)}
 
 
 @torch.no_grad()
