@@ -661,14 +661,18 @@ def test_emulation_op_table_charges_the_step_to_registry_ops(tmp_path):
     from workbench.dist.emulate import main
 
     csv, ops_csv, glue_csv = tmp_path / "e.csv", tmp_path / "ops.csv", tmp_path / "glue.csv"
+    opk_csv = tmp_path / "op_kernels.csv"
     assert main(["--preset", "tiny-dist", "--layouts", "ep8", "--batches", "1",
                  "--budgets", "ar,8", "--ctx", "32", "--repeats", "1", "--device", "cpu",
                  "--csv", str(csv), "--op-table", str(ops_csv),
-                 "--glue-table", str(glue_csv)]) == 0
+                 "--glue-table", str(glue_csv), "--op-kernel-table", str(opk_csv)]) == 0
     table, ops_ = pd.read_csv(csv), pd.read_csv(ops_csv)
-    assert not {"op_list", "glue_list"} & set(table.columns) and (table.kernel_ms > 0).all()
+    assert not {"op_list", "glue_list", "op_kernel_list"} & set(table.columns)
+    assert (table.kernel_ms > 0).all()
     glue = pd.read_csv(glue_csv)  # CPU: no kernels, so no rows, but the columns are there
     assert glue.empty and {"layout", "C", "mode", "kernel", "calls", "us"} <= set(glue.columns)
+    opk = pd.read_csv(opk_csv)
+    assert opk.empty and {"layout", "C", "mode", "op", "kernel", "calls", "us"} <= set(opk.columns)
     assert set(ops_["mode"]) == {"AR", "DDTree-8"} and (ops_.us > 0).all()
     ar = ops_[ops_["mode"] == "AR"].set_index("op")
     layers = CFG.num_layers
@@ -714,14 +718,16 @@ def test_op_kernel_times_charge_each_kernel_to_its_innermost_range():
               ev("glue_add", 110, 113), ev("moe", 0, 100, ann=True),  # a phase annotation
               ev("op::rope", 200, 205, ann=True), ev("rope_k", 201, 204),
               ev("op::moe", 0, 120, dev=cpu), ev("zero", 130, 130)]
-    glue = {}
-    per = op_kernel_times(NS(events=lambda: events), cuda=True, glue=glue)
+    by_kernel = {}
+    per = op_kernel_times(NS(events=lambda: events), cuda=True, by_kernel=by_kernel)
     assert per == {"moe": [1, 10.0], "linear": [1, 16.0], "rope": [1, 3.0],
                    "(glue)": [0, 3.0]}
-    assert glue == {"glue_add": [1, 3.0]}  # "(glue)" by kernel name (session 57)
-    cpu_glue = {}
-    cpu_per = op_kernel_times(NS(events=lambda: events), cuda=False, glue=cpu_glue)
-    assert cpu_per == {"moe": [1, 120.0]} and cpu_glue == {}
+    # every op's kernels by name ("(glue)"'s: session 57; the ops': session 59)
+    assert by_kernel == {"(glue)": {"glue_add": [1, 3.0]}, "linear": {"gemm": [2, 16.0]},
+                         "moe": {"combine": [1, 10.0]}, "rope": {"rope_k": [1, 3.0]}}
+    cpu_by = {}
+    cpu_per = op_kernel_times(NS(events=lambda: events), cuda=False, by_kernel=cpu_by)
+    assert cpu_per == {"moe": [1, 120.0]} and cpu_by == {}
 
 
 def test_op_kernel_times_prefer_a_range_on_the_kernels_own_stream():

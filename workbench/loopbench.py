@@ -310,7 +310,7 @@ def op_range(name: str):
     return record_function(OP_RANGE + name)
 
 
-def op_kernel_times(prof, cuda: bool, glue: dict | None = None) -> dict[str, list]:
+def op_kernel_times(prof, cuda: bool, by_kernel: dict | None = None) -> dict[str, list]:
     """{op: [calls, µs]} of a profiler run under `op_ranges`. GPU: every kernel's device time
     charged to the innermost device-side "op::<name>" range holding it (the ranges sit on the
     GPU timeline around their own kernels: session 19 call 1's probe), a range on the kernel's
@@ -319,8 +319,9 @@ def op_kernel_times(prof, cuda: bool, glue: dict | None = None) -> dict[str, lis
     time; session 51 read moe_route's 11.4 µs a layer against its 3.9 µs kernel), any stream's
     where none on its own holds it; kernels outside every range to "(glue)"; calls = the op's
     ranges. CPU: each op range's CPU time (nested op ranges count in both). A graph replay's
-    kernels carry no ranges: profile an eager call. glue: a dict to fill with "(glue)"'s
-    kernels by name, {kernel: [calls, µs]} (what the step runs outside the registry ops)."""
+    kernels carry no ranges: profile an eager call. by_kernel: a dict to fill with every op's
+    kernels by name, {op: {kernel: [calls, µs]}} ("(glue)"'s: what the step runs outside the
+    registry ops; an op's: which of its launches cost what). GPU kernels only."""
     dev = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     ranges, kernels = [], []
     for e in prof.events():
@@ -352,9 +353,10 @@ def op_kernel_times(prof, cuda: bool, glue: dict | None = None) -> dict[str, lis
     for ks, ke, stream, kname in kernels:
         best = (innermost(ks, ke, stream) if stream is not None else None) or innermost(
             ks, ke, None)
-        per.setdefault(best[2] if best else "(glue)", [0, 0.0])[1] += ke - ks
-        if best is None and glue is not None:
-            acc = glue.setdefault(kname, [0, 0.0])
+        op = best[2] if best else "(glue)"
+        per.setdefault(op, [0, 0.0])[1] += ke - ks
+        if by_kernel is not None:
+            acc = by_kernel.setdefault(op, {}).setdefault(kname, [0, 0.0])
             acc[0] += 1
             acc[1] += ke - ks
     return per

@@ -307,14 +307,18 @@ def _ranked(per: dict) -> list[tuple]:
 
 def _op_time(fn, comm: StandInComm, device) -> dict:
     """One more eager call of fn() under torch.profiler with every registry op in a range of
-    its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs)], "glue": [(kernel, calls, µs)]},
-    largest first, "(glue)" for the kernels between ops and "glue" naming them. A pass of its
-    own: the ranges' device-side annotations must not reach `_kernel_time`'s busy time."""
+    its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs)], "glue": [(kernel, calls, µs)],
+    "op_kernels": [(op, kernel, calls, µs)]}, largest first, "(glue)" for the kernels between
+    ops, "glue" naming them and "op_kernels" naming every op's. A pass of its own: the ranges'
+    device-side annotations must not reach `_kernel_time`'s busy time."""
     from workbench.loopbench import op_kernel_times
 
-    glue: dict = {}
-    per = op_kernel_times(*_profiled(fn, comm, device, ranges=True), glue=glue)
-    return {"ops": _ranked(per), "glue": _ranked(glue)}
+    by_kernel: dict = {}
+    per = op_kernel_times(*_profiled(fn, comm, device, ranges=True), by_kernel=by_kernel)
+    op_kernels = sorted(((op, k, n, us) for op, ks in by_kernel.items()
+                         for k, (n, us) in ks.items()), key=lambda r: -r[3])
+    return {"ops": _ranked(per), "glue": _ranked(by_kernel.get("(glue)", {})),
+            "op_kernels": op_kernels}
 
 
 @torch.no_grad()
@@ -472,7 +476,8 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "floor_tokens_per_s": batch * tau / meas["floor_s"] if meas.get("floor_s") else math.nan,
             "kernel_tokens_per_s": batch * tau / (kernel + comm_s),
             "top_kernels": meas.get("top_kernels", ""), "kernel_list": meas.get("kernels", []),
-            "op_list": meas.get("ops", []), "glue_list": meas.get("glue", [])}
+            "op_list": meas.get("ops", []), "glue_list": meas.get("glue", []),
+            "op_kernel_list": meas.get("op_kernels", [])}
 
 
 def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
@@ -495,9 +500,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
     engine does, so the optimized kernels run on it; the CPU proof path keeps ACC partials.
     on_rows(rows) is called after every configuration (a long run cut short keeps its table).
-    op_table: each row's "op_list" holds the step's kernel time by registry op and its
-    "glue_list" the kernels outside every op by name (one more profiled eager call a
-    configuration). graph: kernel_ms from a profiled CUDA-graph replay
+    op_table: each row's "op_list" holds the step's kernel time by registry op, its
+    "glue_list" the kernels outside every op by name and its "op_kernel_list" every op's
+    kernels by name (one more profiled eager call a configuration). graph: kernel_ms from a profiled CUDA-graph replay
     of the step (`_kernel_time`). shared_stream (default on from session 20: -0.23 ms at C 1
     DDTree-16, -0.17 at C 8 AR in graph replays, nothing slower): the EP engine path runs the
     shared expert on a side stream beside the router and the routed experts
@@ -607,6 +612,9 @@ def main(argv=None) -> int:
     p.add_argument("--glue-table", help="write the kernels of --op-table's '(glue)' here by "
                    "name (CSV: layout, C, mode, kernel, calls, us; the same profiled call, "
                    "taken even without --op-table; GPU kernels only: empty on CPU)")
+    p.add_argument("--op-kernel-table", help="write every registry op's kernels here by name "
+                   "(CSV: layout, C, mode, op, kernel, calls, us; '(glue)' as in "
+                   "--glue-table; the same profiled call; GPU kernels only: empty on CPU)")
     p.add_argument("--measured-link", help="a commbench CSV (python -m workbench.dist."
                    "commbench): its fitted Link is priced next to NVLink4 and PCIe5")
     p.add_argument("--ep-dispatch", default="local", choices=EP_DISPATCH,
@@ -656,22 +664,24 @@ def main(argv=None) -> int:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     meta = {**run_metadata(device), "kernels": a.kernels or "reference"}
 
-    # the side tables: (path, their key column, the row field holding their rows)
-    tables = ((a.kernel_table, "kernel", "kernel_list"), (a.op_table, "op", "op_list"),
-              (a.glue_table, "kernel", "glue_list"))
+    # the side tables: (path, their key columns, the row field holding their rows)
+    tables = ((a.kernel_table, ("kernel",), "kernel_list"), (a.op_table, ("op",), "op_list"),
+              (a.glue_table, ("kernel",), "glue_list"),
+              (a.op_kernel_table, ("op", "kernel"), "op_kernel_list"))
 
     def save(rows):  # the table so far, with the run's provenance on every row
         if a.csv:
             lists = {field for _, _, field in tables}  # not columns of the main table
             pd.DataFrame([{**{k: v for k, v in r.items() if k not in lists},
                            **meta} for r in rows]).to_csv(a.csv, index=False)
-        for path, col, field in tables:
+        for path, cols, field in tables:
             if path:  # one configuration's rows once (the links repeat them)
                 seen = {(r["layout"], r["C"], r["mode"], r["drafter_layout"]): r for r in rows}
-                head = ["layout", "C", "mode", "drafter_layout", col, "calls", "us", *meta]
+                head = ["layout", "C", "mode", "drafter_layout", *cols, "calls", "us", *meta]
                 pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2],
-                               "drafter_layout": key[3], col: k, "calls": n, "us": us, **meta}
-                              for key, r in seen.items() for k, n, us in r[field]],
+                               "drafter_layout": key[3], **dict(zip(cols, row[:-2])),
+                               "calls": row[-2], "us": row[-1], **meta}
+                              for key, r in seen.items() for row in r[field]],
                              columns=head).to_csv(path, index=False)
 
     links = (NVLINK4, PCIE5)
@@ -683,7 +693,7 @@ def main(argv=None) -> int:
                    [None if x == "ar" else int(x) for x in a.budgets.split(",")], a.tau, a.ctx,
                    links=links, device=device, repeats=a.repeats, kernels=_kernels(a.kernels),
                    on_rows=save, ep_dispatch=a.ep_dispatch,
-                   op_table=bool(a.op_table or a.glue_table),
+                   op_table=bool(a.op_table or a.glue_table or a.op_kernel_table),
                    graph=a.graph, shared_stream=a.shared_stream == "on",
                    attn_stream=a.attn_stream == "on", priority=a.main_priority,
                    fork=a.shared_fork, drafter_layout=tuple(a.drafter_layout.split(",")),
