@@ -1,4 +1,4 @@
-"""drafter kernels (kernels/drafter/ triton_v1 .. triton_v4) against the reference drafter.
+"""drafter kernels (kernels/drafter/ triton_v1 .. triton_v5) against the reference drafter.
 
 The reference accumulates in float64 and rounds each op to bf16; triton_v1 runs bf16 GEMMs with
 fp32 accumulation, so whole-step log-probs agree within a dtype-derived tolerance and ids agree
@@ -18,7 +18,15 @@ import pytest
 import torch
 
 from workbench.config import ModelConfig
-from workbench.kernels.drafter import BEST, register, triton_v1, triton_v2, triton_v3, triton_v4
+from workbench.kernels.drafter import (
+    BEST,
+    register,
+    triton_v1,
+    triton_v2,
+    triton_v3,
+    triton_v4,
+    triton_v5,
+)
 from workbench.kernels.drafter._attention import block_attention
 from workbench.kernels.drafter._gemm import SKINNY, proj
 from workbench.kernels.drafter._lm_head_topk import lm_head_topk, tiles_v1, tiles_v2
@@ -50,7 +58,7 @@ def _setup(cfg: ModelConfig, starts, seed=0, device="cpu", window_cfg=None):
 
 # triton_v3 (a measured negative) is checked on one case below (test_v3_...)
 STEPS = {"triton_v1": triton_v1.draft_topk_triton, "triton_v2": triton_v2.draft_topk_triton,
-         "triton_v4": triton_v4.draft_topk_triton}
+         "triton_v4": triton_v4.draft_topk_triton, "triton_v5": triton_v5.draft_topk_triton}
 
 
 @pytest.fixture(params=sorted(STEPS))
@@ -224,14 +232,17 @@ def _attn_reference(q, kb, vb, kc, vc, start, sliding, W, causal):
     return out
 
 
-@pytest.mark.parametrize("combine_rows", [None, 16], ids=["v1", "v2"])
+@pytest.mark.parametrize("opts", [{}, {"combine_rows": 16},
+                                  {"min_tiles": 1, "one_load": True},
+                                  {"min_tiles": 2, "one_load": True}],
+                         ids=["v1", "v2", "v5", "tiles2-one-load"])
 @pytest.mark.parametrize("starts,sliding,causal,n_sm", [
     ((0, 3), False, False, 1),  # empty context; one split: the kernel writes o itself
     ((50, 9), True, False, 64),  # window 16 cuts request 0's context; splits + combine
     ((30, 1), True, True, 64),  # causal inside the block on sliding layers
     ((130,), False, False, 64),  # several key tiles per split
 ])
-def test_block_attention(starts, sliding, causal, n_sm, combine_rows):
+def test_block_attention(starts, sliding, causal, n_sm, opts):
     g = torch.Generator().manual_seed(sum(starts))
     B, S, Hq, Hkv, d, W = len(starts), 8, 4, 2, 16, 16
     T = max(starts) + 4
@@ -245,9 +256,44 @@ def test_block_attention(starts, sliding, causal, n_sm, combine_rows):
         kc[b, p:] = math.nan
         vc[b, p:] = math.nan
     start = torch.tensor(starts)
-    o = block_attention(q, kb, vb, kc, vc, start, sliding, W, causal, n_sm, combine_rows)
+    o = block_attention(q, kb, vb, kc, vc, start, sliding, W, causal, n_sm, **opts)
     ref = _attn_reference(q, kb, vb, kc, vc, start, sliding, W, causal)
     assert torch.isfinite(o).all()
+    assert (o.double() - ref).abs().max().item() < 1e-5
+
+
+def test_split_and_one_load_combine_rules():
+    """The splits (`splits_for`: ~2 programs an SM, no split under min_tiles key tiles) and
+    the one-load combine's tiles (`combine_tiles`: parts padded to a power of two, rows a
+    program within ONE_LOAD_ELEMS, the serial merge past it) at the Kimi drafter's TP8 rank
+    (one kv head, 64 query rows, d 128) and the whole drafter (8 kv heads)."""
+    from workbench.kernels.drafter._attention import ONE_LOAD_ELEMS, combine_tiles, splits_for
+
+    assert splits_for(1, 1, 2047, 64, 132) == 8 and splits_for(1, 1, 4096, 64, 132) == 16
+    assert splits_for(1, 1, 2047, 64, 132, 1) == 32 and splits_for(1, 1, 4096, 64, 132, 1) == 64
+    assert splits_for(1, 8, 4096, 64, 132, 1) == 33  # 8 kv heads: ~2 programs an SM
+    assert splits_for(1, 1, 10, 64, 132, 1) == 1  # one tile of context: one split
+    for n, want in ((2, (2, 32)), (16, (16, 4)), (33, (64, 1)), (64, (64, 1)), (65, (0, 1))):
+        assert combine_tiles(n, 64, 128) == want, n
+    for n in range(1, 80):
+        parts, rows = combine_tiles(n, 64, 128)
+        assert parts == 0 or (parts >= n and parts * rows * 128 <= ONE_LOAD_ELEMS
+                              and rows & (rows - 1) == 0)
+    assert combine_tiles(3, 8, 16) == (4, 8)  # rows never past the program's query rows
+
+
+def test_one_load_combine_with_many_parts():
+    """The one-load combine at 48 splits padded to 64 parts, two rows a program (P 3100 at
+    d 64; 128-key chunks cover the context by split 24, so splits 25-47 hold no context key:
+    m = -inf, l = 0): the reference's rows."""
+    g = torch.Generator().manual_seed(7)
+    B, S, Hq, Hkv, d, T = 1, 4, 2, 1, 64, 3110
+    q, kb, vb = (torch.randn(B, S, n, d, generator=g).to(torch.bfloat16) for n in (Hq, Hkv, Hkv))
+    kc, vc = (torch.randn(B, T, Hkv, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    start = torch.tensor([3100])
+    o = block_attention(q, kb, vb, kc, vc, start, False, 1, False, 24, min_tiles=1,
+                        one_load=True)
+    ref = _attn_reference(q, kb, vb, kc, vc, start, False, 1, False)
     assert (o.double() - ref).abs().max().item() < 1e-5
 
 
@@ -347,6 +393,7 @@ def test_registered():
     assert ops.op_spec("drafter").variant("triton_v1").load() is draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v3").load() is triton_v3.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v4").load() is triton_v4.draft_topk_triton
+    assert ops.op_spec("drafter").variant("triton_v5").load() is triton_v5.draft_topk_triton
     assert ops.op_spec("drafter_materialize").variant("triton_v1").load() is materialize_triton
     assert ops.PRESETS["optimized"]["drafter_materialize"] == "triton_v1"
 

@@ -12,6 +12,8 @@ contract of `workbench.reference.drafter.draft_topk`:
                drafter's shards are): a measured negative (session 58)
     triton_v4  v2 with its projections at <= 16 rows on linear_triton_v4's swap-AB kernel
                with 256-wide K steps (session 58's sweep winners at the TP drafter's shards)
+    triton_v5  v4 with the attention in one-tile context splits and a combine that loads
+               every split at once (the TP drafter's one kv head a rank left most SMs idle)
 Op `drafter_materialize` (the contract of `workbench.reference.drafter.materialize`, i.e.
 `DFlashDrafter.materialize`; the decode loop calls it inside its per-step CUDA graph):
     triton_v1 = materialize_v1.py  `materialize_triton(drafter, cache, target_hidden, positions,
@@ -31,18 +33,21 @@ VARIANTS: dict[str, dict[str, str]] = {
     "drafter": {"triton_v1": f"{_MOD}.triton_v1:draft_topk_triton",
                 "triton_v2": f"{_MOD}.triton_v2:draft_topk_triton",
                 "triton_v3": f"{_MOD}.triton_v3:draft_topk_triton",
-                "triton_v4": f"{_MOD}.triton_v4:draft_topk_triton"},
+                "triton_v4": f"{_MOD}.triton_v4:draft_topk_triton",
+                "triton_v5": f"{_MOD}.triton_v5:draft_topk_triton"},
     # the first (only) entry is what the "optimized" preset selects (kernels.register_all)
     "drafter_materialize": {"triton_v1": MATERIALIZE},
 }
 # each `drafter` variant's step without its LM head (bonus, start -> final-normed hidden of
 # rows 1..L): the distributed drafter puts its vocab-parallel head on it (workbench/dist/vocab.py)
 BLOCK_HIDDEN: dict[str, str] = {v: f"{_MOD}.{v}:block_hidden"
-                                 for v in ("triton_v1", "triton_v2", "triton_v3", "triton_v4")}
+                                 for v in ("triton_v1", "triton_v2", "triton_v3", "triton_v4",
+                                           "triton_v5")}
 # the variants whose block body takes `reduce=` (the sum over ranks of the o_proj and down_proj
 # partials: the tensor-parallel drafter, workbench/dist/drafter.py); v1 adds them in place
 BLOCK_HIDDEN_TP: dict[str, str] = {v: f"{_MOD}.{v}:block_hidden"
-                                    for v in ("triton_v2", "triton_v3", "triton_v4")}
+                                    for v in ("triton_v2", "triton_v3", "triton_v4",
+                                              "triton_v5")}
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("drafter", "triton_v1"): "Triton norms/RoPE/split-KV attention/SwiGLU epilogue + cuBLAS "
     "GEMMs + fused LM head log-softmax top-k",
@@ -52,6 +57,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "dispatch (linear_triton_v5), tuned at EP8-rank widths: the tensor-parallel drafter's shards",
     ("drafter", "triton_v4"): "triton_v2 with its projections at <= 16 rows on linear_triton_v4's "
     "swap-AB kernel, BK 256 (the TP drafter's shards at C 1)",
+    ("drafter", "triton_v5"): "triton_v4 with the attention in one-tile context splits and a "
+    "one-load combine of every split (the TP drafter's one kv head a rank)",
     ("drafter_materialize", "triton_v1"): "materialize_v1: cuBLAS fc + one K/V GEMM for every "
     "layer, Triton hidden norm and k-norm/RoPE/masked scatter; no host sync (in the step graph)",
 }

@@ -5,7 +5,8 @@ block rows (G*S = 64 rows for the Kimi drafter) are one [BLOCK_Q, d] tile, so ea
 row is read once for the whole query group (GQA). The context is split into NSPLIT chunks so
 that bs 1 still fills the GPU (8 kv heads alone would be 8 programs); split 0 also takes the
 block's own S keys. With NSPLIT == 1 the kernel normalises and writes the output itself;
-otherwise each split writes (acc, m, l) partials that `_combine_kernel` merges.
+otherwise each split writes (acc, m, l) partials that `_combine_kernel` merges (one split
+after the other, or all loaded at once: `combine_tiles`).
 
 Mask (reference/drafter.py `_mask`), query position qp = P + s, key position kp:
     context keys  kp in [lo, P), lo = max(0, P - W + 1) on sliding layers (|qp - kp| < W), else 0
@@ -125,28 +126,46 @@ def _attn_split_kernel(
 @triton.jit
 def _combine_kernel(o_ptr, po_ptr, pm_ptr, pl_ptr, so_b, so_s, so_h, HKV, NSPLIT,
                     S: tl.constexpr, G: tl.constexpr, HEAD_D: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, ROWS: tl.constexpr):
-    # grid (B * Hkv, BLOCK_Q / ROWS): ROWS query rows of one (request, kv head) a program
+                    BLOCK_Q: tl.constexpr, ROWS: tl.constexpr, PARTS: tl.constexpr):
+    # grid (B * Hkv, BLOCK_Q / ROWS): ROWS query rows of one (request, kv head) a program.
+    # PARTS 0: the splits merged one after the other (a load latency each); PARTS a power of
+    # two >= NSPLIT: all of them loaded at once as a [PARTS, ROWS, d] tile and merged by one
+    # max and two sums over the parts (one load latency; another summation order)
     pid = tl.program_id(0)
     b = (pid // HKV).to(tl.int64)
     h = pid % HKV
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     dc = tl.arange(0, HEAD_D)
-    m_g = tl.full([ROWS], float("-inf"), tl.float32)
-    l_g = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_D], tl.float32)
-    for j in range(0, NSPLIT):
-        base = (pid * NSPLIT + j).to(tl.int64) * BLOCK_Q
-        m_j = tl.load(pm_ptr + base + rows)
-        l_j = tl.load(pl_ptr + base + rows)
-        a_j = tl.load(po_ptr + (base + rows[:, None]) * HEAD_D + dc[None, :])
-        m_new = tl.maximum(m_g, m_j)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        al = tl.exp2(m_g - m_safe)
-        be = tl.exp2(m_j - m_safe)
-        acc = acc * al[:, None] + a_j * be[:, None]
-        l_g = l_g * al + l_j * be
-        m_g = m_new
+    if PARTS == 0:
+        m_g = tl.full([ROWS], float("-inf"), tl.float32)
+        l_g = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, HEAD_D], tl.float32)
+        for j in range(0, NSPLIT):
+            base = (pid * NSPLIT + j).to(tl.int64) * BLOCK_Q
+            m_j = tl.load(pm_ptr + base + rows)
+            l_j = tl.load(pl_ptr + base + rows)
+            a_j = tl.load(po_ptr + (base + rows[:, None]) * HEAD_D + dc[None, :])
+            m_new = tl.maximum(m_g, m_j)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            al = tl.exp2(m_g - m_safe)
+            be = tl.exp2(m_j - m_safe)
+            acc = acc * al[:, None] + a_j * be[:, None]
+            l_g = l_g * al + l_j * be
+            m_g = m_new
+    else:
+        j = tl.arange(0, PARTS)
+        jok = j < NSPLIT
+        base = (pid * NSPLIT + j).to(tl.int64) * BLOCK_Q  # [PARTS]
+        at = base[:, None] + rows[None, :]  # [PARTS, ROWS]
+        m_j = tl.load(pm_ptr + at, mask=jok[:, None], other=float("-inf"))
+        l_j = tl.load(pl_ptr + at, mask=jok[:, None], other=0.0)
+        a_j = tl.load(po_ptr + at[:, :, None] * HEAD_D + dc[None, None, :],
+                      mask=jok[:, None, None], other=0.0)  # [PARTS, ROWS, d]
+        m_g = tl.max(m_j, 0)
+        m_safe = tl.where(m_g == float("-inf"), 0.0, m_g)
+        be = tl.exp2(m_j - m_safe[None, :])  # 0 for the padding parts and empty splits
+        l_g = tl.sum(l_j * be, 0)
+        acc = tl.sum(a_j * be[:, :, None], 0)
     s_of = rows // G
     qh = h * G + rows % G
     row_ok = rows < S * G
@@ -155,19 +174,40 @@ def _combine_kernel(o_ptr, po_ptr, pm_ptr, pl_ptr, so_b, so_s, so_h, HKV, NSPLIT
              mask=row_ok[:, None])
 
 
-def splits_for(B: int, Hkv: int, span: int, block_n: int, n_sm: int) -> int:
-    """Context splits: enough programs for ~2 per SM, never a split shorter than 4 key tiles."""
+def splits_for(B: int, Hkv: int, span: int, block_n: int, n_sm: int,
+               min_tiles: int = 4) -> int:
+    """Context splits: enough programs for ~2 per SM, never a split shorter than min_tiles
+    key tiles (4: triton_v1-v4's rule, tuned where 8 kv heads share the launch)."""
     want = max(1, -(-2 * n_sm // max(1, B * Hkv)))
-    return max(1, min(want, -(-span // (4 * block_n))))
+    return max(1, min(want, -(-span // (min_tiles * block_n))))
+
+
+ONE_LOAD_ELEMS = 8192  # fp32 a one-load combine program holds: 64 registers a thread at 4 warps
+
+
+def combine_tiles(nsplit: int, block_q: int, d: int) -> tuple[int, int]:
+    """(PARTS, ROWS) of the one-load combine: the splits padded to a power of two, as many
+    query rows a program (a power of two) as keep the [PARTS, ROWS, d] tile within
+    ONE_LOAD_ELEMS; (0, 1), the serial merge, where one row's parts alone exceed it."""
+    parts = next_pow2(nsplit)
+    if parts * d > ONE_LOAD_ELEMS:
+        return 0, 1
+    rows = 1
+    while rows * 2 <= block_q and parts * d * rows * 2 <= ONE_LOAD_ELEMS:
+        rows *= 2
+    return parts, rows
 
 
 def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, start: Tensor,
                     sliding: bool, window: int, causal_block: bool, n_sm: int,
-                    combine_rows: int | None = None) -> Tensor:
+                    combine_rows: int | None = None, min_tiles: int = 4,
+                    one_load: bool = False) -> Tensor:
     """q [B, S, Hq, d]; kb, vb [B, S, Hkv, d] (the block's own keys/values; any strides with
     unit stride along d); kc, vc [B, T, Hkv, d] one layer of the cache; start [B] -> o
     [B, S, Hq, d] in act_dtype(). combine_rows: query rows per combine program (default all
-    BLOCK_Q of a (request, kv head): triton_v1; triton_v2 splits them, see README)."""
+    BLOCK_Q of a (request, kv head): triton_v1; triton_v2 splits them, see README).
+    min_tiles: the shortest split in key tiles (`splits_for`); one_load: the combine loads
+    every split at once (`combine_tiles`' rows a program; combine_rows then unused)."""
     B, S, Hq, d = q.shape
     T, Hkv = kc.shape[1], kc.shape[2]
     G = Hq // Hkv
@@ -177,7 +217,7 @@ def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, s
     BLOCK_Q = max(16, next_pow2(S * G))
     BLOCK_N = 64 if d <= 128 else 32
     span = min(T, window - 1) if sliding else T  # context keys one request can see
-    nsplit = splits_for(B, Hkv, max(span, 1), BLOCK_N, n_sm)
+    nsplit = splits_for(B, Hkv, max(span, 1), BLOCK_N, n_sm, min_tiles)
     chunk = triton.cdiv(triton.cdiv(max(span, 1), nsplit), BLOCK_N) * BLOCK_N
     final = nsplit == 1
     if final:
@@ -195,8 +235,12 @@ def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, s
         BLOCK_S=max(16, next_pow2(S)), SLIDING=sliding, CAUSAL_BLOCK=causal_block, FINAL=final,
         DOT_BF16=not INTERPRET, num_warps=8, num_stages=3)
     if not final:
-        rows = BLOCK_Q if combine_rows is None else min(BLOCK_Q, max(1, combine_rows))
+        if one_load:
+            parts, rows = combine_tiles(nsplit, BLOCK_Q, d)
+        else:
+            parts, rows = 0, BLOCK_Q if combine_rows is None else min(BLOCK_Q,
+                                                                      max(1, combine_rows))
         _combine_kernel[(B * Hkv, triton.cdiv(BLOCK_Q, rows))](
             o, po, pm, pl, *o.stride()[:3], Hkv, nsplit, S=S, G=G, HEAD_D=d, BLOCK_Q=BLOCK_Q,
-            ROWS=rows, num_warps=4)
+            ROWS=rows, PARTS=parts, num_warps=4)
     return o

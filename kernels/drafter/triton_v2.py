@@ -58,11 +58,13 @@ def block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor, *,
     return _block_hidden(drafter, target, cache, bonus, start, reduce)
 
 
-def on_proj(proj_fn):
+def on_proj(proj_fn, **attention):
     """(draft_topk_triton, block_hidden) of a version that is this step with another
-    projection rule, proj_fn(x [M, K], w [N, K], name) -> [M, N] bf16 (triton_v3, v4): this
-    file's two contracts, `reduce` included."""
-    body = functools.partial(_block_hidden, proj=proj_fn)
+    projection rule, proj_fn(x [M, K], w [N, K], name) -> [M, N] bf16 (triton_v3, v4), and
+    attention: `block_attention`'s split / combine options in place of this file's (v5):
+    this file's two contracts, `reduce` included."""
+    body = functools.partial(_block_hidden, proj=proj_fn,
+                             attention={"combine_rows": COMBINE_ROWS, **attention})
 
     def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
                           k: int) -> tuple[Tensor, Tensor]:
@@ -80,9 +82,11 @@ def on_proj(proj_fn):
 
 
 def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor,
-                  reduce=None, proj=proj) -> Tensor:
+                  reduce=None, proj=proj, attention=None) -> Tensor:
     """proj(x [M, K], w [N, K], name) -> [M, N] bf16: the version's projection rule
-    (here _gemm.proj; triton_v3 / v4 pass their own through `on_proj`)."""
+    (here _gemm.proj; triton_v3 / v4 pass their own through `on_proj`); attention:
+    `block_attention`'s keyword options (here COMBINE_ROWS's combine; v5 passes its own)."""
+    attention = {"combine_rows": COMBINE_ROWS} if attention is None else attention
     c = drafter.cfg
     B, L, S = bonus.shape[0], c.depth, c.block_size
     Hq, Hkv, d, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
@@ -104,7 +108,7 @@ def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor,
         v = qkv.view(B, S, Hq + 2 * Hkv, d)[:, :, Hq + Hkv:]  # [B, S, Hkv, d] view
         o = block_attention(qk[:, :, :Hq], qk[:, :, Hq:], v, cache.k[li], cache.v[li], start,
                             layer.sliding, c.sliding_window, c.causal_sliding_in_block, n_sm,
-                            combine_rows=COMBINE_ROWS)
+                            **attention)
         r = proj(to_bf16(o).view(B * S, Hq * d), at.o_proj.weight, "o")
         r = r if reduce is None else reduce(r)
         x, a2 = add_rmsnorm(x, r, layer.post_attention_layernorm.weight, eps)
