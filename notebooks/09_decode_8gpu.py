@@ -255,8 +255,9 @@ else:
 # ## The emulated rank against its roofline (session 7)
 # `traces/emulate_engine_session7.csv`: EP8 rank 0 of `kimi-k2.6` on one H200, engine preset +
 # tree_mla v7 (`traces/gpu/session7/README.md` has the command). Each row carries the rank's
-# floor per phase (`emulate.rank_floors`: the shard's weights, the local experts the step's
-# routing touches, the latent cache, the drafter and LM-head shard) and `x_floor`, the
+# floor per phase (`floors.rank_terms`, priced by `floors.price_phases`: the shard's weights,
+# the local experts the step's routing touches, the latent cache, the drafter and LM-head
+# shard) and `x_floor`, the
 # graph-replay estimate (kernel sum + modelled comm) over the floor: issue #12 asks for 1.3 at
 # C = 1, budget 16.
 

@@ -675,6 +675,10 @@ def test_emulation_op_table_charges_the_step_to_registry_ops(tmp_path):
     assert opk.empty and {"layout", "C", "mode", "op", "kernel", "calls", "us"} <= set(opk.columns)
     assert set(ops_["mode"]) == {"AR", "DDTree-8"} and (ops_.us > 0).all()
     ar = ops_[ops_["mode"] == "AR"].set_index("op")
+    # each op's roofline floor beside its time (floors.price_ops, session 59); none for ops
+    # no bytes are charged to
+    assert (ar.loc[["int4_moe", "linear", "tree_mla", "lm_head"], "floor_us"] > 0).all()
+    assert ar.loc["rope", "floor_us"] != ar.loc["rope", "floor_us"]  # NaN
     layers = CFG.num_layers
     assert ar.loc["tree_mla", "calls"] == layers and ar.loc["rope", "calls"] == layers
     assert ar.loc["int4_moe", "calls"] == layers - CFG.first_k_dense

@@ -34,6 +34,7 @@ from workbench.config import ModelConfig
 
 from .comm import Comm, StepLog
 from .decode import dist_config
+from .floors import price_ops, price_phases, rank_terms
 from .layout import Layout
 from .model import (
     SHARED_FORKS,
@@ -305,20 +306,23 @@ def _ranked(per: dict) -> list[tuple]:
     return sorted(((k, n, us) for k, (n, us) in per.items()), key=lambda r: -r[2])
 
 
-def _op_time(fn, comm: StandInComm, device) -> dict:
+def _op_time(fn, comm: StandInComm, device, terms: dict, card: dict | None) -> dict:
     """One more eager call of fn() under torch.profiler with every registry op in a range of
-    its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs)], "glue": [(kernel, calls, µs)],
-    "op_kernels": [(op, kernel, calls, µs)]}, largest first, "(glue)" for the kernels between
-    ops, "glue" naming them and "op_kernels" naming every op's. A pass of its own: the ranges'
-    device-side annotations must not reach `_kernel_time`'s busy time."""
+    its own (`loopbench.op_ranges`): {"ops": [(op, calls, µs, floor µs)], "glue": [(kernel,
+    calls, µs)], "op_kernels": [(op, kernel, calls, µs)]}, largest first, "(glue)" for the
+    kernels between ops, "glue" naming them and "op_kernels" naming every op's; an op's floor
+    from `floors.price_ops(terms)` on the card (NaN where no bytes are charged to the op). A
+    pass of its own: the ranges' device-side annotations must not reach `_kernel_time`'s busy
+    time."""
     from workbench.loopbench import op_kernel_times
 
     by_kernel: dict = {}
     per = op_kernel_times(*_profiled(fn, comm, device, ranges=True), by_kernel=by_kernel)
+    floor = price_ops(terms, **(card or {}))
     op_kernels = sorted(((op, k, n, us) for op, ks in by_kernel.items()
                          for k, (n, us) in ks.items()), key=lambda r: -r[3])
-    return {"ops": _ranked(per), "glue": _ranked(by_kernel.get("(glue)", {})),
-            "op_kernels": op_kernels}
+    return {"ops": [(op, n, us, floor.get(op, math.nan) * 1e6) for op, n, us in _ranked(per)],
+            "glue": _ranked(by_kernel.get("(glue)", {})), "op_kernels": op_kernels}
 
 
 @torch.no_grad()
@@ -329,7 +333,7 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     (draft -> tree build -> verify). Returns compute seconds per phase, wall, comm log;
     op_table: also the step's kernel time by registry op (`_op_time`, one more call); graph:
     the kernel times from a CUDA-graph replay of the step (`_kernel_time`); card: the floors'
-    copy bandwidth and bf16 peak (`rank_floors`' bw_tbs / tflops; default the H200's)."""
+    copy bandwidth and bf16 peak (`floors.price_phases`' bw_tbs / tflops; default the H200's)."""
     from workbench.reference.tree_build import topk_logprobs
 
     dev, cfg = model.device, model.cfg
@@ -350,10 +354,10 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
 
         wall = _timed(ar_step, comm, repeats)
         out = {"wall_s": wall, **_phases(comm), "calls": list(comm.calls)}
-        floors = rank_floors(model, drafter, batch, None, ctx, seen["routing"], **(card or {}))
-        ops_ = _op_time(ar_step, comm, dev) if op_table else {}
-        return {**out, **_kernel_time(ar_step, comm, dev, graph=graph), **_floor_cols(floors),
-                **ops_}
+        terms = rank_terms(model, drafter, batch, None, ctx, seen["routing"])
+        ops_ = _op_time(ar_step, comm, dev, terms, card) if op_table else {}
+        return {**out, **_kernel_time(ar_step, comm, dev, graph=graph),
+                **_floor_cols(price_phases(terms, **(card or {}))), **ops_}
     dcache = drafter.new_cache(batch, ctx + n + 1)
     for t in dcache:
         for layer in t:
@@ -379,67 +383,16 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
     out = {"wall_s": wall, **_phases(comm), **times, "calls": list(comm.calls)}
     draft = _kernel_time(lambda: drafter.draft_override(None, model, dcache, bonus, prefix, k),
                          comm, dev, graph=graph)  # the draft forward's share of the kernel sum
-    floors = rank_floors(model, drafter, batch, budget, ctx, seen["routing"], **(card or {}))
-    ops_ = _op_time(step, comm, dev) if op_table else {}
+    terms = rank_terms(model, drafter, batch, budget, ctx, seen["routing"])
+    ops_ = _op_time(step, comm, dev, terms, card) if op_table else {}
     return {**out, **_kernel_time(step, comm, dev, graph=graph),
-            "draft_kernel_s": draft["kernel_s"], **_floor_cols(floors), **ops_}
+            "draft_kernel_s": draft["kernel_s"], **_floor_cols(price_phases(terms, **(card or {}))),
+            **ops_}
 
 
 def _floor_cols(floors: dict) -> dict:
     """The floors as measure() columns: {phase}_floor_s and their sum floor_s."""
     return {**{f"{p}_floor_s": v for p, v in floors.items()}, "floor_s": sum(floors.values())}
-
-
-def rank_floors(model: DistKimiModel, drafter, C: int, budget: int | None, ctx: int,
-                routing: list[torch.Tensor], bw_tbs: float | None = None,
-                tflops: float | None = None) -> dict:
-    """{phase: floor seconds} of this rank's step (loopbench.phase_floors' rules on the
-    shard): max(bytes / copy bandwidth, FLOPs / bf16 peak) per phase.
-
-    verify: the shard's dense weights (attention heads, dense / shared-expert slices, norms,
-    router), the LOCAL experts the step's routing touches (`routing`: [B, N, K] global ids
-    per MoE layer; EP: ids in this rank's range, each read once), the LM-head shard, the
-    whole latent cache (replicated: every rank reads it for its heads), the logits shard.
-    draft (DDTree): the rank's drafter (whole, or its TP shard) + LM-head shard
-    (`loopbench.draft_terms`).
-    commit: the verify rows' cache writes + the rank's drafter context weights (fc, K/V)."""
-    from workbench.loopbench import H200_BF16_TFLOPS, H200_COPY_TBS, draft_terms
-
-    bw, pk = (bw_tbs or H200_COPY_TBS) * 1e12, (tflops or H200_BF16_TFLOPS) * 1e12
-    cfg, lay = model.cfg, model.layout
-    nb = lambda t: t.numel() * t.element_size()  # noqa: E731
-    other_b = other_p = 0
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if not ("embed_tokens" in name or name.startswith("lm_head") or ".mlp.experts." in name):
-            other_b, other_p = other_b + nb(t), other_p + t.numel()
-    head = model.lm_head_shard.weight
-    e0, e1 = lay.experts(cfg)
-    moe = [m.mlp.experts for m in model.model.layers.values() if m.is_moe]
-    exp_b = sum(nb(b) for b in moe[0].buffers()) / (e1 - e0) if moe else 0.0
-    exp_p = sum(b.numel() * 8 for n, b in moe[0].named_buffers() if n.endswith("_packed")) / (
-        e1 - e0) if moe else 0.0
-    touched = pairs = 0
-    for ids in routing:
-        mine = ids[(ids >= e0) & (ids < e1)]
-        touched += mine.unique().numel()
-        pairs += mine.numel()
-    N = 1 if budget is None else budget + 1
-    rows, H = C * N, cfg.num_heads // lay.tp
-    layers, lat = len(model.layer_ids), cfg.latent_dim
-    attn = 2 * H * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers  # FLOPs a row
-    f = {"verify": (other_b + touched * exp_b + nb(head) + layers * C * ctx * lat * 2
-                    + rows * head.shape[0] * 4,
-                    2 * rows * (other_p + head.numel()) + rows * attn + 2 * pairs * exp_p)}
-    if budget is not None:
-        d, dm = drafter.cfg, drafter.drafter
-        dp = list(dm.named_parameters())
-        f["draft"] = draft_terms(d, C, ctx, sum(nb(t) for _, t in dp),
-                                 sum(t.numel() for _, t in dp), nb(head), head.numel(),
-                                 head.shape[0])
-        ctx_w = sum(nb(t) for n, t in dp
-                    if n.startswith("fc.") or "k_proj" in n or "v_proj" in n)
-        f["commit"] = (2 * layers * rows * lat * 2 + ctx_w, 0)
-    return {p: max(b / bw, fl / pk) for p, (b, fl) in f.items()}
 
 
 def _phases(comm: StandInComm) -> dict:
@@ -664,10 +617,11 @@ def main(argv=None) -> int:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     meta = {**run_metadata(device), "kernels": a.kernels or "reference"}
 
-    # the side tables: (path, their key columns, the row field holding their rows)
-    tables = ((a.kernel_table, ("kernel",), "kernel_list"), (a.op_table, ("op",), "op_list"),
-              (a.glue_table, ("kernel",), "glue_list"),
-              (a.op_kernel_table, ("op", "kernel"), "op_kernel_list"))
+    # the side tables: (path, their rows' columns, the row field holding their rows)
+    tables = ((a.kernel_table, ("kernel", "calls", "us"), "kernel_list"),
+              (a.op_table, ("op", "calls", "us", "floor_us"), "op_list"),
+              (a.glue_table, ("kernel", "calls", "us"), "glue_list"),
+              (a.op_kernel_table, ("op", "kernel", "calls", "us"), "op_kernel_list"))
 
     def save(rows):  # the table so far, with the run's provenance on every row
         if a.csv:
@@ -677,10 +631,9 @@ def main(argv=None) -> int:
         for path, cols, field in tables:
             if path:  # one configuration's rows once (the links repeat them)
                 seen = {(r["layout"], r["C"], r["mode"], r["drafter_layout"]): r for r in rows}
-                head = ["layout", "C", "mode", "drafter_layout", *cols, "calls", "us", *meta]
+                head = ["layout", "C", "mode", "drafter_layout", *cols, *meta]
                 pd.DataFrame([{"layout": key[0], "C": key[1], "mode": key[2],
-                               "drafter_layout": key[3], **dict(zip(cols, row[:-2])),
-                               "calls": row[-2], "us": row[-1], **meta}
+                               "drafter_layout": key[3], **dict(zip(cols, row)), **meta}
                               for key, r in seen.items() for row in r[field]],
                              columns=head).to_csv(path, index=False)
 

@@ -1,0 +1,94 @@
+"""workbench/dist/floors.py: the emulated rank's roofline terms by phase and by registry op."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from workbench.config import ModelConfig
+from workbench.dist.drafter import make_dist_drafter
+from workbench.dist.emulate import rank_model
+from workbench.dist.floors import price_ops, price_phases, rank_terms
+from workbench.reference.drafter import build_drafter
+
+
+@pytest.fixture(scope="module")
+def ep8_rank():
+    cfg = ModelConfig.preset("tiny-dist")
+    model, _ = rank_model(cfg, "ep8")
+    full = build_drafter(model.cfg, seed=0)
+    return model, make_dist_drafter(full, model, "tp")
+
+
+def _routing(model, C, N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.cfg
+    moe_layers = sum(m.is_moe for m in model.model.layers.values())
+    return [torch.randint(0, cfg.n_routed_experts, (C, N, cfg.n_experts_per_tok), generator=g)
+            for _ in range(moe_layers)]
+
+
+def _nb(t):
+    return t.numel() * t.element_size()
+
+
+def test_every_byte_of_the_verify_belongs_to_one_op(ep8_rank):
+    """The verify's op terms sum to the phase's bytes and FLOPs counted directly (the shard's
+    non-expert weights, the touched local experts, the LM-head shard and logits, the latent
+    cache); every dense weight of the shard is charged to a named op, none to "(other)"."""
+    model, drafter = ep8_rank
+    cfg, lay = model.cfg, model.layout
+    C, budget, ctx = 2, 8, 40
+    routing = _routing(model, C, budget + 1)
+    terms = rank_terms(model, drafter, C, budget, ctx, routing)
+    assert set(terms) == {"verify", "draft", "commit"}
+    verify = terms["verify"]
+    assert "(other)" not in verify
+    assert {"linear", "mla_q_absorb", "mla_v_up", "rmsnorm", "moe_route", "swiglu_mlp",
+            "int4_moe", "lm_head", "tree_mla"} <= set(verify)
+    dense = sum(_nb(t) for n, t in list(model.named_parameters()) + list(model.named_buffers())
+                if not ("embed_tokens" in n or n.startswith("lm_head") or ".mlp.experts." in n))
+    e0, e1 = lay.experts(cfg)
+    moe = [m.mlp.experts for m in model.model.layers.values() if m.is_moe]
+    per_expert = sum(_nb(b) for b in moe[0].buffers()) / (e1 - e0)
+    touched = sum(ids[(ids >= e0) & (ids < e1)].unique().numel() for ids in routing)
+    head = model.lm_head_shard.weight
+    rows, layers = C * (budget + 1), len(model.layer_ids)
+    want = (dense + touched * per_expert + _nb(head) + rows * head.shape[0] * 4
+            + layers * C * ctx * cfg.latent_dim * 2)
+    assert sum(b for b, _ in verify.values()) == pytest.approx(want)
+    assert verify["int4_moe"][0] == pytest.approx(touched * per_expert)
+    # kv_b's rows split between the absorption (W_UK) and the up-projection (W_UV)
+    kvb = sum(_nb(t) for n, t in model.named_parameters() if "kv_b_proj" in n)
+    assert verify["mla_q_absorb"][0] + verify["mla_v_up"][0] == pytest.approx(kvb)
+    assert verify["mla_q_absorb"][0] == pytest.approx(
+        kvb * cfg.qk_nope_dim / (cfg.qk_nope_dim + cfg.v_head_dim))
+
+
+def test_phase_and_op_prices(ep8_rank):
+    """A phase's floor prices its ops' summed terms; an op's floor its own terms summed over
+    the phases (the LM head: verify + draft); both scale with the card's copy speed when
+    bytes bind; AR has the verify alone."""
+    model, drafter = ep8_rank
+    routing = _routing(model, 1, 17, seed=3)
+    terms = rank_terms(model, drafter, 1, 16, 64, routing)
+    phases, ops_ = price_phases(terms), price_ops(terms)
+    for p, per in terms.items():
+        b = sum(v[0] for v in per.values())
+        f = sum(v[1] for v in per.values())
+        assert phases[p] == pytest.approx(max(b / 4.26e12, f / 989e12))
+    head_b = terms["verify"]["lm_head"][0] + terms["draft"]["lm_head"][0]
+    head_f = terms["verify"]["lm_head"][1] + terms["draft"]["lm_head"][1]
+    assert ops_["lm_head"] == pytest.approx(max(head_b / 4.26e12, head_f / 989e12))
+    assert ops_["(drafter body)"] > 0 and ops_["drafter_materialize"] > 0
+    half = price_ops(terms, bw_tbs=2.13)
+    bytes_bound = [op for op, (b, f) in terms["verify"].items() if b / 4.26e12 > f / 989e12
+                   and op != "lm_head"]  # bound by bytes on both cards (verify-only ops)
+    assert "int4_moe" in bytes_bound
+    for op in bytes_bound:
+        assert half[op] == pytest.approx(2 * ops_[op])
+    ar = rank_terms(model, drafter, 1, None, 64, _routing(model, 1, 1))
+    assert set(ar) == {"verify"}
+    assert math.isfinite(sum(price_phases(ar).values()))

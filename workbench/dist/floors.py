@@ -1,0 +1,124 @@
+"""Roofline floors of one emulated rank's step, by phase and by registry op.
+
+A floor is max(bytes / copy bandwidth, FLOPs / bf16 peak): what the step's data must cost
+at the card's measured ceilings. `rank_terms` splits the step's (bytes, FLOPs) by phase and,
+inside a phase, by the registry op that reads them (the op table's names, so the op table can
+show each op's time next to its floor); `price_phases` prices each phase's sum (the #12
+bar's floor), `price_ops` each op's own (summed over phases: the LM head runs in the verify
+and in the draft). Every byte of a phase belongs to exactly one op, so the phases' sums are the
+op terms' sums.
+
+Bytes counted (loopbench.phase_floors' rules on the shard):
+- verify: the shard's dense weights by the op that reads them (linear: q_a, kv_a, q_b, o;
+  mla_q_absorb / mla_v_up: kv_b's W_UK / W_UV rows; swiglu_mlp: the dense MLP and shared
+  experts; moe_route: the router; rmsnorm: every norm's weight; "(other)": anything else), the
+  LOCAL experts the step's routing touches (int4_moe: each read once), the LM-head shard and
+  the logits (lm_head), the whole latent cache (tree_mla: replicated, every rank reads it).
+- draft (DDTree): the rank's drafter (whole, or its TP shard) and its cached K/V ("(drafter
+  body)", the op table's row), the LM-head shard and its logits (lm_head:
+  `loopbench.draft_terms`).
+- commit: the verify rows' cache writes (mla_kv_write) + the drafter's context weights (fc,
+  K/V: drafter_materialize).
+FLOPs: 2 x rows x parameters a dense op reads, the attention's rows x prefix x heads, the
+experts' 2 x (token, expert) pairs x parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# a shard's dense parameter -> the registry op that reads it (the first part its name holds;
+# "mlp." after the router: the dense layer's MLP and the shared experts)
+_OP_OF = (("layernorm", "rmsnorm"), ("model.norm.", "rmsnorm"), ("self_attn.kv_b_proj", "kv_b"),
+          ("self_attn.", "linear"), ("mlp.gate.", "moe_route"), ("mlp.", "swiglu_mlp"))
+
+
+def _op_of(name: str) -> str:
+    return next((op for part, op in _OP_OF if part in name), "(other)")
+
+
+def rank_terms(model, drafter, C: int, budget: int | None, ctx: int,
+               routing: list[torch.Tensor]) -> dict[str, dict[str, tuple[float, float]]]:
+    """{phase: {op: (bytes, FLOPs)}} of this rank's step (module docstring). routing: [B, N,
+    K] global expert ids per MoE layer (EP: ids in this rank's range count, each once)."""
+    from workbench.loopbench import draft_terms
+
+    cfg, lay = model.cfg, model.layout
+    nb = lambda t: t.numel() * t.element_size()  # noqa: E731
+    N = 1 if budget is None else budget + 1
+    rows = C * N
+    verify: dict[str, list[float]] = {}
+
+    def add(terms, op, b, f):
+        acc = terms.setdefault(op, [0.0, 0.0])
+        acc[0] += b
+        acc[1] += f
+
+    dn, dv = cfg.qk_nope_dim, cfg.v_head_dim
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if "embed_tokens" in name or name.startswith("lm_head") or ".mlp.experts." in name:
+            continue
+        op, b, p = _op_of(name), nb(t), t.numel()
+        if op == "kv_b":  # [H (dn + dv), C]: W_UK rows feed the absorption, W_UV the up-proj
+            uk = dn / (dn + dv)
+            add(verify, "mla_q_absorb", b * uk, 2 * rows * p * uk)
+            add(verify, "mla_v_up", b * (1 - uk), 2 * rows * p * (1 - uk))
+        else:
+            add(verify, op, b, 2 * rows * p)
+    e0, e1 = lay.experts(cfg)
+    moe = [m.mlp.experts for m in model.model.layers.values() if m.is_moe]
+    if moe:
+        exp_b = sum(nb(b) for b in moe[0].buffers()) / (e1 - e0)
+        exp_p = sum(b.numel() * 8 for n, b in moe[0].named_buffers()
+                    if n.endswith("_packed")) / (e1 - e0)
+        touched = pairs = 0
+        for ids in routing:
+            mine = ids[(ids >= e0) & (ids < e1)]
+            touched += mine.unique().numel()
+            pairs += mine.numel()
+        add(verify, "int4_moe", touched * exp_b, 2 * pairs * exp_p)
+    head = model.lm_head_shard.weight
+    add(verify, "lm_head", nb(head) + rows * head.shape[0] * 4, 2 * rows * head.numel())
+    H, layers, lat = cfg.num_heads // lay.tp, len(model.layer_ids), cfg.latent_dim
+    attn = 2 * H * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers  # FLOPs a row
+    add(verify, "tree_mla", layers * C * ctx * lat * 2, rows * attn)
+    out = {"verify": {op: tuple(v) for op, v in verify.items()}}
+    if budget is not None:
+        d, dm = drafter.cfg, drafter.drafter
+        dp = list(dm.named_parameters())
+        w_b, w_p = sum(nb(t) for _, t in dp), sum(t.numel() for _, t in dp)
+        whole = draft_terms(d, C, ctx, w_b, w_p, nb(head), head.numel(), head.shape[0])
+        body = draft_terms(d, C, ctx, w_b, w_p, 0, 0, 0)  # the same without the head
+        out["draft"] = {"(drafter body)": body,
+                        "lm_head": (whole[0] - body[0], whole[1] - body[1])}
+        ctx_w = sum(nb(t) for n, t in dp if n.startswith("fc.") or "k_proj" in n
+                    or "v_proj" in n)
+        out["commit"] = {"mla_kv_write": (2 * layers * rows * lat * 2, 0.0),
+                         "drafter_materialize": (ctx_w, 0.0)}
+    return out
+
+
+def _price(b: float, f: float, bw_tbs: float | None, tflops: float | None) -> float:
+    from workbench.loopbench import H200_BF16_TFLOPS, H200_COPY_TBS
+
+    return max(b / ((bw_tbs or H200_COPY_TBS) * 1e12), f / ((tflops or H200_BF16_TFLOPS) * 1e12))
+
+
+def price_phases(terms: dict, bw_tbs: float | None = None, tflops: float | None = None) -> dict:
+    """{phase: floor seconds} from `rank_terms`: each phase's (bytes, FLOPs) summed over its
+    ops, priced at bw_tbs copy TB/s and tflops bf16 TFLOP/s (default the H200's measured
+    ceilings)."""
+    return {p: _price(sum(b for b, _ in ops_.values()), sum(f for _, f in ops_.values()),
+                      bw_tbs, tflops) for p, ops_ in terms.items()}
+
+
+def price_ops(terms: dict, bw_tbs: float | None = None, tflops: float | None = None) -> dict:
+    """{op: floor seconds} from `rank_terms`: each op's bytes and FLOPs summed over the phases,
+    then priced (an op's floor, not a share of its phase's)."""
+    per: dict[str, list[float]] = {}
+    for ops_ in terms.values():
+        for op, (b, f) in ops_.items():
+            acc = per.setdefault(op, [0.0, 0.0])
+            acc[0] += b
+            acc[1] += f
+    return {op: _price(b, f, bw_tbs, tflops) for op, (b, f) in per.items()}
