@@ -60,6 +60,12 @@ def test_every_byte_of_the_verify_belongs_to_one_op(ep8_rank):
             + layers * C * ctx * cfg.latent_dim * 2)
     assert sum(b for b, _ in verify.values()) == pytest.approx(want)
     assert verify["int4_moe"][0] == pytest.approx(touched * per_expert)
+    # the attention's FLOPs on the rank's own heads (num_heads / world under EP as under TP)
+    h = model.model.layers[str(model.layer_ids[0])].self_attn.q_b_proj.weight.shape[0] \
+        // cfg.qk_head_dim
+    assert h == cfg.num_heads // lay.world
+    assert verify["tree_mla"][1] == pytest.approx(
+        rows * 2 * h * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers)
     # kv_b's rows split between the absorption (W_UK) and the up-projection (W_UV)
     kvb = sum(_nb(t) for n, t in model.named_parameters() if "kv_b_proj" in n)
     assert verify["mla_q_absorb"][0] + verify["mla_v_up"][0] == pytest.approx(kvb)

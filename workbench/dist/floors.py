@@ -19,7 +19,9 @@ Bytes counted (loopbench.phase_floors' rules on the shard):
   `loopbench.draft_terms`).
 - commit: the verify rows' cache writes (mla_kv_write) + the drafter's context weights (fc,
   K/V: drafter_materialize).
-FLOPs: 2 x rows x parameters a dense op reads, the attention's rows x prefix x heads, the
+FLOPs: 2 x rows x parameters a dense op reads, the attention's rows x prefix x the rank's
+heads (`Layout.heads`: num_heads / world under every layout; before session 59 the EP layouts
+counted all heads, num_heads / tp, an 8x overcount that only bytes-bound phases hid), the
 experts' 2 x (token, expert) pairs x parameters.
 """
 
@@ -79,8 +81,9 @@ def rank_terms(model, drafter, C: int, budget: int | None, ctx: int,
         add(verify, "int4_moe", touched * exp_b, 2 * pairs * exp_p)
     head = model.lm_head_shard.weight
     add(verify, "lm_head", nb(head) + rows * head.shape[0] * 4, 2 * rows * head.numel())
-    H, layers, lat = cfg.num_heads // lay.tp, len(model.layer_ids), cfg.latent_dim
-    attn = 2 * H * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers  # FLOPs a row
+    h0, h1 = lay.heads(cfg)  # the attention's heads are split over every rank (EP too)
+    layers, lat = len(model.layer_ids), cfg.latent_dim
+    attn = 2 * (h1 - h0) * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers  # FLOPs a row
     add(verify, "tree_mla", layers * C * ctx * lat * 2, rows * attn)
     out = {"verify": {op: tuple(v) for op, v in verify.items()}}
     if budget is not None:
