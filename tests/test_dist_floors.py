@@ -98,3 +98,32 @@ def test_phase_and_op_prices(ep8_rank):
     ar = rank_terms(model, drafter, 1, None, 64, _routing(model, 1, 1))
     assert set(ar) == {"verify"}
     assert math.isfinite(sum(price_phases(ar).values()))
+
+
+def test_floors_cli_puts_an_op_tables_times_beside_the_floors(tmp_path):
+    """`python -m workbench.dist.floors`: the meta-device rank's floors by op for each
+    configuration, an op table's µs beside them (x_floor = µs / floor), ops without a floor
+    (glue) and floors without a time both listed."""
+    import pandas as pd
+
+    from workbench.dist.floors import main, meta_rank, uniform_routing
+
+    ops_csv, out = tmp_path / "ops.csv", tmp_path / "floors.csv"
+    pd.DataFrame({"layout": "EP8", "C": [1, 1, 1], "mode": "DDTree-4",
+                  "op": ["int4_moe", "(glue)", "linear"], "calls": [5, 0, 18],
+                  "us": [400.0, 50.0, 90.0]}).to_csv(ops_csv, index=False)
+    assert main(["--preset", "tiny-dist", "--batches", "1", "--budgets", "ar,4", "--ctx", "64",
+                 "--op-table", str(ops_csv), "--csv", str(out)]) == 0
+    t = pd.read_csv(out)
+    assert set(t["mode"]) == {"AR", "DDTree-4"}
+    dd = t[t["mode"] == "DDTree-4"].set_index("op")
+    assert dd.loc["int4_moe", "us"] == 400.0 and dd.loc["int4_moe", "floor_us"] > 0
+    assert dd.loc["int4_moe", "x_floor"] == pytest.approx(400.0 / dd.loc["int4_moe", "floor_us"])
+    assert math.isnan(dd.loc["(glue)", "floor_us"]) and dd.loc["(glue)", "over_us"] == 50.0
+    assert math.isnan(dd.loc["tree_mla", "us"]) and dd.loc["tree_mla", "floor_us"] > 0
+    # the meta rank holds the emulated shapes without memory; routing rows pick distinct experts
+    model, _ = meta_rank("tiny-dist", "ep8")
+    assert next(model.parameters()).device.type == "meta"
+    r = uniform_routing(model, 2, 3)[0]
+    assert r.shape == (2, 3, model.cfg.n_experts_per_tok)
+    assert all(len(set(row.tolist())) == r.shape[-1] for row in r.view(-1, r.shape[-1]))

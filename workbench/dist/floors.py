@@ -23,6 +23,11 @@ FLOPs: 2 x rows x parameters a dense op reads, the attention's rows x prefix x t
 heads (`Layout.heads`: num_heads / world under every layout; before session 59 the EP layouts
 counted all heads, num_heads / tp, an 8x overcount that only bytes-bound phases hid), the
 experts' 2 x (token, expert) pairs x parameters.
+
+    python -m workbench.dist.floors --layers 16 --op-table traces/gpu/session58/call1/emulate_ops.csv
+
+prices every op of the emulated rank on the meta device (`meta_rank`: kimi-k2.6's shapes on a
+laptop, `uniform_routing`) beside an op table's µs: op, µs, floor µs, µs over it, x floor.
 """
 
 from __future__ import annotations
@@ -125,3 +130,87 @@ def price_ops(terms: dict, bw_tbs: float | None = None, tflops: float | None = N
             acc[0] += b
             acc[1] += f
     return {op: _price(b, f, bw_tbs, tflops) for op, (b, f) in per.items()}
+
+
+def meta_rank(preset: str, layout: str, layers: int | None = None, drafter_layout: str = "tp",
+              world: int = 8):
+    """(model, drafter) of rank 0 of `layout` (emulate's names: tp8, ep8, ep4xtp2) on the meta
+    device: every shape of the emulated rank, no memory (a laptop prices kimi-k2.6's)."""
+    from workbench.config import ModelConfig
+    from workbench.reference.drafter import empty_drafter
+
+    from .decode import dist_config
+    from .drafter import make_dist_drafter
+    from .layout import Layout
+    from .model import empty_dist_model
+
+    cfg = dist_config(ModelConfig.preset(preset))
+    if layers is not None:
+        cfg = cfg.first_layers(layers)
+    kw = {part[:2]: int(part[2:]) for part in layout.lower().split("x")}
+    model = empty_dist_model(cfg, Layout.make(world, 0, exact=False, **kw), None, "meta")
+    return model, make_dist_drafter(empty_drafter(cfg.drafter, "meta"), model, drafter_layout)
+
+
+def uniform_routing(model, C: int, N: int, seed: int = 0) -> list[torch.Tensor]:
+    """[C, N, top-k] expert ids per MoE layer, each row's k distinct and uniform (what the
+    emulation's random router gives, near enough for a floor)."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.cfg
+    n = sum(m.is_moe for m in model.model.layers.values())
+    return [torch.rand(C * N, cfg.n_routed_experts, generator=g).argsort(-1)[
+        :, : cfg.n_experts_per_tok].view(C, N, -1) for _ in range(n)]
+
+
+def main(argv=None) -> int:
+    """Each registry op's floor for emulated configurations, beside an op table's times."""
+    import argparse
+    import math
+
+    import pandas as pd
+
+    p = argparse.ArgumentParser(prog="python -m workbench.dist.floors",
+                                description="Roofline floors of an emulated rank's step by "
+                                "registry op (meta-device shapes, uniform routing), beside the "
+                                "times of an emulate --op-table CSV if given.")
+    p.add_argument("--preset", default="kimi-k2.6")
+    p.add_argument("--layout", default="ep8")
+    p.add_argument("--layers", type=int, help="the preset's first N target layers (emulate's)")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--budgets", default="ar,16")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--bw-tbs", type=float, help="copy TB/s (default the H200's)")
+    p.add_argument("--tflops", type=float, help="bf16 TFLOP/s (default the H200's)")
+    p.add_argument("--op-table", help="an emulate --op-table CSV: its µs beside the floors")
+    p.add_argument("--csv", help="write the table here")
+    a = p.parse_args(argv)
+    model, drafter = meta_rank(a.preset, a.layout, a.layers)
+    times = pd.read_csv(a.op_table) if a.op_table else None
+    rows = []
+    for C in (int(x) for x in a.batches.split(",")):
+        for bud in (None if x == "ar" else int(x) for x in a.budgets.split(",")):
+            N, mode = (1, "AR") if bud is None else (bud + 1, f"DDTree-{bud}")
+            terms = rank_terms(model, drafter, C, bud, a.ctx, uniform_routing(model, C, N))
+            floor = price_ops(terms, a.bw_tbs, a.tflops)
+            us = {}
+            if times is not None:
+                t = times[(times.C == C) & (times["mode"] == mode)]
+                us = dict(zip(t.op, t.us))
+            for op in sorted(set(floor) | set(us), key=lambda o: -us.get(o, floor.get(o, 0))):
+                f = floor.get(op, math.nan) * 1e6
+                u = us.get(op, math.nan)
+                rows.append({"C": C, "mode": mode, "op": op, "us": u, "floor_us": f,
+                             "over_us": u - (0 if math.isnan(f) else f),
+                             "x_floor": u / f if f > 0 else math.nan})
+            ph = price_phases(terms, a.bw_tbs, a.tflops)
+            print(f"C {C} {mode}: phase floors " + ", ".join(f"{k} {v * 1e3:.3f} ms"
+                                                          for k, v in ph.items()))
+    df = pd.DataFrame(rows)
+    if a.csv:
+        df.to_csv(a.csv, index=False)
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
