@@ -256,7 +256,9 @@ Versions (README.md has the design and the version log), each with the contract 
                KSPLIT) on unhinted calls of 9-17 tokens: 128 shorter CTAs an expert, so a
                draw whose experts overrun 4 waves of 528 CTAs leaves a quarter of the tail;
                H100 (session 57, as cuda_v28 knobs): REAL uniform T 9 566.4 vs 591.8 µs
-               (1.03x Humming); not cuda_v28's bits there; the GPU tests wait
+               (1.03x Humming); not cuda_v28's bits there; H200 (session 58): faster than
+               Humming at all 14 REAL cases, GPU tests and memcheck clean; `small`'s exact
+               suite passed under it (session 59); BEST from session 59
 `_common.py` holds what versions share (host checks, routing and combine kernels, dequant);
 `sm90.py` compiles every kernel for sm_90 without a GPU.
 Importing this package imports no Triton; `register()` adds the variants to the op registry.
@@ -329,7 +331,16 @@ _MOD = "workbench.kernels.int4_moe"
 # trained exact suite 21 passed (session 56 call 5), memcheck at skewed T 512 0 errors and
 # `small`'s DDTree == AR suite at C 1 / 8, AR and DDTree 1-128, 14 passed (session 57 calls 1-2;
 # every divergence a reference tie or an explained near-tie); `small` at C 32 not run under it
-BEST = "cuda_v28"
+# cuda_v30 from session 59: cuda_v28's bits but on unhinted calls of 9-17 tokens (the cold
+# gate/up launch's K in 4 parts a unit there); H200 (session 58 call 3, REAL bench with
+# Humming, one round) faster than Humming at all 14 REAL cases, 1.01-1.47x, where cuda_v28
+# trails it at uniform T 9 (478.2 vs 470.3 µs) and skewed T 17 (482.1 vs 475.9); slower than
+# cuda_v28 at uniform T 17 (803-807 vs 791-793); its GPU tests 13 + the shared suites 22
+# passed, memcheck 0 errors (call 4); `small`'s exact suite under it (session 59 call 2, an
+# H100): C 1 AR vs the reference loop and DDTree 1-128 == AR, C 8 DDTree-1 == AR, 8 passed,
+# every divergence an explained near-tie; the trained pair (D 256) keeps cuda_v28's KW1 2, so
+# its suite is cuda_v28's; `small` at C 32 not run under it
+BEST = "cuda_v30"
 # the "engine" preset's version (kernels/__init__.py; what the full-size emulation times):
 # cuda_v4 in session 26 (H200, EP8 emulation ABA against v34, kernel ms: C 1 AR 5.256 vs
 # 5.472 / 5.457, C 1 DDTree-16 14.059 vs 14.324 / 14.346, C 8 AR 9.034 vs 9.190 / 9.197, C 8
