@@ -394,6 +394,9 @@ def test_registered():
     assert ops.op_spec("drafter").variant("triton_v3").load() is triton_v3.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v4").load() is triton_v4.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v5").load() is triton_v5.draft_topk_triton
+    # the engine preset's drafter (the EP8 emulation's TP drafter, session 59), BEST elsewhere
+    assert ops.PRESETS["engine"]["drafter"] == "triton_v5"
+    assert ops.PRESETS["optimized"]["drafter"] == BEST
     assert ops.op_spec("drafter_materialize").variant("triton_v1").load() is materialize_triton
     assert ops.PRESETS["optimized"]["drafter_materialize"] == "triton_v1"
 

@@ -28,6 +28,13 @@ from __future__ import annotations
 
 _MOD = "workbench.kernels.drafter"
 BEST = "triton_v2"  # the "optimized" preset, the decode-loop test and the notebook use it
+# the "engine" preset's (kernels/__init__.py; the EP8 emulation's tensor-parallel drafter):
+# triton_v5 from session 59 (H100, traces/gpu/session59 calls 1 and 5, the 16-layer EP8 step,
+# graph-replayed, 3-4 runs each): C 1 DDTree-16 draft 0.692-0.696 ms against triton_v2's
+# 0.743-0.747 and triton_v4's 0.726-0.732, the step's kernels 4.214-4.236 against 4.268-4.276;
+# C 8 the draft 0.838-0.840 against 0.848-0.852, the step within the runs' spread. Not BEST:
+# the whole drafter (one GPU, 8 kv heads) is not timed under v4's projections or v5's splits
+ENGINE = "triton_v5"
 MATERIALIZE = f"{_MOD}.materialize_v1:materialize_triton"
 VARIANTS: dict[str, dict[str, str]] = {
     "drafter": {"triton_v1": f"{_MOD}.triton_v1:draft_topk_triton",
