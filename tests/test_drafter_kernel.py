@@ -1,4 +1,4 @@
-"""drafter kernels (kernels/drafter/ triton_v1 .. triton_v5) against the reference drafter.
+"""drafter kernels (kernels/drafter/ triton_v1 .. triton_v6) against the reference drafter.
 
 The reference accumulates in float64 and rounds each op to bf16; triton_v1 runs bf16 GEMMs with
 fp32 accumulation, so whole-step log-probs agree within a dtype-derived tolerance and ids agree
@@ -26,6 +26,7 @@ from workbench.kernels.drafter import (
     triton_v3,
     triton_v4,
     triton_v5,
+    triton_v6,
 )
 from workbench.kernels.drafter._attention import block_attention
 from workbench.kernels.drafter._gemm import SKINNY, proj
@@ -58,7 +59,8 @@ def _setup(cfg: ModelConfig, starts, seed=0, device="cpu", window_cfg=None):
 
 # triton_v3 (a measured negative) is checked on one case below (test_v3_...)
 STEPS = {"triton_v1": triton_v1.draft_topk_triton, "triton_v2": triton_v2.draft_topk_triton,
-         "triton_v4": triton_v4.draft_topk_triton, "triton_v5": triton_v5.draft_topk_triton}
+         "triton_v4": triton_v4.draft_topk_triton, "triton_v5": triton_v5.draft_topk_triton,
+         "triton_v6": triton_v6.draft_topk_triton}
 
 
 @pytest.fixture(params=sorted(STEPS))
@@ -282,6 +284,86 @@ def test_split_and_one_load_combine_rules():
     assert combine_tiles(3, 8, 16) == (4, 8)  # rows never past the program's query rows
 
 
+def test_split_cap():
+    """max_splits caps `splits_for` (triton_v6: 32 at the TP8 rank's full layer, where one-tile
+    splits make 64) and the capped attention is still the reference's."""
+    from workbench.kernels.drafter._attention import splits_for
+
+    assert splits_for(1, 1, 4096, 64, 132, 1, 32) == 32
+    assert splits_for(1, 1, 2047, 64, 132, 1, 32) == 32 and splits_for(1, 1, 100, 64, 132, 1, 32) == 2
+    assert splits_for(1, 1, 4096, 64, 132, 1, None) == 64
+    g = torch.Generator().manual_seed(11)
+    B, S, Hq, Hkv, d, T = 1, 4, 2, 1, 16, 700
+    q, kb, vb = (torch.randn(B, S, n, d, generator=g).to(torch.bfloat16) for n in (Hq, Hkv, Hkv))
+    kc, vc = (torch.randn(B, T, Hkv, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    start = torch.tensor([690])
+    o = block_attention(q, kb, vb, kc, vc, start, False, 1, False, 64, min_tiles=1,
+                        one_load=True, max_splits=4)  # 11 one-tile splits capped at 4
+    ref = _attn_reference(q, kb, vb, kc, vc, start, False, 1, False)
+    assert (o.double() - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("R,V,k", [(3, 2500, 16), (2, 40, 8), (1, 1024, 1), (2, 9, 9),
+                                   (4, 3000, 128)])
+def test_shard_topk_is_stable_topk(R, V, k):
+    """The vocab-parallel head's shard top-k (kernels/drafter/_shard_topk, triton_v6's) is
+    `stable_topk((local - M) - log_s, k)` bit for bit: rows full of ties (quarter steps), -inf,
+    both signs of zero, a NaN of each sign, chunks shorter than k, k = V, k = MAX_K."""
+    from workbench.dist.vocab import stable_topk
+    from workbench.kernels.drafter._shard_topk import MAX_K, shard_topk
+
+    g = torch.Generator().manual_seed(R * V + k)
+    x = (torch.randn(R, V, generator=g) * 4).round() / 4
+    x[0, : min(5, V)] = -math.inf
+    x[-1, -3:] = -0.0
+    x[-1, 0] = 0.0
+    if V > 20:
+        x[0, 7] = math.nan  # a positive-sign NaN: stable_topk ranks it first
+        x[-1, 11] = -math.nan  # a negative-sign one: last
+    M = torch.nan_to_num(x, nan=-math.inf).amax(-1)
+    log_s = torch.log(torch.exp(x - M[:, None]).nan_to_num(0.0).sum(-1))
+    vals, ids = shard_topk(x, M, log_s, k)
+    want_v, want_i = stable_topk((x - M[:, None]) - log_s[:, None], k)
+    assert torch.equal(ids, want_i), (ids, want_i)
+    assert torch.equal(vals.view(torch.int32), want_v.view(torch.int32))
+    assert k <= MAX_K
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,k", [(7, 16), (56, 16), (7, 128), (448, 8)])
+def test_gpu_shard_topk_is_stable_topk_at_the_k26_shard(R, k):
+    """At K2.6's vocab shard (163840 / 8 = 20480 ids a rank), R = B x 7 draft rows: the
+    kernel's bits are stable_topk's on the GPU too (bf16-rounded logits: many exact ties)."""
+    from workbench.dist.vocab import stable_topk
+    from workbench.kernels.drafter._shard_topk import shard_topk
+
+    g = torch.Generator(device="cuda").manual_seed(R + k)
+    x = (torch.randn(R, 20480, generator=g, device="cuda") * 3).to(torch.bfloat16).float()
+    x[0, :100] = -math.inf
+    M = x.amax(-1)
+    log_s = torch.log(torch.exp(x - M[:, None]).sum(-1))
+    vals, ids = shard_topk(x, M, log_s, k)
+    want_v, want_i = stable_topk((x - M[:, None]) - log_s[:, None], k)
+    assert torch.equal(ids, want_i)
+    assert torch.equal(vals.view(torch.int32), want_v.view(torch.int32))
+
+
+def test_shard_topk_refuses_bad_arguments_by_name():
+    from workbench.kernels.drafter._shard_topk import MAX_K, shard_topk
+
+    x, m = torch.zeros(2, 300), torch.zeros(2)
+    with pytest.raises(ValueError, match=r"k: expected an int in 1\.\.128"):
+        shard_topk(x, m, m, MAX_K + 1)
+    with pytest.raises(ValueError, match="k: expected"):
+        shard_topk(x, m, m, 0)
+    with pytest.raises(ValueError, match="local: expected a \\[R, V\\] fp32"):
+        shard_topk(x.double(), m, m, 4)
+    with pytest.raises(ValueError, match=r"log_s: expected \[2\] fp32"):
+        shard_topk(x, m, torch.zeros(3), 4)
+    vals, ids = shard_topk(torch.zeros(0, 300), torch.zeros(0), torch.zeros(0), 4)
+    assert vals.shape == (0, 4) and ids.shape == (0, 4)
+
+
 def test_one_load_combine_with_many_parts():
     """The one-load combine at 48 splits padded to 64 parts, two rows a program (P 3100 at
     d 64; 128-key chunks cover the context by split 24, so splits 25-47 hold no context key:
@@ -394,6 +476,7 @@ def test_registered():
     assert ops.op_spec("drafter").variant("triton_v3").load() is triton_v3.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v4").load() is triton_v4.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v5").load() is triton_v5.draft_topk_triton
+    assert ops.op_spec("drafter").variant("triton_v6").load() is triton_v6.draft_topk_triton
     # the engine preset's drafter (the EP8 emulation's TP drafter, session 59), BEST elsewhere
     assert ops.PRESETS["engine"]["drafter"] == "triton_v5"
     assert ops.PRESETS["optimized"]["drafter"] == BEST

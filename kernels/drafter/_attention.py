@@ -175,11 +175,13 @@ def _combine_kernel(o_ptr, po_ptr, pm_ptr, pl_ptr, so_b, so_s, so_h, HKV, NSPLIT
 
 
 def splits_for(B: int, Hkv: int, span: int, block_n: int, n_sm: int,
-               min_tiles: int = 4) -> int:
+               min_tiles: int = 4, max_splits: int | None = None) -> int:
     """Context splits: enough programs for ~2 per SM, never a split shorter than min_tiles
-    key tiles (4: triton_v1-v4's rule, tuned where 8 kv heads share the launch)."""
+    key tiles (4: triton_v1-v4's rule, tuned where 8 kv heads share the launch), at most
+    max_splits (None: no cap; triton_v6's 32 keeps the one-load combine at 2+ rows a program)."""
     want = max(1, -(-2 * n_sm // max(1, B * Hkv)))
-    return max(1, min(want, -(-span // (min_tiles * block_n))))
+    n = max(1, min(want, -(-span // (min_tiles * block_n))))
+    return n if max_splits is None else max(1, min(n, max_splits))
 
 
 ONE_LOAD_ELEMS = 8192  # fp32 a one-load combine program holds: 64 registers a thread at 4 warps
@@ -201,13 +203,14 @@ def combine_tiles(nsplit: int, block_q: int, d: int) -> tuple[int, int]:
 def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, start: Tensor,
                     sliding: bool, window: int, causal_block: bool, n_sm: int,
                     combine_rows: int | None = None, min_tiles: int = 4,
-                    one_load: bool = False) -> Tensor:
+                    one_load: bool = False, max_splits: int | None = None) -> Tensor:
     """q [B, S, Hq, d]; kb, vb [B, S, Hkv, d] (the block's own keys/values; any strides with
     unit stride along d); kc, vc [B, T, Hkv, d] one layer of the cache; start [B] -> o
     [B, S, Hq, d] in act_dtype(). combine_rows: query rows per combine program (default all
     BLOCK_Q of a (request, kv head): triton_v1; triton_v2 splits them, see README).
-    min_tiles: the shortest split in key tiles (`splits_for`); one_load: the combine loads
-    every split at once (`combine_tiles`' rows a program; combine_rows then unused)."""
+    min_tiles / max_splits: the shortest split in key tiles and the most splits
+    (`splits_for`); one_load: the combine loads every split at once (`combine_tiles`' rows a
+    program; combine_rows then unused)."""
     B, S, Hq, d = q.shape
     T, Hkv = kc.shape[1], kc.shape[2]
     G = Hq // Hkv
@@ -217,7 +220,7 @@ def block_attention(q: Tensor, kb: Tensor, vb: Tensor, kc: Tensor, vc: Tensor, s
     BLOCK_Q = max(16, next_pow2(S * G))
     BLOCK_N = 64 if d <= 128 else 32
     span = min(T, window - 1) if sliding else T  # context keys one request can see
-    nsplit = splits_for(B, Hkv, max(span, 1), BLOCK_N, n_sm, min_tiles)
+    nsplit = splits_for(B, Hkv, max(span, 1), BLOCK_N, n_sm, min_tiles, max_splits)
     chunk = triton.cdiv(triton.cdiv(max(span, 1), nsplit), BLOCK_N) * BLOCK_N
     final = nsplit == 1
     if final:

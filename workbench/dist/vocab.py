@@ -70,15 +70,17 @@ def stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x.gather(-1, idx), idx
 
 
-def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
-                       comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int, comm: Comm,
+                       shard_topk=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Vocab-parallel `topk_logprobs` (ddtree.md §2.1): local [B, L, V/world] fp32 ->
     (logprobs fp32 [B, L, k], global ids int64 [B, L, k]), sorted descending, k <= V.
 
     1. each rank: shard max m_r and sum_r exp(x - m_r); one all-gather -> global
        logZ = M + log(sum_r s_r exp(m_r - M))  (online-softmax merge, one collective);
     2. each rank: its top-k of (x - M) - log S (torch's log_softmax rounding order), global ids
-       (`stable_topk`: a stable sort's first k, without sorting the shard);
+       (`stable_topk`: a stable sort's first k, without sorting the shard; or
+       shard_topk(local [R, V/w], M [R], log S [R], k) with the same bits, a drafter
+       version's kernel: kernels/drafter HEAD_TOPK, up to its MAX_K);
     3. one all-gather of world*k candidates -> stable sort -> top-k.
     """
     local = local.float()
@@ -87,9 +89,14 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int,
     ms = comm.all_gather_cat(torch.cat([m, s], -1).unsqueeze(-2), -2)  # [B, L, world, 2]
     M = ms[..., 0].amax(-1, keepdim=True)  # [B, L, 1]
     S = (ms[..., 1] * torch.exp(ms[..., 0] - M)).sum(-1, keepdim=True)
-    lp = (local - M) - torch.log(S)
     kl = min(k, local.shape[-1])
-    vals, idx = stable_topk(lp, kl)
+    if shard_topk is not None and kl <= shard_topk.MAX_K:  # the kernel's k range (its doc)
+        B, L, Vl = local.shape
+        vals, idx = shard_topk(local.reshape(B * L, Vl), M.reshape(-1),
+                               torch.log(S).reshape(-1), kl)
+        vals, idx = vals.view(B, L, kl), idx.view(B, L, kl)
+    else:
+        vals, idx = stable_topk((local - M) - torch.log(S), kl)
     cand = torch.stack([vals.double(), (idx + vocab_start).double()], -1)
     allc = comm.all_gather_cat(cand, -2)  # [B, L, world*kl, 2], rank order = id order
     kk = min(k, allc.shape[-2])
@@ -139,7 +146,8 @@ class DistDrafter:
                         bonus.shape[0], self.cfg.depth, -1)
             local = ops.get("lm_head")(z, target.lm_head_shard.weight)  # [B, L, V/w]
             with op_range(DRAFT_TOPK):
-                return dist_topk_logprobs(local, target.vocab_start, k, target.comm)
+                return dist_topk_logprobs(local, target.vocab_start, k, target.comm,
+                                          head_topk())
 
 
 def block_body():
@@ -156,6 +164,16 @@ def block_body():
                          f"{name!r}; expected one of {sorted(BLOCK_HIDDEN)} or "
                          f"{ops.REFERENCE!r}")
     return ops.Variant(name, BLOCK_HIDDEN[name]).load()  # the registry's "module:function" loader
+
+
+def head_topk():
+    """The selected `drafter` variant's shard top-k for the vocab-parallel head (kernels/drafter
+    HEAD_TOPK: `dist_topk_logprobs`' shard_topk), None where the variant has none (the
+    reference, triton_v1-v5: `stable_topk`)."""
+    from workbench.kernels.drafter import HEAD_TOPK
+
+    name = ops.selected("drafter")
+    return ops.Variant(name, HEAD_TOPK[name]).load() if name in HEAD_TOPK else None
 
 
 def block_ids(cfg, bonus: torch.Tensor) -> torch.Tensor:

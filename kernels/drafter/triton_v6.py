@@ -1,0 +1,34 @@
+"""drafter triton_v6: triton_v5 with at most 32 attention splits, and the vocab-parallel
+head's shard top-k in Triton (`_shard_topk.shard_topk`, kernels/drafter HEAD_TOPK).
+
+Why (H100, session 59 call 1, traces/gpu/session59):
+- `scripts/sweep_drafter_attention.py` at the TP8 rank (one kv head, 64 query rows, d 128),
+  µs at B 1: v5's one-tile splits win on the sliding layers (2047 keys, 32 splits: 8.45 against
+  v2's 15.08) but lose on the full one (4096 keys, 64 splits: 16.22): 64 parts leave the
+  one-load combine one row a program; 32 two-tile splits take 9.18 there. Capped at 32, a
+  draft's attention is ~51 µs (5 x 8.45 + 9.18) against v5's 58.5 and v2's 94.3. At B 8 the cap
+  changes nothing (33 -> 32 splits: 14.87 vs 14.65).
+- the EP8 step's op-kernel table: the head's "(draft head top-k)" took 152 µs at C 1 (213 at
+  C 8), mostly torch.topk's radix select on `stable_topk`'s int64 keys (8 digit passes x 3
+  launches) and the keys' elementwise building; `shard_topk` keeps the keys in registers, two
+  launches, the same bits (`tests/test_drafter_kernel.py`).
+Not yet timed in the step (the session's device time ran out): the next EP8 A/B against v5.
+The one-GPU drafter (`draft_topk_triton`) keeps v2's fused LM head + top-k; only the
+vocab-parallel head (workbench/dist/vocab.py) takes the shard top-k.
+
+Numerics: v5's (the splits' partition moves at the full layer: another fp32 merge order);
+the head's top-k bit for bit stable_topk's.
+Legend: B batch, S block rows, Hkv kv heads, d head_dim, k candidates a row.
+"""
+
+from __future__ import annotations
+
+from .triton_v2 import on_proj
+from .triton_v4 import proj
+from .triton_v5 import MIN_TILES, ONE_LOAD
+
+MAX_SPLITS = 32  # the most attention splits (v5: no cap)
+
+# the registry's entry points: triton_v4's projections, v5's attention options capped
+draft_topk_triton, block_hidden = on_proj(proj, min_tiles=MIN_TILES, one_load=ONE_LOAD,
+                                          max_splits=MAX_SPLITS)
