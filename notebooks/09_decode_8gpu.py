@@ -561,3 +561,34 @@ if all((s23 / f).exists() for f in [*runs23.values(), *kern23.values()]):
 else:
     view = "traces/gpu/session23 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 59: each op against its own floor
+# `traces/gpu/session59/README.md` has the commands. The op table now carries every op's own
+# roofline floor (`workbench/dist/floors.py`: the step's bytes and FLOPs charged to the op that
+# reads them, priced at the H200's ceilings) beside its µs (the 16-layer EP8 rank at C 1
+# DDTree-16, drafter triton_v2, on an H100). The MoE sits near its floor; the rest of the layer
+# is per-launch cost: tree_mla, the router, the absorption, the norms are many times their
+# bytes, and the vocab head's top-k (no floor of its own) costs more than the LM-head GEMM it
+# follows. `python -m workbench.dist.floors --layers 16 --op-table <ops.csv>` prints the same
+# table for any op table, no GPU needed.
+
+# %%
+ops59 = traces / "gpu/session59/call1/emulate_ops_v2.csv.gz"
+if ops59.exists():
+    t = pd.read_csv(ops59).query("C == 1 and mode == 'DDTree-16'").set_index("op")
+    assert t.loc["int4_moe", "floor_us"] == t.floor_us.max()  # the bytes are the experts'
+    x = (t.us / t.floor_us).dropna()
+    assert x["tree_mla"] > 5 * x["int4_moe"]  # the attention is launch-bound, not byte-bound
+    t = t.sort_values("us")
+    fig, ax = plt.subplots(figsize=(9, 5))
+    y = range(len(t))
+    ax.barh([i + 0.2 for i in y], t.us, 0.4, label="µs (H100)")
+    ax.barh([i - 0.2 for i in y], t.floor_us.fillna(0), 0.4, label="floor µs (H200 ceilings)")
+    ax.set_yticks(list(y), t.index, fontsize=8)
+    ax.set_xlabel("µs a step, EP8 rank 0, 16 layers, C 1 DDTree-16")
+    ax.legend(fontsize=8)
+    view = t.assign(x_floor=t.us / t.floor_us)[["calls", "us", "floor_us", "x_floor"]].round(1)
+else:
+    view = "traces/gpu/session59 not in this checkout"
+view
