@@ -385,9 +385,9 @@ def measure(model: DistKimiModel, comm: StandInComm, drafter, batch: int, ctx: i
                          comm, dev, graph=graph)  # the draft forward's share of the kernel sum
     terms = rank_terms(model, drafter, batch, budget, ctx, seen["routing"])
     ops_ = _op_time(step, comm, dev, terms, card) if op_table else {}
+    floors = price_phases(terms, **(card or {}))
     return {**out, **_kernel_time(step, comm, dev, graph=graph),
-            "draft_kernel_s": draft["kernel_s"], **_floor_cols(price_phases(terms, **(card or {}))),
-            **ops_}
+            "draft_kernel_s": draft["kernel_s"], **_floor_cols(floors), **ops_}
 
 
 def _floor_cols(floors: dict) -> dict:
@@ -453,12 +453,12 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     the ops bf16 activations and all-reduces bf16 partials (`moe.op_activations`), as a serving
     engine does, so the optimized kernels run on it; the CPU proof path keeps ACC partials.
     on_rows(rows) is called after every configuration (a long run cut short keeps its table).
-    op_table: each row's "op_list" holds the step's kernel time by registry op, its
-    "glue_list" the kernels outside every op by name and its "op_kernel_list" every op's
-    kernels by name (one more profiled eager call a configuration). graph: kernel_ms from a profiled CUDA-graph replay
-    of the step (`_kernel_time`). shared_stream (default on from session 20: -0.23 ms at C 1
-    DDTree-16, -0.17 at C 8 AR in graph replays, nothing slower): the EP engine path runs the
-    shared expert on a side stream beside the router and the routed experts
+    op_table: each row's "op_list" holds the step's kernel time by registry op (and each op's
+    floor), its "glue_list" the kernels outside every op by name and its "op_kernel_list"
+    every op's kernels by name (one more profiled eager call a configuration). graph:
+    kernel_ms from a profiled CUDA-graph replay of the step (`_kernel_time`). shared_stream
+    (default on from session 20: -0.23 ms at C 1 DDTree-16, -0.17 at C 8 AR in graph
+    replays, nothing slower): the EP engine path runs the shared expert on a side stream beside the router and the routed experts
     (`model.shared_stream`); on a CPU it changes nothing. attn_stream (default on from session 21:
     -0.04 to -0.17 ms in all six EP8 graph replays at C 1 / 8 / 32, AR and DDTree-16): the
     attention's cache write and q_pe's RoPE on a side stream beside q's path

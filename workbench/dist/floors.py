@@ -24,7 +24,8 @@ heads (`Layout.heads`: num_heads / world under every layout; before session 59 t
 counted all heads, num_heads / tp, an 8x overcount that only bytes-bound phases hid), the
 experts' 2 x (token, expert) pairs x parameters.
 
-    python -m workbench.dist.floors --layers 16 --op-table traces/gpu/session58/call1/emulate_ops.csv
+    python -m workbench.dist.floors --layers 16 \
+        --op-table traces/gpu/session59/call1/emulate_ops_v2.csv.gz
 
 prices every op of the emulated rank on the meta device (`meta_rank`: kimi-k2.6's shapes on a
 laptop, `uniform_routing`) beside an op table's µs: op, µs, floor µs, µs over it, x floor.
