@@ -458,8 +458,9 @@ def emulate(cfg="kimi-k2.6", layouts=("tp8", "ep8"), batches=(1, 8, 32, 64),
     every op's kernels by name (one more profiled eager call a configuration). graph:
     kernel_ms from a profiled CUDA-graph replay of the step (`_kernel_time`). shared_stream
     (default on from session 20: -0.23 ms at C 1 DDTree-16, -0.17 at C 8 AR in graph
-    replays, nothing slower): the EP engine path runs the shared expert on a side stream beside the router and the routed experts
-    (`model.shared_stream`); on a CPU it changes nothing. attn_stream (default on from session 21:
+    replays, nothing slower): the EP engine path runs the shared expert on a side stream
+    beside the router and the routed experts (`model.shared_stream`); on a CPU it changes
+    nothing. attn_stream (default on from session 21:
     -0.04 to -0.17 ms in all six EP8 graph replays at C 1 / 8 / 32, AR and DDTree-16): the
     attention's cache write and q_pe's RoPE on a side stream beside q's path
     (`model.attn_stream`). priority (default -1 from session 21): with graph, the CUDA stream
