@@ -284,6 +284,15 @@ def test_split_and_one_load_combine_rules():
     assert combine_tiles(3, 8, 16) == (4, 8)  # rows never past the program's query rows
 
 
+def _one_request_attention(seed: int, d: int, P: int):
+    """(q, kb, vb, kc, vc, start) of one request, 4 block rows, 2 query heads on one kv head,
+    P context keys in a cache of P + 10 slots."""
+    g = torch.Generator().manual_seed(seed)
+    q, kb, vb = (torch.randn(1, 4, n, d, generator=g).to(torch.bfloat16) for n in (2, 1, 1))
+    kc, vc = (torch.randn(1, P + 10, 1, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    return q, kb, vb, kc, vc, torch.tensor([P])
+
+
 def test_split_cap():
     """max_splits caps `splits_for` (triton_v6: 32 at the TP8 rank's full layer, where one-tile
     splits make 64) and the capped attention is still the reference's."""
@@ -292,14 +301,10 @@ def test_split_cap():
     assert splits_for(1, 1, 4096, 64, 132, 1, 32) == 32
     assert splits_for(1, 1, 2047, 64, 132, 1, 32) == 32 and splits_for(1, 1, 100, 64, 132, 1, 32) == 2
     assert splits_for(1, 1, 4096, 64, 132, 1, None) == 64
-    g = torch.Generator().manual_seed(11)
-    B, S, Hq, Hkv, d, T = 1, 4, 2, 1, 16, 700
-    q, kb, vb = (torch.randn(B, S, n, d, generator=g).to(torch.bfloat16) for n in (Hq, Hkv, Hkv))
-    kc, vc = (torch.randn(B, T, Hkv, d, generator=g).to(torch.bfloat16) for _ in range(2))
-    start = torch.tensor([690])
-    o = block_attention(q, kb, vb, kc, vc, start, False, 1, False, 64, min_tiles=1,
-                        one_load=True, max_splits=4)  # 11 one-tile splits capped at 4
-    ref = _attn_reference(q, kb, vb, kc, vc, start, False, 1, False)
+    args = _one_request_attention(11, d=16, P=690)
+    o = block_attention(*args, False, 1, False, 64, min_tiles=1, one_load=True,
+                        max_splits=4)  # 11 one-tile splits capped at 4
+    ref = _attn_reference(*args, False, 1, False)
     assert (o.double() - ref).abs().max().item() < 1e-5
 
 
@@ -368,14 +373,9 @@ def test_one_load_combine_with_many_parts():
     """The one-load combine at 48 splits padded to 64 parts, two rows a program (P 3100 at
     d 64; 128-key chunks cover the context by split 24, so splits 25-47 hold no context key:
     m = -inf, l = 0): the reference's rows."""
-    g = torch.Generator().manual_seed(7)
-    B, S, Hq, Hkv, d, T = 1, 4, 2, 1, 64, 3110
-    q, kb, vb = (torch.randn(B, S, n, d, generator=g).to(torch.bfloat16) for n in (Hq, Hkv, Hkv))
-    kc, vc = (torch.randn(B, T, Hkv, d, generator=g).to(torch.bfloat16) for _ in range(2))
-    start = torch.tensor([3100])
-    o = block_attention(q, kb, vb, kc, vc, start, False, 1, False, 24, min_tiles=1,
-                        one_load=True)
-    ref = _attn_reference(q, kb, vb, kc, vc, start, False, 1, False)
+    args = _one_request_attention(7, d=64, P=3100)
+    o = block_attention(*args, False, 1, False, 24, min_tiles=1, one_load=True)
+    ref = _attn_reference(*args, False, 1, False)
     assert (o.double() - ref).abs().max().item() < 1e-5
 
 
