@@ -40,10 +40,21 @@ def kernels():
                     {**attn_sig, **{k: "constexpr" for k in const}}, const, 8))
     comb = _sig("o_ptr:*bf16 po_ptr:*fp32 pm_ptr:*fp32 pl_ptr:*fp32 so_b:i32 so_s:i32 "
                 "so_h:i32 HKV:i32 NSPLIT:i32")
-    for rows, warps in ((64, 4), (16, 4)):  # triton_v1 / triton_v2
-        const = dict(S=8, G=8, HEAD_D=128, BLOCK_Q=64, ROWS=rows)
-        out.append((f"attention combine ROWS={rows}", at._combine_kernel,
-                    {**comb, **{k: "constexpr" for k in const}}, const, warps))
+    for rows, parts in ((64, 0), (16, 0), (2, 32), (8, 8)):  # v1, v2 / v5-v6's one-load
+        const = dict(S=8, G=8, HEAD_D=128, BLOCK_Q=64, ROWS=rows, PARTS=parts)
+        out.append((f"attention combine ROWS={rows} PARTS={parts}", at._combine_kernel,
+                    {**comb, **{k: "constexpr" for k in const}}, const, 4))
+    from . import _shard_topk as st  # triton_v6's vocab-parallel head (k 16: DDTree-16)
+
+    sig = _sig("x_ptr:*fp32 m_ptr:*fp32 ls_ptr:*fp32 cand_ptr:*i64 V:i32 s_xr:i32 NCH:i32")
+    const = dict(CHUNK=st.CHUNK, KP=16, PAD=st.INT64_MIN)
+    out.append(("shard top-k chunks KP=16", st._chunk_topk_kernel,
+                {**sig, **{k: "constexpr" for k in const}}, const, 4))
+    sig = _sig("cand_ptr:*i64 x_ptr:*fp32 m_ptr:*fp32 ls_ptr:*fp32 val_ptr:*fp32 "
+               "idx_ptr:*i64 V:i32 s_xr:i32 NC:i32 K:i32")
+    const = dict(NCP=512, PAD=st.INT64_MIN)
+    out.append(("shard top-k merge NCP=512", st._merge_topk_kernel,
+                {**sig, **{k: "constexpr" for k in const}}, const, 4))
     sig = _sig("z_ptr:*bf16 w_ptr:*bf16 key_ptr:*i64 pm_ptr:*fp32 ps_ptr:*fp32 M:i32 V:i32 "
                "D:i32 sz:i32 sw:i32 NVT:i32")
     for bm, bv, kc, warps in ((16, 128, 32, 8), (64, 128, 32, 8),  # triton_v1
