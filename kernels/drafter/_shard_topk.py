@@ -35,18 +35,18 @@ from torch import Tensor
 from ._common import _require, next_pow2
 
 MAX_K = 128
-CHUNK = 1024  # keys a chunk program holds (8 an thread at 4 warps); ~20 chunks a K2.6 shard row
+CHUNK = 1024  # keys a chunk program holds (8 a thread at 4 warps); 20 chunks a K2.6 shard row
 INT64_MIN = -(2**63)  # the padding key: no real key is smaller (a -NaN at the last id equals it)
 
 
 @triton.jit
 def _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V):
-    """The log-probs (x - M) - log S at offs of row r and their unique descending-order keys."""
+    """The unique descending-order keys of the log-probs (x - M) - log S at offs of row r."""
     x = tl.load(x_ptr + r * s_xr + offs, mask=ok, other=0.0)
     lp = (x - tl.load(m_ptr + r)) - tl.load(ls_ptr + r)
     b = (lp + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 -> +0.0 (the sort's equal zeros)
     ordered = tl.where(b < 0, b ^ 0x7FFFFFFF, b).to(tl.int64)  # float order as int order
-    return lp, ordered * 4294967296 + ((V - 1) - offs).to(tl.int64)
+    return ordered * 4294967296 + ((V - 1) - offs).to(tl.int64)
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def _chunk_topk_kernel(x_ptr, m_ptr, ls_ptr, cand_ptr, V, s_xr, NCH,
     c = tl.program_id(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     ok = offs < V
-    _, key = _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V)
+    key = _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V)
     key = tl.where(ok, key, PAD)
     out = cand_ptr + (r * NCH + c) * KP
     for i in range(KP):  # the keys are unique: each round takes exactly one (padding: PAD)
