@@ -10,8 +10,9 @@ Why (H100, session 59 call 1, traces/gpu/session59):
   changes nothing (33 -> 32 splits: 14.87 vs 14.65).
 - the EP8 step's op-kernel table: the head's "(draft head top-k)" took 152 µs at C 1 (213 at
   C 8), mostly torch.topk's radix select on `stable_topk`'s int64 keys (8 digit passes x 3
-  launches) and the keys' elementwise building; `shard_topk` keeps the keys in registers, two
-  launches, the same bits (`tests/test_drafter_kernel.py`).
+  launches) and the keys' elementwise building, then a stable torch.sort of the ranks'
+  candidates; `shard_topk` keeps the keys in registers, two launches, the same bits
+  (`tests/test_drafter_kernel.py`), and merges the candidates too (`dist_topk_logprobs`).
 Not yet timed in the step (the session's device time ran out): the next EP8 A/B against v5.
 The one-GPU drafter (`draft_topk_triton`) keeps v2's fused LM head + top-k; only the
 vocab-parallel head (workbench/dist/vocab.py) takes the shard top-k.

@@ -81,7 +81,9 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int, comm: Comm
        (`stable_topk`: a stable sort's first k, without sorting the shard; or
        shard_topk(local [R, V/w], M [R], log S [R], k) with the same bits, a drafter
        version's kernel: kernels/drafter HEAD_TOPK, up to its MAX_K);
-    3. one all-gather of world*k candidates -> stable sort -> top-k.
+    3. one all-gather of world*k candidates -> stable sort -> top-k (with shard_topk: its
+       stable top-k of the candidates' fp32 values, M = log S = 0, exact: the same bits but
+       for a negative-sign NaN, which the sort ranks first and stable_topk last).
     """
     local = local.float()
     m = local.amax(-1, keepdim=True)  # [B, L, 1]
@@ -89,9 +91,10 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int, comm: Comm
     ms = comm.all_gather_cat(torch.cat([m, s], -1).unsqueeze(-2), -2)  # [B, L, world, 2]
     M = ms[..., 0].amax(-1, keepdim=True)  # [B, L, 1]
     S = (ms[..., 1] * torch.exp(ms[..., 0] - M)).sum(-1, keepdim=True)
-    kl = min(k, local.shape[-1])
-    if shard_topk is not None and kl <= shard_topk.MAX_K:  # the kernel's k range (its doc)
-        B, L, Vl = local.shape
+    B, L, Vl = local.shape
+    kl = min(k, Vl)
+    kernel = shard_topk is not None and kl <= shard_topk.MAX_K  # the kernel's k range (its doc)
+    if kernel:
         vals, idx = shard_topk(local.reshape(B * L, Vl), M.reshape(-1),
                                torch.log(S).reshape(-1), kl)
         vals, idx = vals.view(B, L, kl), idx.view(B, L, kl)
@@ -99,7 +102,13 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int, comm: Comm
         vals, idx = stable_topk((local - M) - torch.log(S), kl)
     cand = torch.stack([vals.double(), (idx + vocab_start).double()], -1)
     allc = comm.all_gather_cat(cand, -2)  # [B, L, world*kl, 2], rank order = id order
-    kk = min(k, allc.shape[-2])
+    n = allc.shape[-2]
+    kk = min(k, n)
+    if kernel and kk <= shard_topk.MAX_K:  # the candidates' stable top-k on the same kernel:
+        zero = torch.zeros(B * L, dtype=torch.float32, device=local.device)  # (x - 0) - 0 = x
+        v, pos = shard_topk(allc[..., 0].float().reshape(B * L, n), zero, zero, kk)
+        ids = allc[..., 1].reshape(B * L, n).gather(-1, pos).view(B, L, kk)
+        return v.view(B, L, kk), ids.long().contiguous()
     v, order = torch.sort(allc[..., 0], dim=-1, descending=True, stable=True)
     ids = allc[..., 1].gather(-1, order[..., :kk])
     return v[..., :kk].float().contiguous(), ids.long().contiguous()
