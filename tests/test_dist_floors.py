@@ -122,6 +122,10 @@ def test_floors_cli_puts_an_op_tables_times_beside_the_floors(tmp_path):
     assert math.isnan(dd.loc["(glue)", "floor_us"]) and dd.loc["(glue)", "over_us"] == 50.0
     assert math.isnan(dd.loc["tree_mla", "us"]) and dd.loc["tree_mla", "floor_us"] > 0
     # the meta rank holds the emulated shapes without memory; routing rows pick distinct experts
+    from workbench.dist.layout import Layout
+
+    lay = Layout.named("ep4xtp2", 8, rank=3)  # emulate's layout names, shared with rank_model
+    assert (lay.ep, lay.tp, lay.rank) == (4, 2, 3) and Layout.named("tp8", 8).tp == 8
     model, _ = meta_rank("tiny-dist", "ep8")
     assert next(model.parameters()).device.type == "meta"
     r = uniform_routing(model, 2, 3)[0]

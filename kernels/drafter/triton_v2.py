@@ -39,6 +39,7 @@ from ._lm_head_topk import tiles_v2
 from .triton_v1 import block_prologue, draft
 
 COMBINE_ROWS = 16  # query rows a combine program (sm90.py: 72 registers, no spill)
+ATTENTION = {"combine_rows": COMBINE_ROWS}  # this version's `block_attention` options
 
 
 def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
@@ -63,8 +64,7 @@ def on_proj(proj_fn, **attention):
     projection rule, proj_fn(x [M, K], w [N, K], name) -> [M, N] bf16 (triton_v3, v4), and
     attention: `block_attention`'s split / combine options in place of this file's (v5):
     this file's two contracts, `reduce` included."""
-    body = functools.partial(_block_hidden, proj=proj_fn,
-                             attention={"combine_rows": COMBINE_ROWS, **attention})
+    body = functools.partial(_block_hidden, proj=proj_fn, attention={**ATTENTION, **attention})
 
     def draft_topk_triton(drafter, target, cache, bonus: Tensor, start: Tensor,
                           k: int) -> tuple[Tensor, Tensor]:
@@ -82,11 +82,10 @@ def on_proj(proj_fn, **attention):
 
 
 def _block_hidden(drafter, target, cache, bonus: Tensor, start: Tensor,
-                  reduce=None, proj=proj, attention=None) -> Tensor:
+                  reduce=None, proj=proj, attention=ATTENTION) -> Tensor:
     """proj(x [M, K], w [N, K], name) -> [M, N] bf16: the version's projection rule
     (here _gemm.proj; triton_v3 / v4 pass their own through `on_proj`); attention:
-    `block_attention`'s keyword options (here COMBINE_ROWS's combine; v5 passes its own)."""
-    attention = {"combine_rows": COMBINE_ROWS} if attention is None else attention
+    `block_attention`'s keyword options (here ATTENTION; v5 / v6 pass their own)."""
     c = drafter.cfg
     B, L, S = bonus.shape[0], c.depth, c.block_size
     Hq, Hkv, d, D = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size

@@ -199,10 +199,7 @@ def rank_model(cfg, layout_name: str, world: int = 8, rank: int = 0, device="cpu
                seed: int = 0):
     """(DistKimiModel, StandInComm) for rank `rank` of `tpN` / `epN` / `epAxtpB`."""
     cfg = dist_config(cfg)
-    kw = {}
-    for part in layout_name.lower().split("x"):
-        kw[part[:2]] = int(part[2:])
-    lay = Layout.make(world, rank, exact=False, **kw)
+    lay = Layout.named(layout_name, world, rank)
     comm = StandInComm(rank, world, StepLog(device))
     model = empty_dist_model(cfg, lay, comm, device)
     fill_direct(model, seed)

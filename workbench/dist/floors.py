@@ -45,6 +45,13 @@ def _op_of(name: str) -> str:
     return next((op for part, op in _OP_OF if part in name), "(other)")
 
 
+def _add(terms: dict, op: str, b: float, f: float) -> None:
+    """terms[op] += (bytes b, FLOPs f)."""
+    acc = terms.setdefault(op, [0.0, 0.0])
+    acc[0] += b
+    acc[1] += f
+
+
 def rank_terms(model, drafter, C: int, budget: int | None, ctx: int,
                routing: list[torch.Tensor]) -> dict[str, dict[str, tuple[float, float]]]:
     """{phase: {op: (bytes, FLOPs)}} of this rank's step (module docstring). routing: [B, N,
@@ -57,11 +64,6 @@ def rank_terms(model, drafter, C: int, budget: int | None, ctx: int,
     rows = C * N
     verify: dict[str, list[float]] = {}
 
-    def add(terms, op, b, f):
-        acc = terms.setdefault(op, [0.0, 0.0])
-        acc[0] += b
-        acc[1] += f
-
     dn, dv = cfg.qk_nope_dim, cfg.v_head_dim
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if "embed_tokens" in name or name.startswith("lm_head") or ".mlp.experts." in name:
@@ -69,10 +71,10 @@ def rank_terms(model, drafter, C: int, budget: int | None, ctx: int,
         op, b, p = _op_of(name), nb(t), t.numel()
         if op == "kv_b":  # [H (dn + dv), C]: W_UK rows feed the absorption, W_UV the up-proj
             uk = dn / (dn + dv)
-            add(verify, "mla_q_absorb", b * uk, 2 * rows * p * uk)
-            add(verify, "mla_v_up", b * (1 - uk), 2 * rows * p * (1 - uk))
+            _add(verify, "mla_q_absorb", b * uk, 2 * rows * p * uk)
+            _add(verify, "mla_v_up", b * (1 - uk), 2 * rows * p * (1 - uk))
         else:
-            add(verify, op, b, 2 * rows * p)
+            _add(verify, op, b, 2 * rows * p)
     e0, e1 = lay.experts(cfg)
     moe = [m.mlp.experts for m in model.model.layers.values() if m.is_moe]
     if moe:
@@ -84,13 +86,13 @@ def rank_terms(model, drafter, C: int, budget: int | None, ctx: int,
             mine = ids[(ids >= e0) & (ids < e1)]
             touched += mine.unique().numel()
             pairs += mine.numel()
-        add(verify, "int4_moe", touched * exp_b, 2 * pairs * exp_p)
+        _add(verify, "int4_moe", touched * exp_b, 2 * pairs * exp_p)
     head = model.lm_head_shard.weight
-    add(verify, "lm_head", nb(head) + rows * head.shape[0] * 4, 2 * rows * head.numel())
+    _add(verify, "lm_head", nb(head) + rows * head.shape[0] * 4, 2 * rows * head.numel())
     h0, h1 = lay.heads(cfg)  # the attention's heads are split over every rank (EP too)
     layers, lat = len(model.layer_ids), cfg.latent_dim
     attn = 2 * (h1 - h0) * ctx * (2 * cfg.kv_lora_rank + cfg.qk_rope_dim) * layers  # FLOPs a row
-    add(verify, "tree_mla", layers * C * ctx * lat * 2, rows * attn)
+    _add(verify, "tree_mla", layers * C * ctx * lat * 2, rows * attn)
     out = {"verify": {op: tuple(v) for op, v in verify.items()}}
     if budget is not None:
         d, dm = drafter.cfg, drafter.drafter
@@ -127,9 +129,7 @@ def price_ops(terms: dict, bw_tbs: float | None = None, tflops: float | None = N
     per: dict[str, list[float]] = {}
     for ops_ in terms.values():
         for op, (b, f) in ops_.items():
-            acc = per.setdefault(op, [0.0, 0.0])
-            acc[0] += b
-            acc[1] += f
+            _add(per, op, b, f)
     return {op: _price(b, f, bw_tbs, tflops) for op, (b, f) in per.items()}
 
 
@@ -148,8 +148,7 @@ def meta_rank(preset: str, layout: str, layers: int | None = None, drafter_layou
     cfg = dist_config(ModelConfig.preset(preset))
     if layers is not None:
         cfg = cfg.first_layers(layers)
-    kw = {part[:2]: int(part[2:]) for part in layout.lower().split("x")}
-    model = empty_dist_model(cfg, Layout.make(world, 0, exact=False, **kw), None, "meta")
+    model = empty_dist_model(cfg, Layout.named(layout, world), None, "meta")
     return model, make_dist_drafter(empty_drafter(cfg.drafter, "meta"), model, drafter_layout)
 
 

@@ -73,6 +73,12 @@ class Layout:
                               f"ep={ep}")
         return cls(world, rank, tp, ep, exact)
 
+    @classmethod
+    def named(cls, name: str, world: int, rank: int = 0, exact: bool = False):
+        """The layout the emulation's names give (`tpN`, `epN`, `epAxtpB`): `make`'s tp / ep."""
+        return cls.make(world, rank, exact=exact,
+                        **{part[:2]: int(part[2:]) for part in name.lower().split("x")})
+
     @property
     def name(self) -> str:
         if self.world == 1:

@@ -91,15 +91,15 @@ def dist_topk_logprobs(local: torch.Tensor, vocab_start: int, k: int, comm: Comm
     ms = comm.all_gather_cat(torch.cat([m, s], -1).unsqueeze(-2), -2)  # [B, L, world, 2]
     M = ms[..., 0].amax(-1, keepdim=True)  # [B, L, 1]
     S = (ms[..., 1] * torch.exp(ms[..., 0] - M)).sum(-1, keepdim=True)
+    log_s = torch.log(S)
     B, L, Vl = local.shape
     kl = min(k, Vl)
     kernel = shard_topk is not None and kl <= shard_topk.MAX_K  # the kernel's k range (its doc)
     if kernel:
-        vals, idx = shard_topk(local.reshape(B * L, Vl), M.reshape(-1),
-                               torch.log(S).reshape(-1), kl)
+        vals, idx = shard_topk(local.reshape(B * L, Vl), M.reshape(-1), log_s.reshape(-1), kl)
         vals, idx = vals.view(B, L, kl), idx.view(B, L, kl)
     else:
-        vals, idx = stable_topk((local - M) - torch.log(S), kl)
+        vals, idx = stable_topk((local - M) - log_s, kl)
     cand = torch.stack([vals.double(), (idx + vocab_start).double()], -1)
     allc = comm.all_gather_cat(cand, -2)  # [B, L, world*kl, 2], rank order = id order
     n = allc.shape[-2]
