@@ -94,7 +94,8 @@ def stable_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices [T, k] of the k largest of x [T, E] fp32, equal values lowest index first:
     a stable descending sort's first k (the reference's rule), from one top-k over int64
     keys (the value's order-preserving bits, then E-1-index) instead of a full sort (a
-    radix sort of [T, 384] is ~19 µs on the H200, the top-k a few)."""
+    radix sort of [T, 384] is ~19 µs on the H200, the top-k a few). Any leading dims; the
+    vocab-parallel draft head's top-k too (workbench/dist/vocab.py `stable_topk`)."""
     E = x.shape[-1]
     bits = (x + 0.0).view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # -0.0 -> +0.0: equal
     neg = bits >= 0x80000000

@@ -11,8 +11,9 @@ Why (H100, session 59 call 1's op-kernel table, the EP8 step at C 1 DDTree-16): 
 keys, a radix select of 8 digit passes x 3 launches, plus the keys' elementwise building and
 the [R, V] log-prob tensor; here the log-probs and keys live in registers.
 
-How: stable_topk's keys, (the log-prob's fp32 bits as an order-preserving int32) * 2^32 +
-(V - 1 - index), unique a row, so the largest k keys ARE the stable order's first k:
+How: keys (the log-prob's fp32 bits as an order-preserving int32) * 2^32 + (V - 1 - index),
+stable_topk's order (its keys pack the same two fields as uint32 << 31), unique a row, so the
+largest k keys ARE the stable order's first k:
 1. `_chunk_topk_kernel`, grid (R, ceil(V / CHUNK)): a chunk's keys in registers, its best
    KP = next_pow2(k) taken by KP rounds of (max, drop it) into [R, chunks, KP] (padding keys:
    INT64_MIN, never chosen while a row has k real keys);

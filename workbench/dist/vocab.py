@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from workbench import ops
+from workbench.kernels.dense.torch_bf16 import stable_topk as stable_topk_ids
 
 from .comm import Comm
 
@@ -49,24 +50,19 @@ def dist_sample(local: torch.Tensor, vocab_start: int, temperature: float,
 
 def stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first k of `torch.sort(x, -1, descending=True, stable=True)` (values, indices), x
-    fp32 [..., n], 1 <= k <= n < 2^32, from ONE torch.topk over unique int64 keys.
+    fp32 [..., n], 1 <= k <= n <= 2^31: the router's stable top-k (kernels/dense torch_bf16
+    `stable_topk`: ONE torch.topk over unique int64 keys, the value's order-preserving bits
+    then n - 1 - index) and the values gathered from x (not decoded).
 
     Why: the vocab-parallel draft head sorted its whole shard to keep k of it: at K2.6 a
     [B, L, 20480] radix sort, 69 µs of the EP8 rank's C 1 DDTree-16 step and 128 µs at C 8
-    (H200, session 58 call 1's glue table), for 8 candidates a row.
-    Key = (the value's fp32 bits mapped to an order-preserving int32) * 2^32 + (n - 1 - index):
-    distinct for every element, ordered by value and then by LOWER index first, so topk's
-    unspecified tie order cannot show and the result is the stable sort's bit for bit. The
-    values are gathered from x (not decoded), zeros canonicalised (+0.0 for -0.0, which the
-    sort treats as equal). NaN: the sort ranks every NaN first; here only a positive-sign NaN
-    is, a negative-sign one last (a NaN log-prob is a poisoned input either way)."""
-    n = x.shape[-1]
-    b = (x.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 -> +0.0
-    ordered = torch.where(b < 0, b ^ 0x7FFFFFFF, b).long()  # float order as signed int order
-    low = (n - 1) - torch.arange(n, device=x.device, dtype=torch.int64)  # lower index: larger
-    key = ordered * (1 << 32) + low
-    top = torch.topk(key, k, dim=-1, sorted=True).values
-    idx = (n - 1) - (top & 0xFFFFFFFF)
+    (H200, session 58 call 1's glue table), for 8 candidates a row. The keys are distinct for
+    every element, ordered by value and then by LOWER index first, so topk's unspecified tie
+    order cannot show and the result is the stable sort's bit for bit; zeros canonicalised
+    (+0.0 for -0.0, which the sort treats as equal). NaN: the sort ranks every NaN first; here
+    only a positive-sign NaN is, a negative-sign one last (a NaN log-prob is a poisoned input
+    either way)."""
+    idx = stable_topk_ids(x, k)
     return x.gather(-1, idx), idx
 
 
