@@ -126,8 +126,34 @@ def test_busy_time_counts_overlapping_kernels_once():
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 
     def ev(s, e, dev=cuda):
-        return NS(device_type=dev, time_range=NS(start=s, end=e))
+        return NS(device_type=dev, time_range=NS(start=s, end=e), name="k")
 
     prof = NS(events=lambda: [ev(20, 25), ev(0, 10), ev(5, 12), ev(21, 22), ev(0, 100, cpu)])
     assert busy_us(prof) == 17.0  # [0, 12] and [20, 25]; the CPU op does not count
     assert busy_us(NS(events=lambda: [])) == 0.0
+
+
+def test_idle_gaps_name_the_launches_that_waited():
+    # why: a graph replay's wall is busy time plus gaps; the gaps say which launches waited
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from workbench.loopbench import busy_us, idle_gaps
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(s, e, name, dev=cuda):
+        return NS(device_type=dev, time_range=NS(start=s, end=e), name=name)
+
+    # runs [0, 12] (a, b overlapping: b ends it), [20, 25] (c), [27, 30] (a again)
+    prof = NS(events=lambda: [ev(20, 25, "c"), ev(0, 10, "a"), ev(5, 12, "b"),
+                              ev(21, 22, "d"), ev(27, 30, "a"), ev(0, 100, "host", cpu)])
+    g = idle_gaps(prof, top=1)
+    assert g["idle_us"] == 10.0 and g["gaps"] == 2
+    assert 30 - 0 - busy_us(prof) == g["idle_us"]  # span = busy + idle
+    assert g["longest"] == [(8.0, "b", "c")]
+    assert g["by_next"] == [("c", 1, 8.0)]
+    assert idle_gaps(prof)["by_next"] == [("c", 1, 8.0), ("a", 1, 2.0)]
+    empty = idle_gaps(NS(events=lambda: []))
+    assert empty == {"idle_us": 0.0, "gaps": 0, "longest": [], "by_next": []}

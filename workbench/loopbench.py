@@ -362,22 +362,49 @@ def op_kernel_times(prof, cuda: bool, by_kernel: dict | None = None) -> dict[str
     return per
 
 
+def _busy_runs(prof) -> list[list]:
+    """The device timeline of a finished profiler run as maximal busy runs, in time order:
+    [start, end, first kernel's name, the name of the kernel that ends the run]; kernels and
+    copies that overlap (PDL, a side stream) join one run."""
+    cuda_type = torch.autograd.DeviceType.CUDA
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == cuda_type and e.time_range.end > e.time_range.start)
+    runs: list[list] = []
+    for s, e, name in spans:
+        if not runs or s > runs[-1][1]:  # a gap: a new run
+            runs.append([s, e, name, name])
+        elif e > runs[-1][1]:
+            runs[-1][1], runs[-1][3] = e, name
+    return runs
+
+
 def busy_us(prof) -> float:
     """Microseconds the GPU ran at least one kernel or copy in a finished torch.profiler run:
     the union of their intervals. Unlike `kernel_times`' sum, kernels that overlap count once
     (tree_mla's combine is launched early with PDL and waits inside for the attention kernel,
     so its device time includes the attention's tail: the sum counted that twice)."""
-    cuda_type = torch.autograd.DeviceType.CUDA
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == cuda_type and e.time_range.end > e.time_range.start)
-    total, start, end = 0.0, None, None
-    for s, e in spans:
-        if end is None or s > end:  # a gap: close the previous run
-            total += 0.0 if end is None else end - start
-            start, end = s, e
-        else:
-            end = max(end, e)
-    return total + (0.0 if end is None else end - start)
+    return float(sum(e - s for s, e, _, _ in _busy_runs(prof)))
+
+
+def idle_gaps(prof, top: int = 5) -> dict:
+    """The idle time inside a finished profiler run's device timeline (its span from the
+    first kernel's start to the last one's end, less `busy_us`): {"idle_us", "gaps" (how
+    many), "longest": the `top` longest as (µs, the kernel before, the kernel after),
+    "by_next": the `top` kernels whose launch waited longest in all, as (name, gaps, µs)}.
+    Why: a graph replay's wall is the busy time plus these gaps (each dependent node's launch
+    latency, waits across streams); session 60 call 1 read drafter triton_v6's step 74 µs
+    less busy than v5's yet ~0.1 ms longer to replay: the gaps moved, and this names where."""
+    runs = _busy_runs(prof)
+    gaps = [(b[0] - a[1], a[3], b[2]) for a, b in zip(runs, runs[1:])]
+    by_next: dict[str, list] = {}
+    for us, _, nxt in gaps:
+        acc = by_next.setdefault(nxt, [0, 0.0])
+        acc[0] += 1
+        acc[1] += us
+    return {"idle_us": float(sum(g[0] for g in gaps)), "gaps": len(gaps),
+            "longest": [(float(us), a, b) for us, a, b in sorted(gaps, key=lambda g: -g[0])[:top]],
+            "by_next": sorted(((k, n, float(us)) for k, (n, us) in by_next.items()),
+                              key=lambda r: -r[2])[:top]}
 
 
 def profile_config(target, drafter, budget: int | None, C: int, ctx: int = 32, steps: int = 3,

@@ -13,7 +13,11 @@ Why (H100, session 59 call 1, traces/gpu/session59):
   launches) and the keys' elementwise building, then a stable torch.sort of the ranks'
   candidates; `shard_topk` keeps the keys in registers, two launches, the same bits
   (`tests/test_drafter_kernel.py`), and merges the candidates too (`dist_topk_logprobs`).
-Not yet timed in the step (the session's device time ran out): the next EP8 A/B against v5.
+Measured (H100, session 60 call 1, traces/gpu/session60, EP8 16-layer step, ABAB against v5):
+the draft's kernels 0.604-0.607 ms against 0.696-0.698 at C 1 DDTree-16 (-13 %), 0.720 against
+0.848-0.853 at C 8; the head's top-k range 64 µs against v2's 152. But the C 1 graph replay
+was 0.07-0.16 ms LONGER (its idle between kernels 0.40-0.46 ms against 0.22-0.24), not yet
+explained: the engine preset keeps v5 until the idle columns (`loopbench.idle_gaps`) say why.
 The one-GPU drafter (`draft_topk_triton`) keeps v2's fused LM head + top-k; only the
 vocab-parallel head (workbench/dist/vocab.py) takes the shard top-k.
 

@@ -276,7 +276,7 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4, graph: bool = Fals
     overlap, plus `graph_replay_s`, the replay's event-timed wall; a step that cannot be
     captured falls back to the eager call, its error in `graph_error`. The comm
     log of this call is not used (read the timed calls' log before). CPU: the ops' self time."""
-    from workbench.loopbench import busy_us, kernel_times
+    from workbench.loopbench import busy_us, idle_gaps, kernel_times
 
     extra: dict = {}
     prof = None
@@ -291,6 +291,14 @@ def _kernel_time(fn, comm: StandInComm, device, top: int = 4, graph: bool = Fals
         prof, cuda = _profiled(fn, comm, device)
     per = kernel_times(prof, cuda)
     ranked = _ranked(per)
+    if cuda:  # the profiled call's idle device time, and where its launches waited
+        gaps = idle_gaps(prof, top=2 * top)
+        extra["idle_s"] = gaps["idle_us"] * 1e-6
+        extra["idle_gaps"] = gaps["gaps"]
+        extra["top_gaps"] = "; ".join(f"{us:.1f} us {a[:32]} -> {b[:32]}"
+                                      for us, a, b in gaps["longest"])
+        extra["gaps_by_next"] = "; ".join(f"{k[:48]} {us:.1f} us x{n}"
+                                          for k, n, us in gaps["by_next"])
     total = sum(v[1] for v in per.values()) * 1e-6
     return {"kernel_s": busy_us(prof) * 1e-6 if cuda else total, "kernel_total_s": total,
             "top_kernels": "; ".join(f"{k[:48]} {us / 1e3:.2f} ms x{n}"
@@ -405,7 +413,7 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
     step = meas["wall_s"] + comm_s
     row = {k: v * 1e3 for k, v in meas.items()
            if k.endswith("_s") and k not in ("wall_s", "kernel_s", "draft_kernel_s",
-                                             "graph_replay_s")
+                                             "graph_replay_s", "idle_s")
            and not k.endswith("floor_s")}
     row = {k.replace("_s", "_ms"): v for k, v in row.items()}
     kernel = meas.get("kernel_s", math.nan)
@@ -419,6 +427,10 @@ def project(meas: dict, link: Link, world: int, batch: int, tau: float) -> dict:
             "kernel_timing": ("graph" if "graph_replay_s" in meas else "eager"),
             "graph_replay_ms": meas.get("graph_replay_s", math.nan) * 1e3,
             "graph_error": meas.get("graph_error", ""),
+            # the profiled call's device idle between its first and last kernel (CUDA), the
+            # longest gaps and the kernels whose launches waited most (`loopbench.idle_gaps`)
+            "idle_ms": meas.get("idle_s", math.nan) * 1e3, "idle_gaps": meas.get("idle_gaps", 0),
+            "top_gaps": meas.get("top_gaps", ""), "gaps_by_next": meas.get("gaps_by_next", ""),
             "draft_kernel_ms": meas.get("draft_kernel_s", math.nan) * 1e3,
             **{k.replace("_s", "_ms"): v * 1e3 for k, v in meas.items() if k.endswith("floor_s")},
             # the bar's ratio: the graph-replay estimate (kernels + comm) over the floor sum
@@ -652,12 +664,17 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     cols = ["layout", "layers", "link", "C", "mode", "drafter_layout", "compute_ms", "comm_ms",
             "step_ms", "tokens_per_s", "kernel_ms", "draft_kernel_ms", "kernel_step_ms", "floor_ms",
-            "x_floor", "kernel_tokens_per_s"] + (["graph_replay_ms"] if a.graph else [])
+            "x_floor", "kernel_tokens_per_s"] + (["graph_replay_ms", "idle_ms"] if a.graph else [])
     for r in rows:
         if r.get("graph_error"):
             print(f"{r['layout']} C={r['C']} {r['mode']}: not captured ({r['graph_error']}); "
                   "kernel_ms is the eager call's")
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for r in rows if a.graph else ():  # where the replay idled (one line a configuration)
+        if r["link"] == links[0].name and r.get("idle_gaps"):
+            print(f"{r['layout']} C={r['C']} {r['mode']}: idle {r['idle_ms']:.3f} ms in "
+                  f"{r['idle_gaps']} gaps; longest: {r['top_gaps']}; launches that waited "
+                  f"most: {r['gaps_by_next']}")
     return 0 if all(math.isfinite(r["step_ms"]) for r in rows) else 1
 
 
