@@ -131,3 +131,26 @@ def test_floors_cli_puts_an_op_tables_times_beside_the_floors(tmp_path):
     r = uniform_routing(model, 2, 3)[0]
     assert r.shape == (2, 3, model.cfg.n_experts_per_tok)
     assert all(len(set(row.tolist())) == r.shape[-1] for row in r.view(-1, r.shape[-1]))
+
+
+def test_bar_budget_pays_the_modelled_comm_out_of_the_bars_slack(tmp_path, capsys):
+    """#12's bar allows 1.3x the floor sum for kernels AND comm: what is left for the kernels,
+    and the cut the measured kernels need (none when they are under the budget)."""
+    import pandas as pd
+
+    from workbench.dist.floors import BAR_X, bar_budget, main
+
+    rows = pd.DataFrame({"layout": "EP8", "link": ["NVLink4", "PCIe5x16", "NVLink4"],
+                         "C": [1, 1, 8], "mode": "DDTree-16", "floor_ms": [2.0, 2.0, 4.0],
+                         "comm_ms": [0.5, 1.5, 0.2], "kernel_ms": [4.0, 4.0, 4.0],
+                         "graph_replay_ms": 9.9})
+    t = bar_budget(rows)
+    assert BAR_X == 1.3 and list(t.bar_ms) == pytest.approx([2.6, 2.6, 5.2])
+    assert list(t.kernel_budget_ms) == pytest.approx([2.1, 1.1, 5.0])
+    assert list(t.budget_x_floor) == pytest.approx([1.05, 0.55, 1.25])
+    assert list(t.cut_ms) == pytest.approx([1.9, 2.9, 0.0])  # C 8: under budget, no cut
+    csv = tmp_path / "emulate.csv"
+    rows.to_csv(csv, index=False)
+    assert main(["--preset", "tiny-dist", "--batches", "1", "--budgets", "ar", "--ctx", "64",
+                 "--emulate-csv", str(csv)]) == 0
+    assert "kernel_budget_ms" in capsys.readouterr().out

@@ -25,10 +25,12 @@ counted all heads, num_heads / tp, an 8x overcount that only bytes-bound phases 
 experts' 2 x (token, expert) pairs x parameters.
 
     python -m workbench.dist.floors --layers 16 \
-        --op-table traces/gpu/session59/call1/emulate_ops_v2.csv.gz
+        --op-table traces/gpu/session59/call1/emulate_ops_v2.csv.gz \
+        [--emulate-csv traces/gpu/session60/call1/emulate_v6_a.csv.gz]
 
 prices every op of the emulated rank on the meta device (`meta_rank`: kimi-k2.6's shapes on a
-laptop, `uniform_routing`) beside an op table's µs: op, µs, floor µs, µs over it, x floor.
+laptop, `uniform_routing`) beside an op table's µs: op, µs, floor µs, µs over it, x floor;
+with an emulate CSV, what the bar leaves the kernels after the modelled comm (`bar_budget`).
 """
 
 from __future__ import annotations
@@ -162,6 +164,29 @@ def uniform_routing(model, C: int, N: int, seed: int = 0) -> list[torch.Tensor]:
         :, : cfg.n_experts_per_tok].view(C, N, -1) for _ in range(n)]
 
 
+BAR_X = 1.3  # #12's bar: the step within 1.3x its phases' floor sum (C 1, DDTree-16)
+
+
+def bar_budget(rows, x: float = BAR_X):
+    """What #12's bar leaves the kernels: for each row of an emulate CSV (a DataFrame with
+    layout, link, C, mode, floor_ms, comm_ms, kernel_ms), the bar's step (x floor_ms), the
+    kernel time it allows once the link's modelled collectives are paid (x floor - comm: the
+    floors hold no communication, the step does), that budget over the floor, and the cut the
+    measured kernels need. Why (session 60): at C 1 DDTree-16 the NVLink4 model's 48
+    collectives cost 0.54 ms against a 1.85 ms floor, so the bar's 30 % slack is the comm
+    alone: the kernels would have to run AT their floors, unless the collectives get cheaper
+    or overlap compute."""
+    import pandas as pd
+
+    t = pd.DataFrame(rows)[["layout", "link", "C", "mode", "floor_ms", "comm_ms",
+                            "kernel_ms"]].copy()
+    t["bar_ms"] = x * t.floor_ms
+    t["kernel_budget_ms"] = t.bar_ms - t.comm_ms
+    t["budget_x_floor"] = t.kernel_budget_ms / t.floor_ms
+    t["cut_ms"] = (t.kernel_ms - t.kernel_budget_ms).clip(lower=0)
+    return t
+
+
 def main(argv=None) -> int:
     """Each registry op's floor for emulated configurations, beside an op table's times."""
     import argparse
@@ -183,7 +208,12 @@ def main(argv=None) -> int:
     p.add_argument("--tflops", type=float, help="bf16 TFLOP/s (default the H200's)")
     p.add_argument("--op-table", help="an emulate --op-table CSV: its µs beside the floors")
     p.add_argument("--csv", help="write the table here")
+    p.add_argument("--emulate-csv", help="an emulate --csv: print what the 1.3x bar leaves its "
+                   "rows' kernels once the modelled comm is paid (`bar_budget`)")
     a = p.parse_args(argv)
+    if a.emulate_csv:
+        print(bar_budget(pd.read_csv(a.emulate_csv)).to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"))
     model, drafter = meta_rank(a.preset, a.layout, a.layers)
     times = pd.read_csv(a.op_table) if a.op_table else None
     rows = []
