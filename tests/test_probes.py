@@ -4,6 +4,7 @@ scripts/probe_small_launches.py print one row per (kernel, rows, option) they we
 
 import math
 
+import pytest
 from script_module import load
 
 
@@ -107,3 +108,45 @@ def test_l2_prefetch_probe_step_streams_then_projects():
     buf = torch.arange(8.0)
     probe._step(x, w, buf, sink, "none", lambda a, b: a @ b.t(), "copy")()
     assert torch.equal(buf, torch.tensor([0.0, 1, 2, 3, 0, 1, 2, 3]))
+
+
+def test_pdl_chain_probe_runs_every_mode_with_plains_bits(capsys):
+    # why: the probe's answer is only worth its timing if each mode computes the same chain
+    # (a race under PDL would change bits on the GPU; here the math against torch)
+    probe = load("probe_pdl_chain")
+    assert probe.main(["--device", "cpu", "--rows", "1,3", "--layers", "2",
+                       "--widths", "128,64"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [(int(r.split()[0]), r.split()[1]) for r in lines] == [
+        (M, m) for M in (1, 3) for m in probe.MODES]
+    assert all(r.split()[4] == "True" and float(r.split()[5]) < 0.05 for r in lines)
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        probe.main(["--device", "cpu", "--modes", "plain,pld"])
+    with pytest.raises(ValueError, match="F: expected a multiple of 64"):
+        probe.make_chain(1, 128, 48, 1, "plain", "cpu")
+    with pytest.raises(ValueError, match="rows: expected 1..64"):
+        probe.make_chain(65, 128, 64, 1, "plain", "cpu")
+
+
+def test_pdl_chain_probe_prefetches_before_it_waits_sm90():
+    # why: the prefetch mode's point is the weight stream starting before griddepcontrol.wait;
+    # the order of the PTX says whether the compiled GEMV does that
+    from sm90_compile import compile_sm90
+
+    out = compile_sm90(
+        "import re, sys, triton; from triton.backends.compiler import GPUTarget; "
+        "from triton.compiler import ASTSource; sys.path.insert(0, 'tests'); "
+        "from script_module import load; p = load('probe_pdl_chain'); out = {}\n"
+        "sig = dict(y_ptr='*bf16', w_ptr='*bf16', z_ptr='*bf16', M='i32', N='i32', K='i32')\n"
+        "for mode in p.MODES:\n"
+        "    o = p._options(mode); pdl = o.pop('launch_pdl', False)\n"
+        "    c = dict(BM=16, BN=p.BN, BK=p.BK, PREFETCH=mode == 'prefetch', INTERP=False, "
+        "PDL=False, EARLY=False, PF_PARTS=p.PF_PARTS) | o\n"
+        "    ptx = triton.compile(ASTSource(fn=p._gemv_kernel, signature=sig | {k: 'constexpr' "
+        "for k in c}, constexprs=c), target=GPUTarget('cuda', 90, 32), options=dict("
+        "num_warps=4, num_stages=3, launch_pdl=pdl)).asm['ptx']\n"
+        "    ops = re.findall(r'griddepcontrol\\.(\\w+)|cp\\.async\\.bulk\\.(prefetch)', ptx)\n"
+        "    out[mode] = [a or b for a, b in ops]")
+    assert out == {"plain": [], "pdl": ["wait", "launch_dependents"],
+                   "early": ["launch_dependents", "wait"],
+                   "prefetch": ["prefetch", "wait", "launch_dependents"]}, out
