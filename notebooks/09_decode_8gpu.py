@@ -592,3 +592,36 @@ if ops59.exists():
 else:
     view = "traces/gpu/session59 not in this checkout"
 view
+
+# %% [markdown]
+# ## Session 60: what the bar leaves the kernels once the comm is paid
+# `traces/gpu/session60/README.md` has the commands. The floors hold no communication; the
+# step (kernels + the link model's collectives) does. At C 1 DDTree-16 the NVLink4 model's 48
+# collectives (10 µs each + bytes) take most of the bar's 30 % slack: the kernels would have to
+# run at ~1.0x their floor (`floors.bar_budget`; `python -m workbench.dist.floors --emulate-csv
+# <emulate.csv>` prints it). Left: the bar's step split into comm and the kernel budget, beside
+# the measured kernels (H100, drafter triton_v6). Right: the same at C 8.
+
+# %%
+from workbench.dist.floors import bar_budget
+
+e60 = traces / "gpu/session60/call1/emulate_v6_a.csv.gz"
+if e60.exists():
+    b = bar_budget(pd.read_csv(e60)).query("link == 'NVLink4'").set_index("C")
+    assert (b.kernel_budget_ms + b.comm_ms - b.bar_ms).abs().max() < 1e-9
+    assert b.loc[1, "budget_x_floor"] < 1.05  # the comm alone is the bar's slack at C 1
+    fig, axes = plt.subplots(1, len(b), figsize=(5 * len(b), 4))
+    for ax, (C, r) in zip(axes, b.iterrows()):
+        ax.bar(0, r.kernel_budget_ms, label="kernel budget")
+        ax.bar(0, r.comm_ms, bottom=r.kernel_budget_ms, label="comm (NVLink4 model)")
+        ax.bar(1, r.kernel_ms, label="kernels measured (H100)")
+        ax.axhline(r.floor_ms, color="k", lw=0.8, ls="--", label="floor")
+        ax.set_xticks([0, 1], ["the bar's step", "measured"])
+        ax.set_title(f"C {C}, {r['mode']}")
+        ax.set_ylabel("ms a step, EP8 rank 0, 16 layers")
+        ax.legend(fontsize=7)
+    view = b[["floor_ms", "comm_ms", "bar_ms", "kernel_budget_ms", "budget_x_floor",
+              "kernel_ms", "cut_ms"]].round(3)
+else:
+    view = "traces/gpu/session60 not in this checkout"
+view
