@@ -142,15 +142,22 @@ def test_bar_budget_pays_the_modelled_comm_out_of_the_bars_slack(tmp_path, capsy
 
     rows = pd.DataFrame({"layout": "EP8", "link": ["NVLink4", "PCIe5x16", "NVLink4"],
                          "C": [1, 1, 8], "mode": "DDTree-16", "floor_ms": [2.0, 2.0, 4.0],
-                         "comm_ms": [0.5, 1.5, 0.2], "kernel_ms": [4.0, 4.0, 4.0],
-                         "graph_replay_ms": 9.9})
+                         "comm_ms": [0.5, 1.5, 0.2], "collectives": [40, 40, 10],
+                         "kernel_ms": [4.0, 4.0, 4.0], "graph_replay_ms": 9.9})
     t = bar_budget(rows)
     assert BAR_X == 1.3 and list(t.bar_ms) == pytest.approx([2.6, 2.6, 5.2])
     assert list(t.kernel_budget_ms) == pytest.approx([2.1, 1.1, 5.0])
     assert list(t.budget_x_floor) == pytest.approx([1.05, 0.55, 1.25])
     assert list(t.cut_ms) == pytest.approx([1.9, 2.9, 0.0])  # C 8: under budget, no cut
+    # a what-if latency: each collective's alpha re-priced (NVLink4 10 -> 5 µs, PCIe 20 -> 5)
+    w = bar_budget(rows, alpha_us=5.0)
+    assert list(w.comm_ms) == pytest.approx([0.3, 0.9, 0.15])
+    assert list(w.kernel_budget_ms) == pytest.approx([2.3, 1.7, 5.05])
+    with pytest.raises(ValueError, match="alpha_us: re-prices the links"):
+        bar_budget(rows.assign(link="mine"), alpha_us=5.0)
     csv = tmp_path / "emulate.csv"
     rows.to_csv(csv, index=False)
     assert main(["--preset", "tiny-dist", "--batches", "1", "--budgets", "ar", "--ctx", "64",
-                 "--emulate-csv", str(csv)]) == 0
-    assert "kernel_budget_ms" in capsys.readouterr().out
+                 "--emulate-csv", str(csv), "--alpha-us", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("kernel_budget_ms") == 2 and "alpha_us" in out

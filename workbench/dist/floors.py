@@ -167,19 +167,31 @@ def uniform_routing(model, C: int, N: int, seed: int = 0) -> list[torch.Tensor]:
 BAR_X = 1.3  # #12's bar: the step within 1.3x its phases' floor sum (C 1, DDTree-16)
 
 
-def bar_budget(rows, x: float = BAR_X):
+def bar_budget(rows, x: float = BAR_X, alpha_us: float | None = None):
     """What #12's bar leaves the kernels: for each row of an emulate CSV (a DataFrame with
-    layout, link, C, mode, floor_ms, comm_ms, kernel_ms), the bar's step (x floor_ms), the
-    kernel time it allows once the link's modelled collectives are paid (x floor - comm: the
-    floors hold no communication, the step does), that budget over the floor, and the cut the
-    measured kernels need. Why (session 60): at C 1 DDTree-16 the NVLink4 model's 48
-    collectives cost 0.54 ms against a 1.85 ms floor, so the bar's 30 % slack is the comm
-    alone: the kernels would have to run AT their floors, unless the collectives get cheaper
-    or overlap compute."""
+    layout, link, C, mode, floor_ms, comm_ms, collectives, kernel_ms), the bar's step (x
+    floor_ms), the kernel time it allows once the link's modelled collectives are paid (x floor
+    - comm: the floors hold no communication, the step does), that budget over the floor, and
+    the cut the measured kernels need. alpha_us: re-price each collective's latency term at
+    this many µs instead of its link's (`emulate.LINKS`' alpha_us; the bytes term stays): a
+    what-if of the model, not a measurement. Why (session 60): at C 1 DDTree-16 the NVLink4
+    model's 48 collectives cost 0.54 ms against a 1.85 ms floor, so the bar's 30 % slack is
+    the comm alone: the kernels would have to run AT their floors, unless the collectives get
+    cheaper or overlap compute."""
     import pandas as pd
 
+    from .emulate import NVLINK4, PCIE5
+
     t = pd.DataFrame(rows)[["layout", "link", "C", "mode", "floor_ms", "comm_ms",
-                            "kernel_ms"]].copy()
+                            "collectives", "kernel_ms"]].copy()
+    if alpha_us is not None:
+        model = {link.name: link.alpha_us for link in (NVLINK4, PCIE5)}
+        unknown = sorted(set(t.link) - set(model))
+        if unknown:
+            raise ValueError(f"alpha_us: re-prices the links {sorted(model)}; the rows also "
+                             f"hold {unknown}")
+        t["comm_ms"] = t.comm_ms - t.collectives * (t.link.map(model) - alpha_us) * 1e-3
+        t["alpha_us"] = alpha_us
     t["bar_ms"] = x * t.floor_ms
     t["kernel_budget_ms"] = t.bar_ms - t.comm_ms
     t["budget_x_floor"] = t.kernel_budget_ms / t.floor_ms
@@ -210,10 +222,15 @@ def main(argv=None) -> int:
     p.add_argument("--csv", help="write the table here")
     p.add_argument("--emulate-csv", help="an emulate --csv: print what the 1.3x bar leaves its "
                    "rows' kernels once the modelled comm is paid (`bar_budget`)")
+    p.add_argument("--alpha-us", default="",
+                   help="with --emulate-csv: also re-price each collective's latency at these "
+                   "µs (comma-separated; a what-if of the link model)")
     a = p.parse_args(argv)
     if a.emulate_csv:
-        print(bar_budget(pd.read_csv(a.emulate_csv)).to_string(
-            index=False, float_format=lambda v: f"{v:.3f}"))
+        e = pd.read_csv(a.emulate_csv)
+        for alpha in [None] + [float(v) for v in a.alpha_us.split(",") if v]:
+            print(bar_budget(e, alpha_us=alpha).to_string(
+                index=False, float_format=lambda v: f"{v:.3f}"))
     model, drafter = meta_rank(a.preset, a.layout, a.layers)
     times = pd.read_csv(a.op_table) if a.op_table else None
     rows = []
