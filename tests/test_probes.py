@@ -116,10 +116,11 @@ def test_pdl_chain_probe_runs_every_mode_with_plains_bits(capsys):
     probe = load("probe_pdl_chain")
     assert probe.main(["--device", "cpu", "--rows", "1,3", "--layers", "2",
                        "--widths", "128,64"]) == 0
-    lines = capsys.readouterr().out.splitlines()[1:]
-    assert [(int(r.split()[0]), r.split()[1]) for r in lines] == [
-        (M, m) for M in (1, 3) for m in probe.MODES]
-    assert all(r.split()[4] == "True" and float(r.split()[5]) < 0.05 for r in lines)
+    lines = [r.split() for r in capsys.readouterr().out.splitlines()[1:]]
+    assert [(int(r[0]), r[1], r[4]) for r in lines] == [
+        (M, m, probe.base_of(m)) for M in (1, 3) for m in probe.MODES]
+    assert all(r[5] == "True" and float(r[6]) < 0.05 for r in lines)
+    assert {probe.base_of(m) for m in probe.FUSED} == {"fused"}
     with pytest.raises(ValueError, match="mode: expected one of"):
         probe.main(["--device", "cpu", "--modes", "plain,pld"])
     with pytest.raises(ValueError, match="F: expected a multiple of 64"):
@@ -137,10 +138,12 @@ def test_pdl_chain_probe_prefetches_before_it_waits_sm90():
         "import re, sys, triton; from triton.backends.compiler import GPUTarget; "
         "from triton.compiler import ASTSource; sys.path.insert(0, 'tests'); "
         "from script_module import load; p = load('probe_pdl_chain'); out = {}\n"
-        "sig = dict(y_ptr='*bf16', w_ptr='*bf16', z_ptr='*bf16', M='i32', N='i32', K='i32')\n"
+        "sig = dict(y_ptr='*bf16', w_ptr='*bf16', z_ptr='*bf16', nw_ptr='*bf16', M='i32', "
+        "N='i32', K='i32', eps='fp32')\n"
         "for mode in p.MODES:\n"
         "    o = p._options(mode); pdl = o.pop('launch_pdl', False)\n"
-        "    c = dict(BM=16, BN=p.BN, BK=p.BK, PREFETCH=mode == 'prefetch', INTERP=False, "
+        "    c = dict(BM=16, BN=p.BN, BK=p.BK, PREFETCH=mode.endswith('prefetch'), "
+        "NORM=mode in p.FUSED, INTERP=False, "
         "PDL=False, EARLY=False, PF_PARTS=p.PF_PARTS) | o\n"
         "    ptx = triton.compile(ASTSource(fn=p._gemv_kernel, signature=sig | {k: 'constexpr' "
         "for k in c}, constexprs=c), target=GPUTarget('cuda', 90, 32), options=dict("
@@ -149,4 +152,5 @@ def test_pdl_chain_probe_prefetches_before_it_waits_sm90():
         "    out[mode] = [a or b for a, b in ops]")
     assert out == {"plain": [], "pdl": ["wait", "launch_dependents"],
                    "early": ["launch_dependents", "wait"],
-                   "prefetch": ["prefetch", "wait", "launch_dependents"]}, out
+                   "prefetch": ["prefetch", "wait", "launch_dependents"], "fused": [],
+                   "fused_prefetch": ["prefetch", "wait", "launch_dependents"]}, out
