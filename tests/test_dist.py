@@ -236,26 +236,33 @@ def _vocab_ops(rank, world, logits):
     comm = TorchComm()
     g = torch.Generator().manual_seed(100 + rank)  # per-rank Gumbel noise
     flat = logits[0, 0].expand(20000, V)  # many draws of one row
+    from workbench.kernels.drafter._head_v7 import dist_head
     from workbench.kernels.drafter._shard_topk import shard_topk
 
     return (dist_argmax(logits[..., v0:v1], v0, comm),
             dist_topk_logprobs(logits[..., v0:v1], v0, 5, comm),
             dist_topk_logprobs(logits[..., v0:v1], v0, 100, comm),  # k > V/world and > V
             dist_sample(flat[:, v0:v1], v0, 1.0, g, comm),
-            dist_topk_logprobs(logits[..., v0:v1], v0, 5, comm, shard_topk))  # the kernel's
+            dist_topk_logprobs(logits[..., v0:v1], v0, 5, comm, shard_topk),  # the kernel's
+            dist_head(logits[..., v0:v1], v0, 5, comm),  # triton_v7's whole head
+            dist_head(logits[..., v0:v1], v0, 8, comm))  # k = V / world: 4 ranks' candidates
 
 
 def test_distributed_drafter_head_takes_the_selected_variants_shard_topk():
     """The vocab-parallel head's top-k: the `drafter` variant's kernel where it names one
-    (kernels/drafter HEAD_TOPK), stable_topk (None) elsewhere."""
-    from workbench.dist.vocab import head_topk
+    (kernels/drafter HEAD_TOPK), stable_topk (None) elsewhere; a variant's whole head where it
+    names one (HEAD)."""
+    from workbench.dist.vocab import head_kernel, head_topk
+    from workbench.kernels.drafter._head_v7 import dist_head
     from workbench.kernels.drafter._shard_topk import shard_topk
 
-    assert head_topk() is None  # the reference
+    assert head_topk() is None and head_kernel() is None  # the reference
     with ops.use(drafter="triton_v5"):
-        assert head_topk() is None
+        assert head_topk() is None and head_kernel() is None
     with ops.use(drafter="triton_v6"):
-        assert head_topk() is shard_topk
+        assert head_topk() is shard_topk and head_kernel() is None
+    with ops.use(drafter="triton_v7"):  # the whole head, collectives included
+        assert head_kernel() is dist_head
 
 
 def test_distributed_drafter_runs_the_selected_variants_body(monkeypatch):
@@ -278,11 +285,17 @@ def test_vocab_parallel_argmax_topk_and_sampling_use_global_ids():
     logits[0, 1, 5] = logits[0, 1, 29] = 50.0  # a tie across shards: the lower id wins
     logits[1, 2, 9] = logits[1, 2, 10] = 40.0  # a tie inside one shard
     logits[1, 0, 16:24] = 30.0  # a whole shard tied at the top
-    am, (lp, ids), (lp_all, ids_all), samples, (lp_k, ids_k) = run_distributed(
-        _vocab_ops, 4, logits, **RUN)
+    am, (lp, ids), (lp_all, ids_all), samples, (lp_k, ids_k), (lp7, ids7), (lp8, ids8) = (
+        run_distributed(_vocab_ops, 4, logits, **RUN))
     assert torch.equal(am, logits.argmax(-1))
     # a drafter version's shard top-k (kernels/drafter HEAD_TOPK) changes no bit
     assert torch.equal(ids_k, ids) and torch.equal(lp_k.view(torch.int32), lp.view(torch.int32))
+    # triton_v7's head (its log-softmax constants in Triton): the same ids, ulps apart
+    assert torch.equal(ids7, ids)
+    torch.testing.assert_close(lp7, lp, rtol=1e-6, atol=1e-5)
+    rv8, ri8 = topk_logprobs(logits, 8)
+    assert torch.equal(ids8, ri8)
+    torch.testing.assert_close(lp8, rv8, rtol=1e-6, atol=1e-5)
     for k, (v, i) in ((5, (lp, ids)), (100, (lp_all, ids_all))):
         rv, ri = topk_logprobs(logits, k)
         assert torch.equal(i, ri), (i, ri)  # global ids, ties in id order

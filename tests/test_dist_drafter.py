@@ -108,6 +108,22 @@ def test_tp_draft_is_the_single_process_draft_bit_for_bit(world, layout):
     torch.testing.assert_close(tlp, lp, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_tp_draft_takes_the_variants_whole_head():
+    # triton_v7 is triton_v6's body with its own vocab-parallel head (kernels/drafter HEAD):
+    # through DistDrafter.draft_override on a TP2 rank pair, the same ids as v6's head, the
+    # log-probs within fp32 ulps (the head's log-softmax constants are Triton's)
+    k = 20  # each rank of tiny-dist's 512-id vocab offers 20 of its 256; the merge picks
+    v6 = run_distributed(_tp_draft, 2, {"tp": 2}, k, exact=False,
+                         kernels={"drafter": "triton_v6"}, **RUN)
+    v7 = run_distributed(_tp_draft, 2, {"tp": 2}, k, exact=False,
+                         kernels={"drafter": "triton_v7"}, **RUN)
+    for how in ("replicated", "tp"):
+        (lp6, ids6), (lp7, ids7) = v6[how], v7[how]
+        assert torch.equal(ids7, ids6)
+        torch.testing.assert_close(lp7, lp6, rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.skipif(ACC != torch.float64, reason="fp32 accumulation: the engine's all-reduced "
                     "partials round differently from the whole sums")
 def test_tp_drafter_engine_layout_on_the_float64_reference():

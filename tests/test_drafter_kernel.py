@@ -1,4 +1,4 @@
-"""drafter kernels (kernels/drafter/ triton_v1 .. triton_v6) against the reference drafter.
+"""drafter kernels (kernels/drafter/ triton_v1 .. triton_v7) against the reference drafter.
 
 The reference accumulates in float64 and rounds each op to bf16; triton_v1 runs bf16 GEMMs with
 fp32 accumulation, so whole-step log-probs agree within a dtype-derived tolerance and ids agree
@@ -369,6 +369,71 @@ def test_shard_topk_refuses_bad_arguments_by_name():
     assert vals.shape == (0, 4) and ids.shape == (0, 4)
 
 
+@pytest.mark.parametrize("B,L,V,k", [(2, 3, 2500, 16), (1, 2, 40, 8), (1, 1, 1024, 1),
+                                     (2, 2, 3000, 128), (1, 7, 700, 129), (1, 2, 9, 16)])
+def test_head_v7_is_the_reference_head_within_ulps(B, L, V, k):
+    """triton_v7's whole vocab-parallel head (kernels/drafter/_head_v7) against
+    `dist_topk_logprobs` (the reference head) on one rank: the same ids, ties in id order
+    (quarter-step logits: many exact ties, which one constant a row keeps tied), -inf logits,
+    chunks shorter than k, k = MAX_K; log-probs within fp32 ulps (Triton's exp and sum order in
+    the log-softmax constants). Past MAX_K (k 129) and a shard under k (V 9): the reference
+    head with v6's shard top-k, bit for bit (documented dispatch)."""
+    from workbench.dist.comm import Comm
+    from workbench.dist.vocab import dist_topk_logprobs
+    from workbench.kernels.drafter._head_v7 import dist_head
+    from workbench.kernels.drafter._shard_topk import MAX_K
+
+    g = torch.Generator().manual_seed(B * V + k)
+    x = (torch.randn(B, L, V, generator=g) * 4).round() / 4
+    x[0, 0, : min(5, V)] = -math.inf
+    want_v, want_i = dist_topk_logprobs(x, 1000, k, Comm())
+    vals, ids = dist_head(x, 1000, k, Comm())
+    assert vals.dtype == torch.float32 and ids.dtype == torch.int64
+    assert torch.equal(ids, want_i), (ids, want_i)
+    if k > MAX_K or V < k:
+        assert torch.equal(vals.view(torch.int32), want_v.view(torch.int32))
+    else:
+        torch.testing.assert_close(vals, want_v, rtol=1e-6, atol=1e-5)
+
+
+def test_head_v7_poisons_a_row_with_a_nan_logit_and_refuses_bad_arguments():
+    """A NaN logit (an upstream kernel's fault) shows as NaN log-probs in its row, never as a
+    clean-looking answer; the other rows are untouched. Bad shapes and k: errors by name."""
+    from workbench.dist.comm import Comm
+    from workbench.dist.vocab import dist_topk_logprobs
+    from workbench.kernels.drafter._head_v7 import dist_head
+
+    x = torch.randn(1, 2, 300, generator=torch.Generator().manual_seed(1))
+    x[0, 0, 17] = math.nan
+    vals, ids = dist_head(x, 0, 4, Comm())
+    assert vals[0, 0].isnan().all()
+    want_v, want_i = dist_topk_logprobs(x[:, 1:], 0, 4, Comm())
+    assert torch.equal(ids[:, 1:], want_i)
+    torch.testing.assert_close(vals[:, 1:], want_v, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="local: expected a float \\[B, L, V/world\\]"):
+        dist_head(x[0], 0, 4, Comm())
+    with pytest.raises(ValueError, match="k: expected an int >= 1"):
+        dist_head(x, 0, 0, Comm())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,k", [(1, 16), (8, 16), (1, 128), (64, 8)])
+def test_gpu_head_v7_at_the_k26_shard(B, k):
+    """At K2.6's vocab shard (20480 ids a rank), B x 7 draft rows of bf16-rounded logits (many
+    exact ties): the reference head's ids, log-probs within fp32 ulps, on the GPU."""
+    from workbench.dist.comm import Comm
+    from workbench.dist.vocab import dist_topk_logprobs
+    from workbench.kernels.drafter._head_v7 import dist_head
+
+    g = torch.Generator(device="cuda").manual_seed(B + k)
+    x = (torch.randn(B, 7, 20480, generator=g, device="cuda") * 3).to(torch.bfloat16).float()
+    x[0, 0, :100] = -math.inf
+    want_v, want_i = dist_topk_logprobs(x, 40960, k, Comm())
+    vals, ids = dist_head(x, 40960, k, Comm())
+    assert torch.equal(ids, want_i)
+    torch.testing.assert_close(vals, want_v, rtol=1e-6, atol=1e-5)
+
+
 def test_one_load_combine_with_many_parts():
     """The one-load combine at 48 splits padded to 64 parts, two rows a program (P 3100 at
     d 64; 128-key chunks cover the context by split 24, so splits 25-47 hold no context key:
@@ -477,6 +542,8 @@ def test_registered():
     assert ops.op_spec("drafter").variant("triton_v4").load() is triton_v4.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v5").load() is triton_v5.draft_topk_triton
     assert ops.op_spec("drafter").variant("triton_v6").load() is triton_v6.draft_topk_triton
+    # triton_v7: v6's one-GPU step; its own vocab-parallel head only (HEAD, _head_v7)
+    assert ops.op_spec("drafter").variant("triton_v7").load() is triton_v6.draft_topk_triton
     # the engine preset's drafter (the EP8 emulation's TP drafter, session 59), BEST elsewhere
     assert ops.PRESETS["engine"]["drafter"] == "triton_v5"
     assert ops.PRESETS["optimized"]["drafter"] == BEST

@@ -16,6 +16,9 @@ contract of `workbench.reference.drafter.draft_topk`:
                every split at once (the TP drafter's one kv head a rank left most SMs idle)
     triton_v6  v5 with at most 32 attention splits; its vocab-parallel head's shard top-k in
                Triton (`_shard_topk`: stable_topk's bits in two launches, HEAD_TOPK)
+    triton_v7  v6 with the whole vocab-parallel head in four Triton launches around its two
+               collectives (`_head_v7.dist_head`, HEAD): the shard stats, the global
+               log-softmax constants, the candidates and their merge; engine numerics
 Op `drafter_materialize` (the contract of `workbench.reference.drafter.materialize`, i.e.
 `DFlashDrafter.materialize`; the decode loop calls it inside its per-step CUDA graph):
     triton_v1 = materialize_v1.py  `materialize_triton(drafter, cache, target_hidden, positions,
@@ -44,7 +47,8 @@ VARIANTS: dict[str, dict[str, str]] = {
                 "triton_v3": f"{_MOD}.triton_v3:draft_topk_triton",
                 "triton_v4": f"{_MOD}.triton_v4:draft_topk_triton",
                 "triton_v5": f"{_MOD}.triton_v5:draft_topk_triton",
-                "triton_v6": f"{_MOD}.triton_v6:draft_topk_triton"},
+                "triton_v6": f"{_MOD}.triton_v6:draft_topk_triton",
+                "triton_v7": f"{_MOD}.triton_v7:draft_topk_triton"},
     # the first (only) entry is what the "optimized" preset selects (kernels.register_all)
     "drafter_materialize": {"triton_v1": MATERIALIZE},
 }
@@ -52,15 +56,18 @@ VARIANTS: dict[str, dict[str, str]] = {
 # rows 1..L): the distributed drafter puts its vocab-parallel head on it (workbench/dist/vocab.py)
 BLOCK_HIDDEN: dict[str, str] = {v: f"{_MOD}.{v}:block_hidden"
                                  for v in ("triton_v1", "triton_v2", "triton_v3", "triton_v4",
-                                           "triton_v5", "triton_v6")}
+                                           "triton_v5", "triton_v6", "triton_v7")}
 # the variants whose block body takes `reduce=` (the sum over ranks of the o_proj and down_proj
 # partials: the tensor-parallel drafter, workbench/dist/drafter.py); v1 adds them in place
 BLOCK_HIDDEN_TP: dict[str, str] = {v: f"{_MOD}.{v}:block_hidden"
                                     for v in ("triton_v2", "triton_v3", "triton_v4",
-                                              "triton_v5", "triton_v6")}
+                                              "triton_v5", "triton_v6", "triton_v7")}
 # the variants whose vocab-parallel head (workbench/dist/vocab.py) takes a kernel's shard top-k
 # instead of stable_topk: `dist_topk_logprobs`' shard_topk contract
 HEAD_TOPK: dict[str, str] = {"triton_v6": f"{_MOD}._shard_topk:shard_topk"}
+# the variants whose vocab-parallel head is a kernel of its own: `dist_topk_logprobs`' whole
+# contract (local, vocab_start, k, comm), collectives included (workbench/dist/vocab.py)
+HEAD: dict[str, str] = {"triton_v7": f"{_MOD}._head_v7:dist_head"}
 DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("drafter", "triton_v1"): "Triton norms/RoPE/split-KV attention/SwiGLU epilogue + cuBLAS "
     "GEMMs + fused LM head log-softmax top-k",
@@ -74,6 +81,8 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "one-load combine of every split (the TP drafter's one kv head a rank)",
     ("drafter", "triton_v6"): "triton_v5 with at most 32 attention splits and the vocab-parallel "
     "head's shard top-k in Triton (stable_topk's bits, two launches)",
+    ("drafter", "triton_v7"): "triton_v6 with the whole vocab-parallel head in four Triton "
+    "launches around its two collectives (engine numerics: the log-softmax stats in Triton)",
     ("drafter_materialize", "triton_v1"): "materialize_v1: cuBLAS fc + one K/V GEMM for every "
     "layer, Triton hidden norm and k-norm/RoPE/masked scatter; no host sync (in the step graph)",
 }

@@ -41,13 +41,26 @@ INT64_MIN = -(2**63)  # the padding key: no real key is smaller (a -NaN at the l
 
 
 @triton.jit
-def _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V):
-    """The unique descending-order keys of the log-probs (x - M) - log S at offs of row r."""
-    x = tl.load(x_ptr + r * s_xr + offs, mask=ok, other=0.0)
-    lp = (x - tl.load(m_ptr + r)) - tl.load(ls_ptr + r)
-    b = (lp + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 -> +0.0 (the sort's equal zeros)
+def value_key(v, rev):
+    """The int64 key of fp32 values v: larger value, larger key; equal values ordered by rev
+    (V - 1 - index: the lower index larger), unique where rev is. -0.0 keys as +0.0."""
+    b = (v + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 -> +0.0 (the sort's equal zeros)
     ordered = tl.where(b < 0, b ^ 0x7FFFFFFF, b).to(tl.int64)  # float order as int order
-    return ordered * 4294967296 + ((V - 1) - offs).to(tl.int64)
+    return ordered * 4294967296 + rev.to(tl.int64)
+
+
+@triton.jit
+def keys_at(x_ptr, M, log_s, r, s_xr, offs, ok, V):
+    """The unique descending-order keys of the log-probs (x - M) - log S at offs of row r
+    (M, log_s: the row's fp32 scalars)."""
+    x = tl.load(x_ptr + r * s_xr + offs, mask=ok, other=0.0)
+    return value_key((x - M) - log_s, (V - 1) - offs)
+
+
+@triton.jit
+def _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V):
+    """`keys_at` with the row's M and log S read from m_ptr / ls_ptr."""
+    return keys_at(x_ptr, tl.load(m_ptr + r), tl.load(ls_ptr + r), r, s_xr, offs, ok, V)
 
 
 @triton.jit

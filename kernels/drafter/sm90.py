@@ -55,6 +55,23 @@ def kernels():
     const = dict(NCP=512, PAD=st.INT64_MIN)
     out.append(("shard top-k merge NCP=512", st._merge_topk_kernel,
                 {**sig, **{k: "constexpr" for k in const}}, const, 4))
+    from . import _head_v7 as hv  # triton_v7's whole head (w 8, k 16: DDTree-16 on EP8)
+
+    out.append(("head stats", hv._stats_kernel, _sig("x_ptr:*fp32 out_ptr:*fp32 V:i32 s_xr:i32")
+                | {"BLOCK": "constexpr"}, dict(BLOCK=hv.STATS_BLOCK), 8))
+    sig = _sig("x_ptr:*fp32 ms_ptr:*fp32 cand_ptr:*i64 V:i32 s_xr:i32 NCH:i32 W:i32")
+    const = dict(WP=8, CHUNK=st.CHUNK, KP=16, PAD=st.INT64_MIN)
+    out.append(("head chunks KP=16", hv._chunk_kernel,
+                {**sig, **{k: "constexpr" for k in const}}, const, 4))
+    sig = _sig("cand_ptr:*i64 x_ptr:*fp32 ms_ptr:*fp32 out_ptr:*fp64 V:i32 s_xr:i32 NC:i32 "
+               "K:i32 vocab_start:i32 W:i32")
+    const = dict(WP=8, NCP=512, PAD=st.INT64_MIN)
+    out.append(("head candidates NCP=512", hv._cand_kernel,
+                {**sig, **{k: "constexpr" for k in const}}, const, 4))
+    sig = _sig("allc_ptr:*fp64 val_ptr:*fp32 ids_ptr:*i64 N:i32 K:i32")
+    const = dict(NP=128, PAD=st.INT64_MIN)
+    out.append(("head final NP=128", hv._final_kernel,
+                {**sig, **{k: "constexpr" for k in const}}, const, 4))
     sig = _sig("z_ptr:*bf16 w_ptr:*bf16 key_ptr:*i64 pm_ptr:*fp32 ps_ptr:*fp32 M:i32 V:i32 "
                "D:i32 sz:i32 sw:i32 NVT:i32")
     for bm, bv, kc, warps in ((16, 128, 32, 8), (64, 128, 32, 8),  # triton_v1

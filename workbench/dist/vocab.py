@@ -151,6 +151,9 @@ class DistDrafter:
                         bonus.shape[0], self.cfg.depth, -1)
             local = ops.get("lm_head")(z, target.lm_head_shard.weight)  # [B, L, V/w]
             with op_range(DRAFT_TOPK):
+                head = head_kernel()
+                if head is not None:  # the variant's whole head, collectives included
+                    return head(local, target.vocab_start, k, target.comm)
                 return dist_topk_logprobs(local, target.vocab_start, k, target.comm,
                                           head_topk())
 
@@ -179,6 +182,16 @@ def head_topk():
 
     name = ops.selected("drafter")
     return ops.Variant(name, HEAD_TOPK[name]).load() if name in HEAD_TOPK else None
+
+
+def head_kernel():
+    """The selected `drafter` variant's whole vocab-parallel head (kernels/drafter HEAD:
+    `dist_topk_logprobs`' contract, (local, vocab_start, k, comm)), None where the variant has
+    none (then `dist_topk_logprobs` with `head_topk()`'s shard top-k)."""
+    from workbench.kernels.drafter import HEAD
+
+    name = ops.selected("drafter")
+    return ops.Variant(name, HEAD[name]).load() if name in HEAD else None
 
 
 def block_ids(cfg, bonus: torch.Tensor) -> torch.Tensor:
