@@ -174,24 +174,27 @@ def block_body():
     return ops.Variant(name, BLOCK_HIDDEN[name]).load()  # the registry's "module:function" loader
 
 
+def _selected_entry(table: str):
+    """The selected `drafter` variant's entry of kernels/drafter's `table` ("module:function"
+    loaded by the registry's loader), None where the variant has none."""
+    import workbench.kernels.drafter as kd
+
+    name, entries = ops.selected("drafter"), getattr(kd, table)
+    return ops.Variant(name, entries[name]).load() if name in entries else None
+
+
 def head_topk():
     """The selected `drafter` variant's shard top-k for the vocab-parallel head (kernels/drafter
     HEAD_TOPK: `dist_topk_logprobs`' shard_topk), None where the variant has none (the
     reference, triton_v1-v5: `stable_topk`)."""
-    from workbench.kernels.drafter import HEAD_TOPK
-
-    name = ops.selected("drafter")
-    return ops.Variant(name, HEAD_TOPK[name]).load() if name in HEAD_TOPK else None
+    return _selected_entry("HEAD_TOPK")
 
 
 def head_kernel():
     """The selected `drafter` variant's whole vocab-parallel head (kernels/drafter HEAD:
     `dist_topk_logprobs`' contract, (local, vocab_start, k, comm)), None where the variant has
     none (then `dist_topk_logprobs` with `head_topk()`'s shard top-k)."""
-    from workbench.kernels.drafter import HEAD
-
-    name = ops.selected("drafter")
-    return ops.Variant(name, HEAD[name]).load() if name in HEAD else None
+    return _selected_entry("HEAD")
 
 
 def block_ids(cfg, bonus: torch.Tensor) -> torch.Tensor:
