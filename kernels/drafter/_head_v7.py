@@ -40,7 +40,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import _require, next_pow2
-from ._shard_topk import CHUNK, INT64_MIN, MAX_K, keys_at, shard_topk, value_key
+from ._shard_topk import CHUNK, INT64_MIN, MAX_K, keys_at, pop_best, shard_topk, value_key
 
 STATS_BLOCK = 4096  # logits a stats step (5 steps a K2.6 shard row of 20480)
 
@@ -98,10 +98,8 @@ def _cand_kernel(cand_ptr, x_ptr, ms_ptr, out_ptr, V, s_xr, NC, K, vocab_start, 
     M, log_s = _row_norm(ms_ptr, r, W, WP)
     j = tl.arange(0, NCP)
     cand = tl.load(cand_ptr + r * NC + j, mask=j < NC, other=PAD)
-    for i in range(K):  # descending: the row's i-th key, its id, its log-prob recomputed
-        best = tl.max(cand, 0)
-        cand = tl.where(cand == best, PAD, cand)
-        idx = (V - 1) - (best & 0xFFFFFFFF)
+    for i in range(K):  # v6's merge: the row's i-th key, its id, its log-prob recomputed
+        cand, idx = pop_best(cand, PAD, V)
         lp = (tl.load(x_ptr + r * s_xr + idx) - M) - log_s
         tl.store(out_ptr + (r * K + i) * 2, lp.to(tl.float64))
         tl.store(out_ptr + (r * K + i) * 2 + 1, (idx + vocab_start).to(tl.float64))
@@ -115,9 +113,7 @@ def _final_kernel(allc_ptr, val_ptr, ids_ptr, N, K, NP: tl.constexpr, PAD: tl.co
     v = tl.load(allc_ptr + (r * N + j) * 2, mask=ok, other=0.0).to(tl.float32)  # exact: fp32s
     key = tl.where(ok, value_key(v, (N - 1) - j), PAD)
     for i in range(K):
-        best = tl.max(key, 0)
-        key = tl.where(key == best, PAD, key)
-        pos = (N - 1) - (best & 0xFFFFFFFF)
+        key, pos = pop_best(key, PAD, N)
         tl.store(val_ptr + r * K + i, tl.load(allc_ptr + (r * N + pos) * 2).to(tl.float32))
         tl.store(ids_ptr + r * K + i, tl.load(allc_ptr + (r * N + pos) * 2 + 1).to(tl.int64))
 

@@ -58,6 +58,14 @@ def keys_at(x_ptr, M, log_s, r, s_xr, offs, ok, V):
 
 
 @triton.jit
+def pop_best(keys, PAD, V):
+    """(keys without their largest, that key's index): the index decoded from the key's low
+    word as `value_key` packed it (rev = V - 1 - index); PAD takes the popped key's place."""
+    best = tl.max(keys, 0)
+    return tl.where(keys == best, PAD, keys), (V - 1) - (best & 0xFFFFFFFF)
+
+
+@triton.jit
 def _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V):
     """`keys_at` with the row's M and log S read from m_ptr / ls_ptr."""
     return keys_at(x_ptr, tl.load(m_ptr + r), tl.load(ls_ptr + r), r, s_xr, offs, ok, V)
@@ -86,9 +94,7 @@ def _merge_topk_kernel(cand_ptr, x_ptr, m_ptr, ls_ptr, val_ptr, idx_ptr, V, s_xr
     j = tl.arange(0, NCP)
     cand = tl.load(cand_ptr + r * NC + j, mask=j < NC, other=PAD)
     for i in range(K):  # descending: the row's i-th key, its id, its log-prob recomputed
-        best = tl.max(cand, 0)
-        cand = tl.where(cand == best, PAD, cand)
-        idx = (V - 1) - (best & 0xFFFFFFFF)
+        cand, idx = pop_best(cand, PAD, V)
         x = tl.load(x_ptr + r * s_xr + idx)
         tl.store(val_ptr + r * K + i, (x - tl.load(m_ptr + r)) - tl.load(ls_ptr + r))
         tl.store(idx_ptr + r * K + i, idx)
