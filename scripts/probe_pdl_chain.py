@@ -5,7 +5,7 @@ CUDA-graph chain of "layers" of four launches, each reading its predecessor's ou
 
 with a fresh pair of bf16 weights a layer (D 7168, F 2112: the EP8 rank's q_a | kv_a
 projection both ways, 30 MB each, so every GEMV streams from HBM, as in the step), timed as
-graph replays of `--layers` layers, µs a layer, in four modes:
+graph replays of `--layers` layers, µs a layer, in six modes:
 
   plain     ordinary launches (the step today)
   pdl       every launch a programmatic dependent: wait for the predecessor

@@ -113,7 +113,8 @@ def test_tp_draft_takes_the_variants_whole_head():
     # triton_v7 is triton_v6's body with its own vocab-parallel head (kernels/drafter HEAD):
     # through DistDrafter.draft_override on a TP2 rank pair, the same ids as v6's head, the
     # log-probs within fp32 ulps (the head's log-softmax constants are Triton's)
-    k = 20  # each rank of tiny-dist's 512-id vocab offers 20 of its 256; the merge picks
+    k = 20  # each rank of tiny-dist's 512-id vocab offers 20 of its 256; the merge
+    # picks 20 of the 40
     v6 = run_distributed(_tp_draft, 2, {"tp": 2}, k, exact=False,
                          kernels={"drafter": "triton_v6"}, **RUN)
     v7 = run_distributed(_tp_draft, 2, {"tp": 2}, k, exact=False,

@@ -40,7 +40,16 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import _require, next_pow2
-from ._shard_topk import CHUNK, INT64_MIN, MAX_K, keys_at, pop_best, shard_topk, value_key
+from ._shard_topk import (
+    CHUNK,
+    INT64_MIN,
+    MAX_K,
+    keys_at,
+    pop_best,
+    shard_topk,
+    store_best,
+    value_key,
+)
 
 STATS_BLOCK = 4096  # logits a stats step (5 steps a K2.6 shard row of 20480)
 
@@ -84,11 +93,7 @@ def _chunk_kernel(x_ptr, ms_ptr, cand_ptr, V, s_xr, NCH, W, WP: tl.constexpr,
     offs = c * CHUNK + tl.arange(0, CHUNK)
     ok = offs < V
     key = tl.where(ok, keys_at(x_ptr, M, log_s, r, s_xr, offs, ok, V), PAD)
-    out = cand_ptr + (r * NCH + c) * KP
-    for i in range(KP):  # v6's rounds: the keys are unique, each round takes one
-        best = tl.max(key, 0)
-        tl.store(out + i, best)
-        key = tl.where(key == best, PAD, key)
+    store_best(key, cand_ptr + (r * NCH + c) * KP, KP, PAD)  # v6's rounds
 
 
 @triton.jit

@@ -66,6 +66,15 @@ def pop_best(keys, PAD, V):
 
 
 @triton.jit
+def store_best(key, out, KP: tl.constexpr, PAD):
+    """out[0 .. KP) = the KP largest of the unique keys, descending (PAD where fewer)."""
+    for i in range(KP):  # the keys are unique: each round takes exactly one (padding: PAD)
+        best = tl.max(key, 0)
+        tl.store(out + i, best)
+        key = tl.where(key == best, PAD, key)
+
+
+@triton.jit
 def _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V):
     """`keys_at` with the row's M and log S read from m_ptr / ls_ptr."""
     return keys_at(x_ptr, tl.load(m_ptr + r), tl.load(ls_ptr + r), r, s_xr, offs, ok, V)
@@ -81,10 +90,7 @@ def _chunk_topk_kernel(x_ptr, m_ptr, ls_ptr, cand_ptr, V, s_xr, NCH,
     key = _keys(x_ptr, m_ptr, ls_ptr, r, s_xr, offs, ok, V)
     key = tl.where(ok, key, PAD)
     out = cand_ptr + (r * NCH + c) * KP
-    for i in range(KP):  # the keys are unique: each round takes exactly one (padding: PAD)
-        best = tl.max(key, 0)
-        tl.store(out + i, best)
-        key = tl.where(key == best, PAD, key)
+    store_best(key, out, KP, PAD)
 
 
 @triton.jit
